@@ -9,7 +9,7 @@ one-line ValueError. Chat templates are third-party jinja written for transforme
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Mapping
 
 import jinja2
 import jinja2.ext
@@ -33,7 +33,7 @@ class ChatTemplate:
             raise ValueError(f"chat_template is not valid jinja (line {error.lineno}): {error.message}") from None
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool,
-               special_tokens: dict[str, str], **extra: Any) -> str:
+               special_tokens: Mapping[str, str], **extra: Any) -> str:
         """Render like transformers: special tokens (bos_token, eos_token, ...) first, extra overrides them."""
         check_messages(messages)
         variables = {**special_tokens, **extra}
@@ -46,7 +46,7 @@ class ChatTemplate:
 
 
 def render_chat(template: str, messages: list[dict], *, add_generation_prompt: bool,
-                special_tokens: dict[str, str], **extra: Any) -> str:
+                special_tokens: Mapping[str, str], **extra: Any) -> str:
     """Compile `template` and render `messages`; hold a ChatTemplate instead when rendering many times."""
     return ChatTemplate.from_source(template).render(
         messages, add_generation_prompt=add_generation_prompt, special_tokens=special_tokens, **extra)

@@ -8,7 +8,8 @@ the same ids and text as `transformers.AutoTokenizer` does for a fast tokenizer.
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 import tokenizers
 
@@ -20,7 +21,7 @@ SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_
 @dataclass(frozen=True, eq=False)
 class Tokenizer:
     backend: tokenizers.Tokenizer = field(repr=False)
-    special_tokens: dict[str, str]  # bos_token, eos_token, ... -> token text, as in transformers' special_tokens_map
+    special_tokens: Mapping[str, str]  # bos_token, eos_token, ... -> token text, as in transformers' special_tokens_map
     bos_token_id: int | None
     eos_token_ids: frozenset[int]  # tokenizer_config's eos_token plus generation_config's eos_token_id(s)
     vocab_size: int  # one past the largest token id (ids may have gaps, so this can exceed the token count)
@@ -83,7 +84,7 @@ def load_backend(path: Path) -> tokenizers.Tokenizer:
         raise ValueError(f"{path} is not a valid tokenizer file: {' '.join(str(error).split())}") from None
 
 
-def read_special_tokens(config: dict) -> dict[str, str]:
+def read_special_tokens(config: dict) -> Mapping[str, str]:
     """Named special tokens; old configs store them as {"content": ..., "__type": "AddedToken"}."""
     special_tokens = {}
     for name in SPECIAL_TOKEN_NAMES:
@@ -94,7 +95,7 @@ def read_special_tokens(config: dict) -> dict[str, str]:
             if not isinstance(value, str):
                 raise ValueError(f"tokenizer_config.json {name} must be a string, got {type(value).__name__}")
             special_tokens[name] = value
-    return special_tokens
+    return MappingProxyType(special_tokens)
 
 
 def token_id(backend: tokenizers.Tokenizer, token: str) -> int:
@@ -104,7 +105,7 @@ def token_id(backend: tokenizers.Tokenizer, token: str) -> int:
     return found
 
 
-def read_eos_token_ids(backend: tokenizers.Tokenizer, special_tokens: dict[str, str],
+def read_eos_token_ids(backend: tokenizers.Tokenizer, special_tokens: Mapping[str, str],
                        generation_config: dict) -> frozenset[int]:
     eos_ids = set()
     if "eos_token" in special_tokens:

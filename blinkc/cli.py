@@ -1,0 +1,112 @@
+"""`blinkc`: inspect models, write random checkpoints, generate with the reference engine.
+
+Every user error (unknown preset, missing directory, malformed config, unsupported architecture) ends in
+one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ir import DType
+from models.presets import preset_config, preset_names
+from models.registry import resolve_model
+from runtime.sampling import SamplingParams
+
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, MemoryError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except USER_ERRORS as err:
+        print(f"blinkc: error: {err}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="blinkc", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+    _add_inspect(sub)
+    _add_weights(sub)
+    _add_generate(sub)
+    return parser
+
+
+def _model_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL", help=f"a preset ({', '.join(preset_names())}) or an HF checkpoint directory")
+
+
+def _add_inspect(sub) -> None:
+    p = sub.add_parser("inspect", help="graph summary, parameters, bytes per decode step and roofline")
+    _model_arg(p)
+    p.add_argument("--context", type=int, default=512, help="tokens in each sequence's KV cache (default 512)")
+    p.add_argument("--batch", type=int, default=1, help="sequences per decode step (default 1)")
+    p.add_argument("--bandwidth", type=float, metavar="TB/S", help="memory read bandwidth for the roofline")
+    p.add_argument("--graph", action="store_true", help="also print the whole graph")
+    p.set_defaults(run=_run_inspect)
+
+
+def _run_inspect(args) -> int:
+    from blinkc.inspect_model import inspect_report
+
+    if args.context < 1 or args.batch < 1 or (args.bandwidth is not None and args.bandwidth <= 0):
+        raise ValueError("--context and --batch must be at least 1 and --bandwidth positive")
+    print(inspect_report(resolve_model(args.model), context=args.context, batch=args.batch,
+                         bandwidth_tbs=args.bandwidth, show_graph=args.graph))
+    return 0
+
+
+def _add_weights(sub) -> None:
+    p = sub.add_parser("weights", help="write an HF-format checkpoint directory with random weights")
+    p.add_argument("--random", required=True, metavar="PRESET", help="the preset whose config to use")
+    p.add_argument("dir", metavar="DIR", type=Path)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-shard-size", type=int, default=2 << 30, metavar="BYTES")
+    p.set_defaults(run=_run_weights)
+
+
+def _run_weights(args) -> int:
+    from blinkc.random_checkpoint import write_random_checkpoint
+
+    out = write_random_checkpoint(preset_config(args.random), args.dir, seed=args.seed,
+                                  max_shard_bytes=args.max_shard_size)
+    print(f"wrote random {args.random} checkpoint to {out}")
+    return 0
+
+
+def _add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="generate text with the reference engine (host-driven, torch)")
+    _model_arg(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--random-weights", action="store_true", help="use a cached random checkpoint of the preset")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--dtype", choices=["bf16", "f32"], help="compute dtype (default: the checkpoint's)")
+    p.add_argument("--json", action="store_true", help="print the generated token ids as JSON")
+    p.set_defaults(run=_run_generate)
+
+
+def _run_generate(args) -> int:
+    from blinkc.generate import generate_text, random_checkpoint_dir
+
+    ref = random_checkpoint_dir(args.model, seed=0) if args.random_weights else args.model
+    if args.random_weights and args.model not in preset_names():
+        raise ValueError(f"--random-weights needs a preset, got {args.model!r}")
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, seed=args.seed)
+    text, ids = generate_text(resolve_model(ref), args.prompt, params, chat=args.chat,
+                              dtype=DType(args.dtype) if args.dtype else None)
+    print(json.dumps(ids) if args.json else text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Graph-to-graph passes; `pipeline.PIPELINE` lists them in the order they run."""
