@@ -97,9 +97,9 @@ def _add_generate(sub) -> None:
 def _run_generate(args) -> int:
     from blinkc.generate import generate_text, random_checkpoint_dir
 
-    ref = random_checkpoint_dir(args.model, seed=0) if args.random_weights else args.model
     if args.random_weights and args.model not in preset_names():
         raise ValueError(f"--random-weights needs a preset, got {args.model!r}")
+    ref = random_checkpoint_dir(args.model, seed=0) if args.random_weights else args.model
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed)
     text, ids = generate_text(resolve_model(ref), args.prompt, params, chat=args.chat,

@@ -76,6 +76,9 @@ class ReferenceEngine:
         if len(prompt) + params.max_tokens > self.config.max_model_len:
             raise ValueError(f"prompt ({len(prompt)}) + max_tokens ({params.max_tokens}) exceeds "
                              f"max_model_len ({self.config.max_model_len})")
+        if self.pool.pages_for(len(prompt) + params.max_tokens) > self.pool.num_pages:
+            raise ValueError(f"prompt ({len(prompt)}) + max_tokens ({params.max_tokens}) needs more KV pages "
+                             f"than the pool has ({self.pool.num_pages} of {self.page_size} tokens)")
         generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
         request = Request(next(self._ids), list(prompt), params, wants_all_logits=wants_all_logits, generator=generator)
         self.waiting.append(request)
@@ -99,37 +102,53 @@ class ReferenceEngine:
         return [r.output for r in requests]
 
     def _schedule(self) -> list[tuple[Request, SeqChunk]]:
-        """Decodes every running request, then admits waiting ones (chunked) while tokens and pages last."""
+        """Decodes every running request, then admits waiting ones (chunked) while tokens and pages last.
+
+        When pages run out the newest request holding pages is preempted (its pages freed, recomputed
+        later), so the oldest request always progresses.
+        """
         budget = self.config.max_num_batched_tokens
         chunks = []
-        for request in list(self.running):
+        for request in sorted(self.running, key=lambda r: r.id):
             if request not in self.running:
-                continue  # preempted below to make room for an older request
-            while not self.pool.can_allocate(self.pool.pages_for(request.num_cached + 1) - len(request.pages)):
-                self._preempt(self.running[-1])
-            if request in self.running:
-                self.pool.grow(request.pages, request.num_cached + 1)
-                chunks.append((request, self._chunk(request, 1)))
-                budget -= 1
+                continue  # preempted to make room for an older request
+            unscheduled = [r for r in self._holders() if all(r is not c for c, _ in chunks)]
+            if not self._make_room(request, request.num_cached + 1, victims=unscheduled):
+                self._preempt(request)
+                continue
+            chunks.append((request, self._chunk(request, 1)))
+            budget -= 1
         while self.waiting and budget > 0 and len(chunks) < self.config.max_num_seqs:
             request = self.waiting[0]
             n = min(len(request.tokens) - request.num_cached, budget)
-            needed = self.pool.pages_for(request.num_cached + n) - len(request.pages)
-            if not self.pool.can_allocate(needed):
+            if not self._make_room(request, request.num_cached + n, victims=list(self.waiting)[1:]):
                 break
-            self.pool.grow(request.pages, request.num_cached + n)
             chunks.append((request, self._chunk(request, n)))
             budget -= n
             if request.num_cached + n == len(request.tokens):
                 self.running.append(self.waiting.popleft())
         return chunks
 
+    def _holders(self) -> list[Request]:
+        return self.running + [r for r in self.waiting if r.pages]
+
+    def _make_room(self, request: Request, num_tokens: int, victims: list[Request]) -> bool:
+        """Grows `request`'s pages to hold `num_tokens`, preempting the newest of `victims` as needed."""
+        victims = sorted((v for v in victims if v is not request and v.pages), key=lambda r: r.id)
+        while not self.pool.can_allocate(self.pool.pages_for(num_tokens) - len(request.pages)):
+            if not victims:
+                return False
+            self._preempt(victims.pop())
+        self.pool.grow(request.pages, num_tokens)
+        return True
+
     def _preempt(self, request: Request) -> None:
-        """Frees the newest running request's pages; it is recomputed from its prompt and output later."""
-        self.running.remove(request)
+        """Frees a request's pages; it is recomputed from its prompt and output later."""
         self.pool.deallocate(request.pages)
         request.pages, request.num_cached = [], 0
-        self.waiting.appendleft(request)
+        if request in self.running:
+            self.running.remove(request)
+            self.waiting.appendleft(request)
 
     def _chunk(self, request: Request, n: int) -> SeqChunk:
         start = request.num_cached

@@ -39,12 +39,16 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim"):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "rope_theta"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"config.json: {name} must be positive, got {getattr(self, name)}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("config.json: num_attention_heads must be a multiple of num_key_value_heads")
+        if not 0 < self.partial_rotary_factor <= 1:
+            raise ValueError(f"config.json: partial_rotary_factor must be in (0, 1], got {self.partial_rotary_factor}")
+        if self.num_experts and self.moe_intermediate_size <= 0:
+            raise ValueError("config.json: moe_intermediate_size must be positive")
         if self.rotary_dim % 2 or self.rotary_dim == 0:
             raise ValueError(f"config.json: rotary dim {self.rotary_dim} must be even and positive")
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:

@@ -20,6 +20,8 @@ def get_field(d: dict[str, Any], key: str, kind: type, default: Any = _MISSING) 
         raise ValueError(f"config.json: missing field {key!r}")
     if value is None and default is None:
         return None
+    if value is None:
+        raise ValueError(f"config.json: {key} must be {kind.__name__}, got null")
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
@@ -32,8 +34,9 @@ def _rope(d: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float]:
     params = d.get("rope_parameters") or d.get("rope_scaling") or {}
     if not isinstance(params, dict):
         raise ValueError(f"config.json: rope_scaling must be an object or null, got {params!r}")
-    theta = float(params.get("rope_theta", d.get("rope_theta", 10000.0)))
-    partial = float(params.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)))
+    theta = get_field(params, "rope_theta", float, get_field(d, "rope_theta", float, 10000.0))
+    partial = get_field(params, "partial_rotary_factor", float,
+                        get_field(d, "partial_rotary_factor", float, 1.0))
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return theta, None, partial
@@ -42,14 +45,15 @@ def _rope(d: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float]:
     missing = [k for k in _LLAMA3_ROPE_KEYS if k not in params]
     if missing:
         raise ValueError(f"config.json: llama3 rope_scaling lacks {', '.join(missing)}")
-    return theta, {k: float(params[k]) for k in _LLAMA3_ROPE_KEYS}, partial
+    return theta, {k: get_field(params, k, float) for k in _LLAMA3_ROPE_KEYS}, partial
 
 
 def _eos_ids(d: dict[str, Any]) -> tuple[int, ...]:
     eos = d.get("eos_token_id")
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, list) else (int(eos),)
+    ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError(f"config.json: eos_token_id must be an int or a list of ints, got {eos!r}")
+    return tuple(ids)
 
 
 def _reject_unsupported(d: dict[str, Any]) -> None:
@@ -67,7 +71,11 @@ def parse_common(d: dict[str, Any], architecture: str, **family: Any) -> ModelCo
     theta, scaling, partial = _rope(d)
     heads = get_field(d, "num_attention_heads", int)
     hidden = get_field(d, "hidden_size", int)
+    if heads <= 0:
+        raise ValueError(f"config.json: num_attention_heads must be positive, got {heads}")
     dtype = d.get("torch_dtype", d.get("dtype", "bfloat16"))
+    if not isinstance(dtype, str):
+        raise ValueError(f"config.json: torch_dtype must be a string, got {dtype!r}")
     common = dict(
         architecture=architecture,
         vocab_size=get_field(d, "vocab_size", int),

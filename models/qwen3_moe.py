@@ -12,7 +12,7 @@ def parse_config(d):
         moe_intermediate_size=get_field(d, "moe_intermediate_size", int),
         norm_topk_prob=get_field(d, "norm_topk_prob", bool, False),
         decoder_sparse_step=get_field(d, "decoder_sparse_step", int, 1),
-        mlp_only_layers=tuple(get_field(d, "mlp_only_layers", list, [])),
+        mlp_only_layers=tuple(get_field(d, "mlp_only_layers", list, None) or ()),
     )
 
 

@@ -56,7 +56,9 @@ def _read_index(path: Path) -> dict[str, str]:
     try:
         weight_map = json.loads(path.read_text())["weight_map"]
     except (json.JSONDecodeError, KeyError, TypeError):
-        raise ValueError(f"{path}: malformed index (expected a 'weight_map' object)") from None
+        weight_map = None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ValueError(f"{path}: malformed index (expected a 'weight_map' object of tensor -> shard file)")
     for shard in set(weight_map.values()):
         if not (path.parent / shard).exists():
             raise ValueError(f"{path}: lists shard {shard!r}, which is missing")

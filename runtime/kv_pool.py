@@ -12,6 +12,7 @@ class PagePool:
             raise ValueError("num_pages and page_size must be positive")
         self.num_pages, self.page_size = num_pages, page_size
         self._free: deque[int] = deque(range(num_pages))
+        self._is_free = [True] * num_pages
 
     @property
     def num_free(self) -> int:
@@ -26,9 +27,16 @@ class PagePool:
     def allocate(self, num_pages: int) -> list[int]:
         if not self.can_allocate(num_pages):
             raise MemoryError(f"KV pool exhausted: {num_pages} pages wanted, {len(self._free)} free")
-        return [self._free.popleft() for _ in range(num_pages)]
+        pages = [self._free.popleft() for _ in range(num_pages)]
+        for page in pages:
+            self._is_free[page] = False
+        return pages
 
     def deallocate(self, pages: list[int]) -> None:
+        for page in pages:
+            if self._is_free[page]:
+                raise ValueError(f"page {page} freed twice")
+            self._is_free[page] = True
         self._free.extend(pages)
 
     def grow(self, pages: list[int], num_tokens: int) -> None:

@@ -36,12 +36,13 @@ def place_weights(specs: Iterable[WeightSpec], reader: Reader, device: str | tor
     region of every weight must be filled exactly once.
     """
     specs = list(specs)
+    for spec in specs:
+        _check_exact_cover(spec)
     out = {s.name: torch.empty(s.shape, dtype=s.dtype, device=device) for s in specs}
     targets: dict[str, list[tuple[WeightSpec, Index]]] = {}
     for spec in specs:
         for key, index in spec.sources:
             targets.setdefault(key, []).append((spec, index))
-    filled = {s.name: 0 for s in specs}
     for key, tensor in reader(set(targets)):
         for spec, index in targets[key]:
             dest = out[spec.name][spec.region(index)]
@@ -49,9 +50,15 @@ def place_weights(specs: Iterable[WeightSpec], reader: Reader, device: str | tor
                 raise ValueError(f"checkpoint tensor {key!r} has shape {list(tensor.shape)}, "
                                  f"{spec.name} expects {list(dest.shape)}")
             dest.copy_(tensor)
-            filled[spec.name] += dest.numel()
-    for spec in specs:
-        if filled[spec.name] != out[spec.name].numel():
-            raise ValueError(f"weight {spec.name}: checkpoint sources fill {filled[spec.name]} of "
-                             f"{out[spec.name].numel()} elements")
     return out
+
+
+def _check_exact_cover(spec: WeightSpec) -> None:
+    """Every element of the weight is filled by exactly one source (checked on the indexed dims only)."""
+    depth = max(len(index) for _, index in spec.sources) if spec.sources else 0
+    coverage = torch.zeros(spec.shape[:depth], dtype=torch.int32)
+    for _, index in spec.sources:
+        coverage[spec.region(index)] += 1
+    if not bool((coverage == 1).all()):
+        what = "overlap" if bool((coverage > 1).any()) else "leave a part unfilled"
+        raise ValueError(f"weight {spec.name}: its checkpoint sources {what}")
