@@ -2,6 +2,7 @@
 from ir.ops.attention import kv_store, paged_attention, rope, rope_inv_freq
 from ir.ops.dense import (add, cast, embedding, gather_rows, linear, mul, rms_norm, silu, silu_mul,
                           slice_cols)
+from ir.ops import fused  # noqa: F401  (registers the fused ops)
 from ir.ops.moe import moe_experts, moe_route
 from ir.ops.registry import OpDef, get_op, register_op, registered_ops
 

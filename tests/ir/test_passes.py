@@ -15,7 +15,7 @@ from ir.passes.dead_code import eliminate_dead_code
 from ir.passes.fold_rms_norm import fold_rms_norm
 from ir.passes.fuse_projections import fuse_gate_up, fuse_qkv
 from ir.passes.fuse_silu_mul import fuse_silu_mul
-from ir.passes.pipeline import PIPELINE, run_pipeline
+from ir.passes.pipeline import LOWERING_PREP, PIPELINE, run_pipeline
 from models.presets import TINY_PRESETS
 from models.registry import resolve_model
 from models.trace import trace_model
@@ -98,3 +98,16 @@ def test_dead_code_elimination_drops_unread_nodes_only():
     fused = fuse_silu_mul(fuse_gate_up(graph))
     assert any(n.op == "silu" for n in fused.nodes)
     assert not any(n.op == "silu" for n in eliminate_dead_code(fused).nodes)
+
+
+@pytest.mark.parametrize("preset", TINY_PRESETS)
+def test_lowering_prep_keeps_results_and_fuses_into_task_ops(preset):
+    before = run_pipeline(traced(preset))
+    after = run_pipeline(before, LOWERING_PREP)
+    step = random_step(before, seed=5)
+    assert_close(run(after, step), run(before, step))
+    ops = {n.op for n in after.nodes}
+    assert {"qkv_rope_store", "fused_linear"} <= ops
+    assert not ops & {"linear", "rms_norm_linear", "rope", "kv_store", "slice_cols", "silu_mul", "cast"}
+    lm_head = [n for n in after.nodes if n.op == "fused_linear"][-1]
+    assert lm_head.attrs["out_dtype"] == "f32" and lm_head.attrs["prologue"] == "rms_norm"
