@@ -1,0 +1,142 @@
+"""Mixture of experts: routing (softmax, top-k, renormalisation), grouping the step's (token, slot) pairs
+by expert, the experts' gate/up and down projections over their tokens, and the weighted combine.
+
+Expert tasks are indexed by (expert slot, column tile): slot j serves the j-th, (j+S)-th, ... expert that
+received tokens this step, so a decode step with few active experts runs few real tiles.
+"""
+import triton
+import triton.language as tl
+
+from codegen.bodies.common import round_to, word
+
+ROUTE_FIELDS = ("logits_off", "num_experts", "top_k", "normalize", "weights_off", "ids_off")
+GROUP_FIELDS = ("ids_off", "num_experts", "top_k", "offsets_off", "entries_off", "active_off", "num_active_off")
+EXPERT_FIELDS = ("x_off", "k", "w_off", "n", "out_off", "top_k", "offsets_off", "entries_off", "active_off",
+                 "num_active_off", "num_slots", "num_tiles", "silu_prologue")
+COMBINE_FIELDS = ("y_off", "weights_off", "top_k", "hidden", "out_off")
+
+
+@triton.jit
+def route_task(desc, tile, ACT, I32, num_tokens, BM: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr):
+    logits_off, E, K, normalize = word(desc, 0), word(desc, 1), word(desc, 2), word(desc, 3)
+    weights_off, ids_off = word(desc, 4), word(desc, 5)
+    rows = tile * BM + tl.arange(0, BM)
+    row_ok = rows < num_tokens
+    if tile * BM < num_tokens:
+        e = tl.arange(0, EP)
+        logits = tl.load(ACT + logits_off + rows[:, None] * E + e[None, :], mask=row_ok[:, None] & (e < E)[None, :],
+                         other=float("-inf")).to(tl.float32)
+        probs = tl.exp(logits - tl.max(logits, 1)[:, None])
+        probs = probs / tl.sum(probs, 1)[:, None]
+        for j in tl.static_range(TOPK):
+            if j < K:
+                best = tl.argmax(probs, 1)
+                tl.store(I32 + ids_off + rows * K + j, best.to(tl.int32), mask=row_ok)
+                tl.store(ACT + weights_off + rows * K + j, tl.max(probs, 1).to(ACT.dtype.element_ty), mask=row_ok)
+                probs = tl.where(e[None, :] == best[:, None], -1.0, probs)
+        if normalize == 1:
+            _renormalise(ACT, I32, logits, rows, row_ok, e, K, weights_off, ids_off, TOPK)
+
+
+@triton.jit
+def _renormalise(ACT, I32, logits, rows, row_ok, e, K, weights_off, ids_off, TOPK: tl.constexpr):
+    """weights = p / sum of the chosen p, from the exact (unrounded) probabilities, as HF does."""
+    probs = tl.exp(logits - tl.max(logits, 1)[:, None])
+    probs = probs / tl.sum(probs, 1)[:, None]
+    total = tl.zeros(rows.shape, tl.float32)
+    for j in tl.static_range(TOPK):
+        if j < K:
+            ids = tl.load(I32 + ids_off + rows * K + j, mask=row_ok, other=0)
+            total += tl.sum(tl.where(e[None, :] == ids[:, None], probs, 0.0), 1)
+    for j in tl.static_range(TOPK):
+        if j < K:
+            ids = tl.load(I32 + ids_off + rows * K + j, mask=row_ok, other=0)
+            p = tl.sum(tl.where(e[None, :] == ids[:, None], probs, 0.0), 1)
+            tl.store(ACT + weights_off + rows * K + j, (p / total).to(ACT.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def group_task(desc, I32, num_tokens, NTK: tl.constexpr):
+    """Counting sort of the step's (token, slot) pairs by expert; lists the experts that got any."""
+    ids_off, E, K, offsets_off = word(desc, 0), word(desc, 1), word(desc, 2), word(desc, 3)
+    entries_off, active_off, num_active_off = word(desc, 4), word(desc, 5), word(desc, 6)
+    idx = tl.arange(0, NTK)
+    valid = idx < num_tokens * K
+    ids = tl.load(I32 + ids_off + idx, mask=valid, other=-1)
+    base = 0
+    num_active = 0
+    for expert in range(E):
+        hit = ids == expert
+        count = tl.sum(hit.to(tl.int32), 0)
+        tl.store(I32 + entries_off + base + tl.cumsum(hit.to(tl.int32), 0) - 1, idx, mask=hit)
+        tl.store(I32 + offsets_off + expert, base)
+        if count > 0:
+            tl.store(I32 + active_off + num_active, expert)
+            num_active += 1
+        base += count
+    tl.store(I32 + offsets_off + E, base)
+    tl.store(I32 + num_active_off, num_active)
+
+
+@triton.jit
+def expert_task(desc, tile, W, ACT, I32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                DOT_F32: tl.constexpr):
+    """out[entry, cols] = prologue(x[row of entry]) @ W[expert, cols]^T for the entries of this slot's experts.
+
+    gate/up: x is the normed hidden state, rows are tokens (entry // top_k); down: x is the gate/up
+    output, rows are entries, with the SiLU-gating prologue."""
+    x_off, K, w_off, N, out_off, top_k = word(desc, 0), word(desc, 1), word(desc, 2), word(desc, 3), word(desc, 4), word(desc, 5)
+    offsets_off, entries_off, active_off = word(desc, 6), word(desc, 7), word(desc, 8)
+    num_active, num_slots = tl.load(I32 + word(desc, 9)), word(desc, 10)
+    num_tiles, silu = word(desc, 11), word(desc, 12)
+    dt: tl.constexpr = W.dtype.element_ty
+    slot = tile // num_tiles
+    cols = (tile % num_tiles) * BN + tl.arange(0, BN)
+    col_ok = cols < N
+    x_width = tl.where(silu == 1, 2 * K, K)
+    for a in range(slot, num_active, num_slots):
+        expert = tl.load(I32 + active_off + a).to(tl.int64)
+        lo = tl.load(I32 + offsets_off + expert)
+        hi = tl.load(I32 + offsets_off + expert + 1)
+        for m0 in range(lo, hi, BM):
+            r = m0 + tl.arange(0, BM)
+            r_ok = r < hi
+            entry = tl.load(I32 + entries_off + r, mask=r_ok, other=0).to(tl.int64)
+            x_row = tl.where(silu == 1, entry, entry // top_k)
+            acc = tl.zeros((BM, BN), tl.float32)
+            for k0 in range(0, K, BK):
+                ks = k0 + tl.arange(0, BK)
+                k_ok = ks < K
+                mask = r_ok[:, None] & k_ok[None, :]
+                x = tl.load(ACT + x_off + x_row[:, None] * x_width + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+                if silu == 1:
+                    up = tl.load(ACT + x_off + x_row[:, None] * x_width + K + ks[None, :], mask=mask, other=0.0)
+                    x = round_to(round_to(x / (1.0 + tl.exp(-x)), dt) * up.to(tl.float32), dt)
+                w = tl.load(W + w_off + expert * N * K + cols[:, None] * K + ks[None, :],
+                            mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+                if DOT_F32:
+                    acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
+                else:
+                    acc += tl.dot(x.to(dt), tl.trans(w))
+            tl.store(ACT + out_off + entry[:, None] * N + cols[None, :], acc.to(dt),
+                     mask=r_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def combine_task(desc, tile, ACT, num_tokens, BM: tl.constexpr, BN: tl.constexpr, TOPK: tl.constexpr):
+    """out[t] = sum over slots j of weight[t, j] * y[t * top_k + j] (each product rounded, as HF)."""
+    y_off, weights_off, K, hidden, out_off = word(desc, 0), word(desc, 1), word(desc, 2), word(desc, 3), word(desc, 4)
+    dt: tl.constexpr = ACT.dtype.element_ty
+    cols = tile * BN + tl.arange(0, BN)
+    col_ok = cols < hidden
+    for m0 in range(0, num_tokens, BM):
+        rows = m0 + tl.arange(0, BM)
+        row_ok = rows < num_tokens
+        mask = row_ok[:, None] & col_ok[None, :]
+        out = tl.zeros((BM, BN), tl.float32)
+        for j in tl.static_range(TOPK):
+            if j < K:
+                w = tl.load(ACT + weights_off + rows * K + j, mask=row_ok, other=0.0).to(tl.float32)
+                y = tl.load(ACT + y_off + (rows * K + j)[:, None] * hidden + cols[None, :], mask=mask, other=0.0)
+                out = round_to(out + round_to(y.to(tl.float32) * w[:, None], dt), dt)
+        tl.store(ACT + out_off + rows[:, None] * hidden + cols[None, :], out.to(dt), mask=mask)

@@ -1,0 +1,33 @@
+"""Events: counters in global memory that only grow. A task waits until `counter >= count * (step + 1 - lag)`
+and signals by adding one after its writes. A wait that spins past the limit records a hang and aborts."""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def wait_event(EVENTS, I32, CONTROL: tl.constexpr, event, target, step, task, SPIN_LIMIT: tl.constexpr):
+    """Returns 1 when the event reached `target`, 0 when it gave up (hang recorded, abort flag set)."""
+    seen = tl.atomic_add(EVENTS + event, 0, sem="acquire")
+    spins = 0
+    while (seen < target) & (spins < SPIN_LIMIT):
+        seen = tl.atomic_add(EVENTS + event, 0, sem="acquire")
+        spins += 1
+        if spins % 1024 == 0:
+            if tl.load(I32 + CONTROL + 6, volatile=True) != 0:  # another program already aborted
+                spins = SPIN_LIMIT
+    ok = seen >= target
+    if not ok:
+        if tl.atomic_cas(I32 + CONTROL + 6, 0, 1) == 0:  # first to fail records where
+            tl.store(I32 + CONTROL + 7, step)
+            tl.store(I32 + CONTROL + 8, task)
+            tl.store(I32 + CONTROL + 9, event)
+            tl.store(I32 + CONTROL + 10, seen)
+            tl.store(I32 + CONTROL + 11, target)
+    tl.debug_barrier()
+    return ok
+
+
+@triton.jit
+def signal_event(EVENTS, event):
+    tl.debug_barrier()  # every thread's writes happen before the release
+    tl.atomic_add(EVENTS + event, 1, sem="release")

@@ -1,0 +1,48 @@
+"""Checks on a task graph before any code is generated.
+
+- every wait names an event that some tasks signal, and counts exactly that many signals per step;
+- the waits are acyclic and respect task order: a task only waits (within a step) on events whose tasks
+  all come before it, so one program running the tasks in order never waits, and with many programs the
+  lowest unfinished task is always runnable (no deadlock when every program is co-resident);
+- every group leads to sampling, which the next step's planner waits for: so every read of a step is
+  finished before the next step overwrites anything.
+"""
+from __future__ import annotations
+
+from codegen.tasks import TaskGraph, Wait
+
+
+class ScheduleError(ValueError):
+    pass
+
+
+def check_schedule(graph: TaskGraph, sample: Wait) -> None:
+    signals: dict[int, list[int]] = {}
+    for index, task in enumerate(graph.tasks):
+        signals.setdefault(task.signal, []).append(index)
+    for index, task in enumerate(graph.tasks):
+        for wait in task.waits:
+            producers = signals.get(wait.event)
+            where = f"task {index} ({task.kind.name}) waits on event {wait.event} ({graph.event_names[wait.event]})"
+            if not producers:
+                raise ScheduleError(f"{where}, which no task signals")
+            if wait.count != len(producers):
+                raise ScheduleError(f"{where} for {wait.count} signals per step; {len(producers)} tasks signal it")
+            if wait.lag == 0 and max(producers) >= index:
+                raise ScheduleError(f"{where}, signalled by a later task {max(producers)}: not runnable in order")
+    _check_everything_leads_to(graph, sample.event)
+
+
+def _check_everything_leads_to(graph: TaskGraph, final_event: int) -> None:
+    readers: dict[int, set[int]] = {}
+    for task in graph.tasks:
+        for wait in task.waits:
+            readers.setdefault(wait.event, set()).add(task.signal)
+    reaches = {final_event}
+    for event in reversed(range(len(graph.event_names))):
+        if readers.get(event, set()) & reaches:
+            reaches.add(event)
+    dangling = [graph.event_names[e] for e in {t.signal for t in graph.tasks} - reaches]
+    if dangling:
+        raise ScheduleError(f"groups {dangling[:3]} do not lead to sampling: the next step could overwrite "
+                            f"what they read")

@@ -1,0 +1,41 @@
+"""`CompileConfig`: everything that changes the generated kernel (and so the compile-cache key)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    max_batch: int = 8  # requests per launch = sequences per step
+    max_tokens_per_step: int = 256  # prefill chunk budget
+    max_model_len: int = 2048  # prompt + generated tokens of one request
+    max_new_tokens: int = 1024
+    page_size: int = 16
+    interpret: bool = False  # Triton interpreter on CPU: grid of one program, fp32 dot operands
+    num_warps: int = 4
+    block_n: int = 64  # output columns per projection tile
+    block_k: int = 64
+    block_m: int = 16  # token rows per dot (the minimum tl.dot takes)
+    block_kv: int = 32  # keys per attention block
+    moe_slots: int = 0  # expert slots per MoE layer; 0: min(experts, max_batch * top_k)
+    spin_limit: int = 1 << 26  # spins before a wait is reported as a hang
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch", "max_tokens_per_step", "max_model_len", "max_new_tokens", "page_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("block_n", "block_k", "block_m", "block_kv", "page_size"):
+            value = getattr(self, name)
+            if value & (value - 1):
+                raise ValueError(f"{name} must be a power of two, got {value}")
+        if self.block_m < 16:
+            raise ValueError("block_m must be at least 16 (tl.dot)")
+        if self.max_tokens_per_step < self.max_batch:
+            raise ValueError("max_tokens_per_step must be at least max_batch (one decode token each)")
+
+    @property
+    def max_pages_per_seq(self) -> int:
+        return -(-self.max_model_len // self.page_size)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

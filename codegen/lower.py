@@ -1,0 +1,287 @@
+"""Lowering: a graph of fused ops -> memory layout + task graph. One lowering function per op.
+
+Every activation value gets its own region (no reuse, so no write-after-read hazards inside a step);
+every node becomes one or more groups of tasks tiled over output columns (or heads, sequences, expert
+slots); a group waits on the groups that produce its inputs.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from codegen.bodies.attention import ATTENTION_FIELDS
+from codegen.bodies.linear import LINEAR_FIELDS, PROLOGUE_CODES
+from codegen.bodies.moe import COMBINE_FIELDS, EXPERT_FIELDS, GROUP_FIELDS, ROUTE_FIELDS
+from codegen.bodies.qkv import QKV_FIELDS
+from codegen.bodies.rows import ADD_FIELDS, EMBED_FIELDS, GATHER_FIELDS, RMS_NORM_FIELDS
+from codegen.bodies.schedule import SAMPLE_FIELDS
+from codegen.config import CompileConfig
+from codegen.layout import Layout, add_step_regions
+from codegen.tasks import Kind, TaskGraph, Wait
+from ir.graph import Graph, Node, Value
+from ir.ops.attention import rope_inv_freq
+from ir.ops.fused import fused_linear_inputs, qkv_rope_store_inputs
+
+
+@dataclass
+class Lowering:
+    graph: Graph
+    config: CompileConfig
+    layout: Layout = field(default_factory=Layout)
+    tasks: TaskGraph = field(default_factory=TaskGraph)
+    ready: dict[int, Wait] = field(default_factory=dict)  # value id -> wait for its producer
+    stats: dict[int, int] = field(default_factory=dict)  # value id -> F32 offset of its rows' sum of squares
+    constants: dict[str, int] = field(default_factory=dict)  # compile-time numbers the template needs
+    rope_tables: dict[str, tuple] = field(default_factory=dict)  # F32 region -> (rotary_dim, theta, scaling)
+    plan_event: int = -1
+    sample: Wait | None = None
+
+    # -- regions -------------------------------------------------------------------------------------------
+    def rows(self, value: Value) -> int:
+        return self.config.max_batch if value.shape[0] == "L" else self.config.max_tokens_per_step
+
+    def act(self, value: Value) -> int:
+        name = f"v{value.id}"
+        if name not in self.layout.regions:
+            self.layout.alloc(name, "ACT", self.rows(value) * value.shape[1])
+        return self.layout.offset(name)
+
+    def weight(self, value: Value) -> int:
+        return self.layout.offset(f"param:{value.name}")
+
+    def waits(self, *values: Value) -> tuple[Wait, ...]:
+        found = []
+        for v in values:
+            wait = self.ready.get(v.id)
+            if wait is not None and wait not in found:
+                found.append(wait)
+        return tuple(found)
+
+    def out_stats(self, value: Value) -> int:
+        return self.stats.get(value.id, -1)
+
+    def column_tiles(self, width: int) -> int:
+        return -(-width // self.config.block_n)
+
+
+LOWERINGS: dict[str, Callable[[Lowering, Node], None]] = {}
+
+
+def lowering(op: str):
+    def register(fn):
+        LOWERINGS[op] = fn
+        return fn
+    return register
+
+
+def lower(graph: Graph, config: CompileConfig) -> Lowering:
+    unsupported = sorted({n.op for n in graph.nodes} - LOWERINGS.keys())
+    if unsupported:
+        raise ValueError(f"no lowering for ops {unsupported} (run the LOWERING_PREP passes first)")
+    lw = Lowering(graph, config)
+    lw.plan_event = lw.tasks.new_event("plan")
+    _allocate(lw)
+    for node in graph.nodes:
+        LOWERINGS[node.op](lw, node)
+    _add_sampling(lw)
+    return lw
+
+
+def _allocate(lw: Lowering) -> None:
+    cfg = lw.config
+    for p in lw.graph.params:
+        lw.layout.alloc(f"param:{p.name}", "W", p.num_elements)
+    add_step_regions(lw.layout, T=cfg.max_tokens_per_step, B=cfg.max_batch, R=cfg.max_batch,
+                     P=cfg.max_pages_per_seq, M=cfg.max_model_len, O=cfg.max_new_tokens)
+    normed = _values_read_by_norms(lw.graph)
+    first = None
+    for value in normed:
+        offset = lw.layout.alloc(f"stats:v{value.id}", "F32", lw.rows(value))
+        first = offset if first is None else first
+        lw.stats[value.id] = offset
+    lw.constants["STATS_OFF"] = first if first is not None else 0
+    lw.constants["STATS_SIZE"] = lw.layout.sizes["F32"] - lw.constants["STATS_OFF"] if normed else 0
+
+
+def _values_read_by_norms(graph: Graph) -> list[Value]:
+    found: dict[int, Value] = {}
+    for node in graph.nodes:
+        reads_norm = (node.op == "rms_norm" and node.attrs["group"] == node.output.shape[1]) or \
+            (node.op == "fused_linear" and node.attrs["prologue"] == "rms_norm") or \
+            (node.op == "qkv_rope_store" and node.attrs["has_norm"])
+        if reads_norm:
+            found.setdefault(node.inputs[0].id, node.inputs[0])
+    return list(found.values())
+
+
+def _rows_kind(value: Value) -> int:
+    return 1 if value.shape[0] == "L" else 0
+
+
+@lowering("embedding")
+def _embedding(lw: Lowering, node: Node) -> None:
+    _, table = node.inputs
+    out = node.output
+    desc = lw.tasks.add_desc(EMBED_FIELDS, dict(table_off=lw.weight(table), hidden=out.shape[1],
+                                                out_off=lw.act(out), out_stats_off=lw.out_stats(out)))
+    lw.ready[out.id] = lw.tasks.add_group(Kind.EMBED, desc, lw.column_tiles(out.shape[1]), "embedding", ())
+
+
+@lowering("gather_rows")
+def _gather_rows(lw: Lowering, node: Node) -> None:
+    x, _ = node.inputs
+    out = node.output
+    desc = lw.tasks.add_desc(GATHER_FIELDS, dict(x_off=lw.act(x), hidden=out.shape[1], out_off=lw.act(out),
+                                                 out_stats_off=lw.out_stats(out)))
+    lw.ready[out.id] = lw.tasks.add_group(Kind.GATHER, desc, lw.column_tiles(out.shape[1]), "gather_rows",
+                                          lw.waits(x))
+
+
+@lowering("rms_norm")
+def _rms_norm(lw: Lowering, node: Node) -> None:
+    x, w = node.inputs
+    out = node.output
+    if node.attrs["group"] != x.shape[1]:
+        raise ValueError("a grouped rms_norm outside a qkv_rope_store has no lowering")
+    desc = lw.tasks.add_desc(RMS_NORM_FIELDS, dict(
+        x_off=lw.act(x), hidden=x.shape[1], stats_off=lw.stats[x.id], norm_w_off=lw.weight(w),
+        eps=float(node.attrs["eps"]), out_off=lw.act(out), rows_kind=_rows_kind(x)))
+    lw.ready[out.id] = lw.tasks.add_group(Kind.RMS_NORM, desc, lw.column_tiles(x.shape[1]), "rms_norm", lw.waits(x))
+
+
+@lowering("add")
+def _add(lw: Lowering, node: Node) -> None:
+    a, b = node.inputs
+    out = node.output
+    desc = lw.tasks.add_desc(ADD_FIELDS, dict(a_off=lw.act(a), b_off=lw.act(b), hidden=out.shape[1],
+                                              out_off=lw.act(out), out_stats_off=lw.out_stats(out),
+                                              rows_kind=_rows_kind(out)))
+    lw.ready[out.id] = lw.tasks.add_group(Kind.ADD, desc, lw.column_tiles(out.shape[1]), "add", lw.waits(a, b))
+
+
+@lowering("fused_linear")
+def _fused_linear(lw: Lowering, node: Node) -> None:
+    named = dict(zip(fused_linear_inputs(node.attrs), node.inputs))
+    x, w, out = named["x"], named["w"], node.output
+    is_f32 = out.id == lw.graph.outputs["logits"].id  # the LM head writes fp32 logits to the F32 arena
+    if is_f32:
+        out_off = lw.layout.alloc(f"v{out.id}", "F32", lw.rows(out) * out.shape[1])
+        lw.constants["LOGITS_OFF"] = out_off
+    else:
+        out_off = lw.act(out)
+    residual = named.get("residual")
+    desc = lw.tasks.add_desc(LINEAR_FIELDS, dict(
+        x_off=lw.act(x), x_stride=x.shape[1], k=w.shape[1], w_off=lw.weight(w), n=w.shape[0], out_off=out_off,
+        out_stride=out.shape[1], out_f32=int(is_f32), prologue=PROLOGUE_CODES[node.attrs["prologue"]],
+        stats_off=lw.stats.get(x.id, -1) if node.attrs["prologue"] == "rms_norm" else -1,
+        norm_w_off=lw.weight(named["norm_w"]) if "norm_w" in named else -1, eps=float(node.attrs["eps"]),
+        res_off=lw.act(residual) if residual is not None else -1, res_stride=out.shape[1],
+        bias_off=lw.weight(named["bias"]) if "bias" in named else -1, out_stats_off=lw.out_stats(out),
+        rows_kind=_rows_kind(x)))
+    waits = lw.waits(x, *([residual] if residual is not None else []))
+    name = "lm_head" if is_f32 else w.name
+    lw.ready[out.id] = lw.tasks.add_group(Kind.LINEAR, desc, lw.column_tiles(w.shape[0]), name, waits)
+
+
+@lowering("qkv_rope_store")
+def _qkv_rope_store(lw: Lowering, node: Node) -> None:
+    a = node.attrs
+    named = dict(zip(qkv_rope_store_inputs(a), node.inputs))
+    x, w, cache = named["x"], named["w"], named["cache"]
+    q, new_cache = node.outputs
+    head_dim = a["head_dim"]
+    rope_key = f"rope:{a['rotary_dim']}:{a['theta']}:{sorted((a['scaling'] or {}).items())}"
+    if rope_key not in lw.layout.regions:
+        lw.layout.alloc(rope_key, "F32", a["rotary_dim"] // 2)
+        lw.rope_tables[rope_key] = (a["rotary_dim"], a["theta"], a["scaling"])
+    layer = int(cache.name.rsplit(".", 1)[1])
+    desc = lw.tasks.add_desc(QKV_FIELDS, dict(
+        x_off=lw.act(x), k=x.shape[1], w_off=lw.weight(w), num_q_heads=a["q_size"] // head_dim,
+        num_kv_heads=a["kv_size"] // head_dim, head_dim=head_dim, rotary_dim=a["rotary_dim"],
+        stats_off=lw.stats.get(x.id, -1) if a["has_norm"] else -1,
+        norm_w_off=lw.weight(named["norm_w"]) if a["has_norm"] else -1, eps=float(a["eps"]),
+        bias_off=lw.weight(named["bias"]) if a["has_bias"] else -1,
+        q_norm_off=lw.weight(named["q_norm_w"]) if a["has_qk_norm"] else -1,
+        k_norm_off=lw.weight(named["k_norm_w"]) if a["has_qk_norm"] else -1, qk_eps=float(a["qk_eps"]),
+        q_out_off=lw.act(q), layer=layer, inv_freq_off=lw.layout.offset(rope_key),
+        has_norm=int(a["has_norm"]), has_qk_norm=int(a["has_qk_norm"])))
+    num_heads = (a["q_size"] + 2 * a["kv_size"]) // head_dim
+    done = lw.tasks.add_group(Kind.QKV, desc, num_heads, f"qkv.{layer}", lw.waits(x))
+    lw.ready[q.id] = lw.ready[new_cache.id] = done
+    lw.constants["HEAD_DIM_MAX"] = max(lw.constants.get("HEAD_DIM_MAX", 0), head_dim)
+
+
+@lowering("paged_attention")
+def _paged_attention(lw: Lowering, node: Node) -> None:
+    q, cache = node.inputs[0], node.inputs[1]
+    a = node.attrs
+    layer = int(cache.name.rsplit(".", 1)[1]) if cache.name else _layer_of(lw, cache)
+    desc = lw.tasks.add_desc(ATTENTION_FIELDS, dict(
+        q_off=lw.act(q), out_off=lw.act(node.output), num_heads=a["num_heads"], num_kv_heads=a["num_kv_heads"],
+        head_dim=a["head_dim"], layer=layer, scale=float(a["scale"])))
+    lw.ready[node.output.id] = lw.tasks.add_group(
+        Kind.ATTENTION, desc, lw.config.max_batch * a["num_kv_heads"], f"attention.{layer}", lw.waits(q, cache))
+
+
+def _layer_of(lw: Lowering, cache: Value) -> int:
+    """The layer of an updated cache value: the kv_cache input its qkv_rope_store wrote."""
+    for node in lw.graph.nodes:
+        if node.op == "qkv_rope_store" and node.outputs[1].id == cache.id:
+            return int(node.inputs[qkv_rope_store_inputs(node.attrs).index("cache")].name.rsplit(".", 1)[1])
+    raise ValueError(f"attention reads %{cache.id}, which no qkv_rope_store writes")
+
+
+@lowering("moe_route")
+def _moe_route(lw: Lowering, node: Node) -> None:
+    (logits,) = node.inputs
+    weights, ids = node.outputs
+    top_k = node.attrs["top_k"]
+    T = lw.config.max_tokens_per_step
+    ids_off = lw.layout.alloc(f"v{ids.id}", "I32", T * top_k)
+    desc = lw.tasks.add_desc(ROUTE_FIELDS, dict(
+        logits_off=lw.act(logits), num_experts=logits.shape[1], top_k=top_k,
+        normalize=int(node.attrs["normalize"]), weights_off=lw.act(weights), ids_off=ids_off))
+    done = lw.tasks.add_group(Kind.ROUTE, desc, -(-T // lw.config.block_m), "moe_route", lw.waits(logits))
+    lw.ready[weights.id] = lw.ready[ids.id] = done
+    lw.constants["NUM_EXPERTS_MAX"] = max(lw.constants.get("NUM_EXPERTS_MAX", 1), logits.shape[1])
+    lw.constants["TOP_K_MAX"] = max(lw.constants.get("TOP_K_MAX", 1), top_k)
+
+
+@lowering("moe_experts")
+def _moe_experts(lw: Lowering, node: Node) -> None:
+    x, weights, ids, gate_up, down = node.inputs
+    num_experts, two_i, hidden = gate_up.shape
+    top_k = weights.shape[1]
+    cfg, T, name = lw.config, lw.config.max_tokens_per_step, f"moe.v{node.output.id}"
+    routing = {key: lw.layout.alloc(f"{name}.{key}", "I32", size) for key, size in (
+        ("offsets_off", num_experts + 1), ("entries_off", T * top_k), ("active_off", num_experts),
+        ("num_active_off", 1))}
+    grouped = lw.tasks.add_group(Kind.GROUP, lw.tasks.add_desc(GROUP_FIELDS, dict(
+        ids_off=lw.layout.offset(f"v{ids.id}"), num_experts=num_experts, top_k=top_k, **routing)),
+        1, f"{name}.group", lw.waits(ids))
+    slots = cfg.moe_slots or min(num_experts, cfg.max_batch * top_k)
+    h_off = lw.layout.alloc(f"{name}.h", "ACT", T * top_k * two_i)
+    y_off = lw.layout.alloc(f"{name}.y", "ACT", T * top_k * hidden)
+
+    def experts(x_off, k, w, n, out_off, silu, waits, part):
+        tiles = lw.column_tiles(n)
+        desc = lw.tasks.add_desc(EXPERT_FIELDS, dict(
+            x_off=x_off, k=k, w_off=lw.weight(w), n=n, out_off=out_off, top_k=top_k, num_slots=slots,
+            num_tiles=tiles, silu_prologue=silu, **routing))
+        return lw.tasks.add_group(Kind.EXPERT, desc, slots * tiles, f"{name}.{part}", waits)
+
+    up = experts(lw.act(x), hidden, gate_up, two_i, h_off, 0, (grouped, *lw.waits(x)), "gate_up")
+    down_done = experts(h_off, two_i // 2, down, hidden, y_off, 1, (up,), "down")
+    desc = lw.tasks.add_desc(COMBINE_FIELDS, dict(y_off=y_off, weights_off=lw.act(weights), top_k=top_k,
+                                                  hidden=hidden, out_off=lw.act(node.output)))
+    lw.ready[node.output.id] = lw.tasks.add_group(Kind.COMBINE, desc, lw.column_tiles(hidden), f"{name}.combine",
+                                                  (down_done, *lw.waits(weights)))
+    lw.constants["ENTRIES_MAX"] = max(lw.constants.get("ENTRIES_MAX", 1), T * top_k)
+
+
+def _add_sampling(lw: Lowering) -> None:
+    logits = lw.graph.outputs["logits"]
+    if logits.dtype.value != "f32" or "LOGITS_OFF" not in lw.constants:
+        raise ValueError("the graph's logits must come from an fp32 fused_linear")
+    desc = lw.tasks.add_desc(SAMPLE_FIELDS, dict(logits_off=lw.constants["LOGITS_OFF"], vocab=logits.shape[1]))
+    lw.sample = lw.tasks.add_group(Kind.SAMPLE, desc, lw.config.max_batch, "sample", lw.waits(logits))

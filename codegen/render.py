@@ -1,0 +1,86 @@
+"""Rendering the megakernel's Triton source from the template and a typed context built here.
+
+The template only loops and substitutes: which task kinds the model uses, the body calls with their
+compile-time arguments, and the layout's offsets are all decided in Python.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from types import SimpleNamespace
+
+import jinja2
+import triton
+
+from codegen.layout import CONTROL_FIELDS, STEP_REGIONS
+from codegen.lower import Lowering
+from codegen.tasks import DESC_WORDS, MAX_WAITS, TASK_WORDS, Kind
+
+TEMPLATES = Path(__file__).parent / "templates"
+KERNEL_NAME = "blink_megakernel"
+
+
+def _pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
+    cfg, c, r = lw.config, lw.constants, SimpleNamespace(**{k: lw.layout.offset(k) for k in STEP_REGIONS})
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    hdp = _pow2(max(16, c.get("HEAD_DIM_MAX", 16)))
+    calls = {
+        Kind.LINEAR: f"linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn}, {bk}, {dot_f32})",
+        Kind.QKV: f"qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, {r.positions}, {r.slots}, "
+                  f"{bm}, {bk}, {hdp}, {dot_f32})",
+        Kind.ATTENTION: f"attention_task(desc, tile, ACT, I32, KV, kv_plane, num_seqs, {r.seq_starts}, "
+                        f"{r.context_lens}, {r.seq_req}, {r.req_pages}, {cfg.max_pages_per_seq}, {cfg.page_size}, "
+                        f"{bm}, {cfg.block_kv}, {hdp}, {dot_f32})",
+        Kind.EMBED: f"embed_task(desc, tile, W, ACT, F32, I32, num_tokens, {r.input_ids}, {bm}, {bn})",
+        Kind.GATHER: f"gather_task(desc, tile, ACT, F32, I32, num_seqs, {r.logits_rows}, {bm}, {bn})",
+        Kind.RMS_NORM: f"rms_norm_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn})",
+        Kind.ADD: f"add_task(desc, tile, ACT, F32, num_tokens, num_seqs, {bm}, {bn})",
+        Kind.ROUTE: f"route_task(desc, tile, ACT, I32, num_tokens, {bm}, {_pow2(c.get('NUM_EXPERTS_MAX', 1))}, "
+                    f"{c.get('TOP_K_MAX', 1)})",
+        Kind.GROUP: f"group_task(desc, I32, num_tokens, {_pow2(c.get('ENTRIES_MAX', 1))})",
+        Kind.EXPERT: f"expert_task(desc, tile, W, ACT, I32, {bm}, {bn}, {bk}, {dot_f32})",
+        Kind.COMBINE: f"combine_task(desc, tile, ACT, num_tokens, {bm}, {bn}, {c.get('TOP_K_MAX', 1)})",
+        Kind.SAMPLE: f"sample_task(desc, tile, I32, F32, num_seqs, step, {lw.layout.offset('control')}, "
+                     f"{r.seq_req}, {r.seq_final}, {r.req_num_out}, {r.req_max_tokens}, {r.req_finished}, "
+                     f"{r.req_last}, {r.req_seed}, {r.req_top_k}, {r.req_ignore_eos}, "
+                     f"{lw.layout.offset('req_temperature')}, {lw.layout.offset('req_top_p')}, {r.out_tokens}, "
+                     f"{cfg.max_new_tokens}, {r.eos_ids}, 1024)",
+    }
+    used = sorted({t.kind for t in lw.tasks.tasks})
+    return [(int(kind), calls[kind]) for kind in used]
+
+
+_IMPORTS = {
+    "sync": ["signal_event", "wait_event"],
+    "schedule": ["plan_step", "sample_task"],
+    "linear": ["linear_task"], "qkv": ["qkv_task"], "attention": ["attention_task"],
+    "rows": ["add_task", "embed_task", "gather_task", "rms_norm_task"],
+    "moe": ["combine_task", "expert_task", "group_task", "route_task"],
+}
+
+
+def render_kernel(lw: Lowering, model_name: str) -> str:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    cfg = lw.config
+    regions = {k: lw.layout.offset(k) for k in (*STEP_REGIONS, "control")}
+    sample = lw.sample
+    context = dict(
+        model_name=model_name, kernel_name=KERNEL_NAME, imports=sorted(_IMPORTS.items()),
+        r=SimpleNamespace(**regions), dispatch=_dispatch(lw, cfg.interpret),
+        sample_event=sample.event, num_sample_tasks=sample.count, plan_event=lw.plan_event,
+        spin_limit=cfg.spin_limit, pages_per_seq=cfg.max_pages_per_seq, page_size=cfg.page_size,
+        max_tokens_per_step=cfg.max_tokens_per_step, stats_off=lw.constants["STATS_OFF"],
+        stats_size=lw.constants["STATS_SIZE"], chunk=128, task_words=TASK_WORDS, desc_words=DESC_WORDS,
+        max_waits=MAX_WAITS,
+    )
+    assert len(CONTROL_FIELDS) == 12
+    return env.get_template("megakernel.py.j2").render(**context)
+
+
+def source_hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:16]

@@ -1,0 +1,93 @@
+"""The task graph: descriptors, tasks and events, encoded as the int64 tables the megakernel reads.
+
+A task is (kind, descriptor row, tile, the event it signals, up to three waits). A wait (event, count,
+lag) is satisfied in step s when `events[event] >= count * (s + 1 - lag)`: counters only grow, so nothing
+is reset between steps.
+"""
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass, field
+
+import torch
+
+TASK_WORDS = 16
+DESC_WORDS = 24
+MAX_WAITS = 3
+
+
+class Kind(enum.IntEnum):
+    LINEAR = 0
+    QKV = 1
+    ATTENTION = 2
+    EMBED = 3
+    GATHER = 4
+    RMS_NORM = 5
+    ADD = 6
+    ROUTE = 7
+    GROUP = 8
+    EXPERT = 9
+    COMBINE = 10
+    SAMPLE = 11
+
+
+@dataclass(frozen=True)
+class Wait:
+    event: int
+    count: int  # signals per step expected from the event's tasks
+    lag: int = 0  # 1: wait for the previous step's signals
+
+
+@dataclass(frozen=True)
+class Task:
+    kind: Kind
+    desc: int
+    tile: int
+    signal: int
+    waits: tuple[Wait, ...] = ()
+
+
+def float_word(x: float) -> int:
+    """A float as the int64 bits of a float64 (bodies read it back with `word_f32`)."""
+    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
+
+
+@dataclass
+class TaskGraph:
+    tasks: list[Task] = field(default_factory=list)
+    descs: list[list[int]] = field(default_factory=list)
+    event_names: list[str] = field(default_factory=list)
+
+    def new_event(self, name: str) -> int:
+        self.event_names.append(name)
+        return len(self.event_names) - 1
+
+    def add_desc(self, fields: tuple[str, ...], values: dict[str, int | float]) -> int:
+        missing = set(fields) ^ set(values)
+        if missing:
+            raise ValueError(f"descriptor fields mismatch: {sorted(missing)}")
+        row = [float_word(values[f]) if isinstance(values[f], float) else int(values[f]) for f in fields]
+        if len(row) > DESC_WORDS:
+            raise ValueError(f"descriptor of {len(row)} words exceeds {DESC_WORDS}")
+        self.descs.append(row + [0] * (DESC_WORDS - len(row)))
+        return len(self.descs) - 1
+
+    def add_group(self, kind: Kind, desc: int, num_tiles: int, name: str, waits: tuple[Wait, ...]) -> Wait:
+        """`num_tiles` tasks that all signal one new event; returns the wait that covers them."""
+        if len(waits) > MAX_WAITS:
+            raise ValueError(f"{name}: {len(waits)} waits, at most {MAX_WAITS}")
+        event = self.new_event(name)
+        self.tasks += [Task(kind, desc, tile, event, waits) for tile in range(num_tiles)]
+        return Wait(event, num_tiles)
+
+    def task_table(self) -> torch.Tensor:
+        rows = []
+        for t in self.tasks:
+            waits = [w for wait in t.waits for w in (wait.event, wait.count, wait.lag)]
+            waits += [-1, 0, 0] * (MAX_WAITS - len(t.waits))
+            rows.append([int(t.kind), t.desc, t.tile, t.signal, *waits] + [0] * (TASK_WORDS - 4 - 3 * MAX_WAITS))
+        return torch.tensor(rows, dtype=torch.int64)
+
+    def desc_table(self) -> torch.Tensor:
+        return torch.tensor(self.descs or [[0] * DESC_WORDS], dtype=torch.int64)
