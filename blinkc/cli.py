@@ -15,7 +15,7 @@ from models.presets import preset_config, preset_names
 from models.registry import resolve_model
 from runtime.sampling import SamplingParams
 
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, MemoryError)
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, MemoryError, RuntimeError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_inspect(sub)
     _add_weights(sub)
     _add_generate(sub)
+    _add_compile(sub)
+    _add_run(sub)
     return parser
 
 
@@ -105,6 +107,93 @@ def _run_generate(args) -> int:
     text, ids = generate_text(resolve_model(ref), args.prompt, params, chat=args.chat,
                               dtype=DType(args.dtype) if args.dtype else None)
     print(json.dumps(ids) if args.json else text)
+    return 0
+
+
+def _add_compile(sub) -> None:
+    p = sub.add_parser("compile", help="compile a model into one persistent megakernel (cubin + manifest)")
+    _model_arg(p)
+    p.add_argument("-o", "--output", type=Path, required=True, metavar="FILE", help="e.g. model.cubin")
+    weights = p.add_mutually_exclusive_group()
+    weights.add_argument("--weights", type=Path, metavar="DIR", help="HF checkpoint to load at run time")
+    weights.add_argument("--random-weights", action="store_true", help="random weights made on the device from --seed")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-batch", type=int, default=8)
+    p.add_argument("--max-tokens-per-step", type=int, default=256, help="prefill chunk budget")
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-new-tokens", type=int, default=1024)
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--dtype", choices=["bf16", "f32"], help="compute dtype (default: the model's)")
+    p.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10 (default 90: H100/H200)")
+    p.add_argument("--interpret", action="store_true", help="for the Triton interpreter on a CPU (no cubin)")
+    p.set_defaults(run=_run_compile)
+
+
+def _run_compile(args) -> int:
+    from blinkc.compile_model import WeightsSource, compile_model
+    from codegen.config import CompileConfig
+
+    model = resolve_model(args.model)
+    if args.weights is None and not args.random_weights and model.checkpoint_dir is None:
+        raise ValueError("a preset needs --weights DIR or --random-weights")
+    checkpoint = args.weights or (None if args.random_weights else model.checkpoint_dir)
+    tokenizer = checkpoint if checkpoint is not None else _random_tokenizer_dir(args.model, model)
+    config = CompileConfig(max_batch=args.max_batch, max_tokens_per_step=args.max_tokens_per_step,
+                           max_model_len=args.max_model_len, max_new_tokens=args.max_new_tokens,
+                           page_size=args.page_size, interpret=args.interpret)
+    result = compile_model(model, config, args.output, WeightsSource(checkpoint, seed=args.seed), arch=args.arch,
+                           dtype=DType(args.dtype) if args.dtype else None, tokenizer_dir=tokenizer,
+                           progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+    how = "from cache" if result.cached else "cold"
+    print(f"wrote {result.path} ({result.num_tasks} tasks) in {result.seconds:.1f} s ({how})")
+    if result.resources:
+        print(f"kernel: {result.resources}")
+    return 0
+
+
+def _random_tokenizer_dir(name: str, model) -> Path:
+    """Random weights need a tokenizer for text: the family's small BPE, written once into the cache."""
+    from blinkc.env import cache_dir
+    from blinkc.random_tokenizer import write_random_tokenizer
+
+    out = cache_dir() / "tokenizers" / f"{model.definition.tokenizer_style}-{model.config.vocab_size}"
+    if not (out / "tokenizer_config.json").exists():
+        write_random_tokenizer(out, model.definition.tokenizer_style, model.config.vocab_size)
+    return out
+
+
+def _add_run(sub) -> None:
+    p = sub.add_parser("run", help="run prompts through a compiled megakernel")
+    p.add_argument("artifact", type=Path, metavar="MODEL.cubin")
+    p.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the generated token ids")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before a running kernel is a hang")
+    p.set_defaults(run=_run_run)
+
+
+def _run_run(args) -> int:
+    from blinkc.env import use_interpreter_without_gpu
+
+    use_interpreter_without_gpu()
+    from dpu.tokenizer import Tokenizer
+    from runtime.megakernel import Megakernel
+
+    kernel = Megakernel.load(args.artifact, timeout_s=args.timeout)
+    tokenizer_dir = kernel.manifest.get("tokenizer")
+    if not tokenizer_dir:
+        raise ValueError(f"{args.artifact}: the manifest names no tokenizer")
+    tokenizer = Tokenizer.from_dir(tokenizer_dir)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
+    completions = kernel.generate([tokenizer.encode(p) for p in args.prompt], params)
+    for c in completions:
+        print(json.dumps(c.tokens) if args.json else tokenizer.decode(c.tokens))
     return 0
 
 

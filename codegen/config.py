@@ -38,4 +38,4 @@ class CompileConfig:
         return -(-self.max_model_len // self.page_size)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "max_pages_per_seq": self.max_pages_per_seq}

@@ -7,6 +7,7 @@ A `WeightSpec` is the declarative name mapping: which checkpoint tensors fill wh
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -28,17 +29,19 @@ class WeightSpec:
 Reader = Callable[[set[str]], Iterator[tuple[str, torch.Tensor]]]
 
 
-def place_weights(specs: Iterable[WeightSpec], reader: Reader, device: str | torch.device = "cpu"
-                  ) -> dict[str, torch.Tensor]:
+def place_weights(specs: Iterable[WeightSpec], reader: Reader, device: str | torch.device = "cpu",
+                  destinations: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Allocates every weight on `device` and fills it.
 
     `reader(keys) -> iterator of (key, tensor)` streams checkpoint tensors (CheckpointIndex.read); every
-    region of every weight must be filled exactly once.
+    region of every weight must be filled exactly once. `destinations` (weight name -> tensor, e.g. views
+    into one packed buffer) are filled in place instead of allocating.
     """
     specs = list(specs)
     for spec in specs:
         _check_exact_cover(spec)
-    out = {s.name: torch.empty(s.shape, dtype=s.dtype, device=device) for s in specs}
+    out = dict(destinations) if destinations is not None else \
+        {s.name: torch.empty(s.shape, dtype=s.dtype, device=device) for s in specs}
     targets: dict[str, list[tuple[WeightSpec, Index]]] = {}
     for spec in specs:
         for key, index in spec.sources:
@@ -62,3 +65,31 @@ def _check_exact_cover(spec: WeightSpec) -> None:
     if not bool((coverage == 1).all()):
         what = "overlap" if bool((coverage > 1).any()) else "leave a part unfilled"
         raise ValueError(f"weight {spec.name}: its checkpoint sources {what}")
+
+
+def random_tensor(key: str, shape: tuple[int, ...], seed: int, std: float, device: str | torch.device = "cpu"
+                  ) -> torch.Tensor:
+    """Deterministic per (seed, key, device kind): N(0, std) for matrices and biases, 1 + N(0, 0.1) for
+    norm weights. Generated where it will live, so a 60 GB model needs no host memory or disk."""
+    gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(key.encode()))
+    values = torch.randn(shape, generator=gen, device=device)
+    return 1.0 + 0.1 * values if key.endswith("norm.weight") else std * values
+
+
+def random_reader(shapes: dict[str, tuple[int, ...]], seed: int, std: float, dtype: torch.dtype,
+                  device: str | torch.device = "cpu") -> Reader:
+    """A reader that makes up the checkpoint tensors `shapes` names (see `random_tensor`)."""
+    def read(keys: set[str]):
+        for key in sorted(keys):
+            yield key, random_tensor(key, shapes[key], seed, std, device).to(dtype)
+    return read
+
+
+def checkpoint_shapes(specs: Iterable[WeightSpec]) -> dict[str, tuple[int, ...]]:
+    """Checkpoint tensor name -> shape, as an HF checkpoint of these weights stores it."""
+    shapes = {}
+    for spec in specs:
+        probe = torch.empty(spec.shape, dtype=torch.int8, device="meta")
+        for key, index in spec.sources:
+            shapes[key] = tuple(probe[spec.region(index)].shape)
+    return shapes

@@ -6,7 +6,7 @@ import triton.language as tl
 from codegen.bodies.common import round_to, word, word_f32
 
 ATTENTION_FIELDS = ("q_off", "out_off", "num_heads", "num_kv_heads", "head_dim", "layer", "scale")
-NEG = -1.0e30
+NEG = tl.constexpr(-1.0e30)
 
 
 @triton.jit

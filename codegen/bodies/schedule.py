@@ -20,9 +20,9 @@ def plan_step(I32, F32, step, CONTROL: tl.constexpr, INPUT_IDS: tl.constexpr, PO
               REQ_LAST: tl.constexpr, REQ_PAGES: tl.constexpr, PROMPTS: tl.constexpr,
               PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, MAX_TOKENS: tl.constexpr,
               STATS_OFF: tl.constexpr, STATS_SIZE: tl.constexpr, CHUNK: tl.constexpr):
-    for i in range(0, STATS_SIZE, CHUNK):
-        offs = i + tl.arange(0, CHUNK)
-        tl.store(F32 + STATS_OFF + offs, tl.zeros((CHUNK,), tl.float32), mask=offs < STATS_SIZE)
+    for z in range(0, STATS_SIZE, CHUNK):
+        zs = z + tl.arange(0, CHUNK)
+        tl.store(F32 + STATS_OFF + zs, tl.zeros((CHUNK,), tl.float32), mask=zs < STATS_SIZE)
     num_requests = tl.load(I32 + CONTROL + 4)
     t = 0
     b = 0
@@ -67,7 +67,7 @@ def sample_task(desc, b, I32, F32, num_seqs, step, CONTROL: tl.constexpr, SEQ_RE
                 REQ_TOP_K: tl.constexpr, REQ_IGNORE_EOS: tl.constexpr, REQ_TEMPERATURE: tl.constexpr,
                 REQ_TOP_P: tl.constexpr, OUT_TOKENS: tl.constexpr, MAX_NEW: tl.constexpr, EOS_IDS: tl.constexpr,
                 VB: tl.constexpr):
-    logits_off, vocab = tl.load(desc + 0), tl.load(desc + 1)
+    logits_off, vocab = tl.load(desc + 0), tl.load(desc + 1).to(tl.int32)
     if b < num_seqs:
         if tl.load(I32 + SEQ_FINAL + b) == 1:
             r = tl.load(I32 + SEQ_REQ + b)
@@ -94,7 +94,7 @@ def _argmax(F32, row, vocab, VB: tl.constexpr, noise_seed, noise_index, temperat
         i = tl.argmax(z, 0)
         if m > best_val:
             best_val = m
-            best_idx = v0 + i
+            best_idx = (v0 + i).to(tl.int32)
     return best_idx
 
 

@@ -1,0 +1,229 @@
+"""Loading a compiled megakernel and running requests through it.
+
+No model definition and no recompilation: the manifest says how to lay out memory, where the weights
+come from and how to launch. On a GPU the cubin is launched with one program per co-resident slot
+(sized from its registers and shared memory); on a CPU the kernel source runs in the Triton interpreter
+with a grid of one program.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from runtime.artifact import Artifact, import_source
+from runtime.checkpoint import CheckpointIndex
+from runtime.sampling import SamplingParams
+from runtime.weights import WeightSpec, checkpoint_shapes, place_weights, random_reader
+
+_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+FINISH_REASONS = {1: "length", 2: "stop"}
+
+
+class HangError(RuntimeError):
+    """The kernel stopped waiting: which step, task and event it was waiting on."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    tokens: list[int]
+    finish_reason: str
+
+
+class Megakernel:
+    def __init__(self, artifact: Artifact, device: str | torch.device, checkpoint_dir: Path | None = None,
+                 timeout_s: float = 600.0) -> None:
+        self.artifact, self.manifest = artifact, artifact.manifest
+        self.device, self.timeout_s = torch.device(device), timeout_s
+        self.config = SimpleNamespace(**self.manifest["config"])
+        self.layout = self.manifest["layout"]
+        self.dtype = _DTYPES[self.manifest["model"]["dtype"]]
+        self.interpret = self.device.type == "cpu"
+        if self.interpret and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("running on the CPU needs TRITON_INTERPRET=1 set before triton is imported")
+        if not self.interpret and artifact.cubin_path is None:
+            raise ValueError("this artifact was compiled for the interpreter only (no cubin)")
+        self.weights = self._place_weights(checkpoint_dir)
+        sizes = self.layout["sizes"]
+        self.act = torch.zeros(max(sizes["ACT"], 1), dtype=self.dtype, device=self.device)
+        self.f32 = torch.zeros(sizes["F32"], dtype=torch.float32, device=self.device)
+        self.i32 = torch.zeros(sizes["I32"], dtype=torch.int32, device=self.device)
+        self.events = torch.zeros(len(self.manifest["events"]), dtype=torch.int32, device=self.device)
+        self.tasks = artifact.tables["tasks"].to(self.device)
+        self.descs = artifact.tables["descs"].to(self.device)
+        for name, table in artifact.tables.items():
+            if name.startswith("rope:"):
+                offset = self.region(name)[0]
+                self.f32[offset:offset + table.numel()] = table.to(self.device)
+        self.kv = torch.zeros(0, dtype=self.dtype, device=self.device)
+        self.kernel, self.grid = self._load_kernel()
+        self.last_launch_ms = 0.0
+
+    @classmethod
+    def load(cls, path: Path, device: str | torch.device | None = None, checkpoint_dir: Path | None = None,
+             timeout_s: float = 600.0) -> Megakernel:
+        artifact = Artifact.load(path)
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() and artifact.cubin_path else "cpu"
+        return cls(artifact, device, checkpoint_dir, timeout_s)
+
+    # -- setup --------------------------------------------------------------------------------------------
+    def region(self, name: str) -> tuple[int, int]:
+        _, offset, size = self.layout["regions"][name]
+        return offset, size
+
+    def _place_weights(self, checkpoint_dir: Path | None) -> torch.Tensor:
+        specs = [WeightSpec(name, tuple(shape), _DTYPES[dtype], tuple((k, tuple(tuple(i) if isinstance(i, list) else i
+                                                                                 for i in idx)) for k, idx in sources))
+                 for name, shape, dtype, sources in self.manifest["weights"]["specs"]]
+        packed = torch.empty(max(self.layout["sizes"]["W"], 1), dtype=self.dtype, device=self.device)
+        views = {}
+        for spec in specs:
+            offset, size = self.region(f"param:{spec.name}")
+            views[spec.name] = packed[offset:offset + size].view(spec.shape)
+        source = self.manifest["weights"]["source"]
+        if checkpoint_dir is not None or source["kind"] == "checkpoint":
+            reader = CheckpointIndex.open(Path(checkpoint_dir or source["path"])).read
+        else:
+            reader = random_reader(checkpoint_shapes(specs), source["seed"], source["std"], self.dtype, self.device)
+        place_weights(specs, reader, self.device, destinations=views)
+        return packed
+
+    def _load_kernel(self):
+        if self.interpret:
+            module = import_source(self.artifact.source_path)
+            return getattr(module, self.manifest["kernel"]["name"]), (1,)
+        return _load_cubin(self.artifact, self.manifest), None
+
+    # -- running ------------------------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: list[SamplingParams] | SamplingParams) -> list[Completion]:
+        params = params if isinstance(params, list) else [params] * len(prompts)
+        self._check_requests(prompts, params)
+        max_steps = self._write_requests(prompts, params)
+        self._launch(max_steps)
+        self._raise_on_hang()
+        return self._read_completions(len(prompts))
+
+    def _check_requests(self, prompts: list[list[int]], params: list[SamplingParams]) -> None:
+        cfg, vocab = self.config, self.manifest["model"]["vocab_size"]
+        if not 0 < len(prompts) <= cfg.max_batch:
+            raise ValueError(f"between 1 and {cfg.max_batch} prompts per launch (compiled max_batch), got {len(prompts)}")
+        for prompt, p in zip(prompts, params, strict=True):
+            if not prompt or any(not 0 <= t < vocab for t in prompt):
+                raise ValueError(f"a prompt must be a non-empty list of token ids in [0, {vocab})")
+            if len(prompt) + p.max_tokens > cfg.max_model_len:
+                raise ValueError(f"prompt ({len(prompt)}) + max_tokens ({p.max_tokens}) exceeds the compiled "
+                                 f"max_model_len ({cfg.max_model_len})")
+            if p.max_tokens > cfg.max_new_tokens:
+                raise ValueError(f"max_tokens {p.max_tokens} exceeds the compiled max_new_tokens ({cfg.max_new_tokens})")
+            if p.stop_token_ids:
+                raise ValueError("stop_token_ids are not supported by the megakernel yet (EOS ids only)")
+
+    def _write_requests(self, prompts: list[list[int]], params: list[SamplingParams]) -> int:
+        cfg, i32 = self.config, torch.zeros_like(self.i32, device="cpu")
+        f32 = {name: torch.zeros(len(prompts)) for name in ("req_temperature", "req_top_p")}
+        pages_per_seq, page = cfg.max_pages_per_seq, 0
+        put = lambda name, index, value: i32.__setitem__(self.region(name)[0] + index, value)  # noqa: E731
+        control = self.region("control")[0]
+        eos = list(self.manifest["model"]["eos_token_ids"])[:8]
+        i32[control + 4], i32[control + 5] = len(prompts), len(eos)
+        i32[self.region("eos_ids")[0]:self.region("eos_ids")[0] + len(eos)] = torch.tensor(eos, dtype=torch.int32)
+        prompt_base = self.region("prompts")[0]
+        for r, (prompt, p) in enumerate(zip(prompts, params)):
+            start = r * cfg.max_model_len
+            i32[prompt_base + start:prompt_base + start + len(prompt)] = torch.tensor(prompt, dtype=torch.int32)
+            for name, value in (("req_prompt_off", start), ("req_prompt_len", len(prompt)),
+                                ("req_max_tokens", p.max_tokens), ("req_top_k", p.top_k),
+                                ("req_ignore_eos", int(p.ignore_eos)),
+                                ("req_seed", p.seed if p.seed is not None else random.getrandbits(31))):
+                put(name, r, value)
+            f32["req_temperature"][r], f32["req_top_p"][r] = p.temperature, p.top_p
+            num_pages = -(-(len(prompt) + p.max_tokens) // cfg.page_size)
+            base = self.region("req_pages")[0] + r * pages_per_seq
+            i32[base:base + num_pages] = torch.arange(page, page + num_pages, dtype=torch.int32)
+            page += num_pages
+        self.i32.copy_(i32)
+        for name, values in f32.items():
+            offset = self.region(name)[0]
+            self.f32[offset:offset + len(prompts)] = values.to(self.device)
+        self._ensure_kv(page)
+        self.events.zero_()
+        return sum(len(q) + p.max_tokens for q, p in zip(prompts, params)) + 1
+
+    def _ensure_kv(self, num_pages: int) -> None:
+        m = self.manifest["model"]
+        self.kv_plane = num_pages * self.config.page_size * m["num_key_value_heads"] * m["head_dim"]
+        needed = m["num_layers"] * 2 * self.kv_plane
+        if self.kv.numel() < needed:
+            self.kv = torch.zeros(needed, dtype=self.dtype, device=self.device)
+
+    def _args(self, max_steps: int) -> tuple:
+        return (self.tasks, self.descs, self.weights, self.act, self.f32, self.i32, self.kv, self.events,
+                self.kv_plane, self.tasks.shape[0], max_steps)
+
+    def _launch(self, max_steps: int) -> None:
+        start = time.perf_counter()
+        if self.interpret:
+            self.kernel[self.grid](*self._args(max_steps))
+        else:
+            done = torch.cuda.Event()
+            self.kernel(*self._args(max_steps))
+            done.record()
+            while not done.query():
+                if time.perf_counter() - start > self.timeout_s:
+                    raise HangError(f"the kernel is still running after {self.timeout_s:.0f} s")
+                time.sleep(0.0005)
+        self.last_launch_ms = (time.perf_counter() - start) * 1e3
+
+    def _raise_on_hang(self) -> None:
+        control = self.region("control")[0]
+        flag, step, task, event, seen, target = self.i32[control + 6:control + 12].tolist()
+        if flag:
+            where = f"task {task}" if task >= 0 else "the step planner"
+            name = self.manifest["events"][event] if 0 <= event < len(self.manifest["events"]) else "?"
+            raise HangError(f"hang: in step {step}, {where} waited on event {event} ({name}): "
+                            f"reached {seen} of {target}")
+
+    def _read_completions(self, num_requests: int) -> list[Completion]:
+        i32 = self.i32.cpu()
+        out_base, max_new = self.region("out_tokens")[0], self.config.max_new_tokens
+        completions = []
+        for r in range(num_requests):
+            n = int(i32[self.region("req_num_out")[0] + r])
+            tokens = i32[out_base + r * max_new: out_base + r * max_new + n].tolist()
+            reason = FINISH_REASONS.get(int(i32[self.region("req_finished")[0] + r]), "incomplete")
+            completions.append(Completion(tokens, reason))
+        return completions
+
+
+def _load_cubin(artifact: Artifact, manifest: dict):
+    """The cubin as a Triton CompiledKernel, launched on as many programs as fit co-resident."""
+    from triton.compiler.compiler import CompiledKernel
+
+    kernel_meta = manifest["kernel"]
+    folder = Path(tempfile.mkdtemp(prefix="blink-kernel-"))
+    name = kernel_meta["name"]
+    (folder / f"{name}.json").write_text(json.dumps(kernel_meta["triton_metadata"]))
+    (folder / f"{name}.cubin").write_bytes(artifact.cubin_path.read_bytes())
+    src = SimpleNamespace(constants={}, signature=kernel_meta["signature"],
+                          fn=SimpleNamespace(arg_names=list(kernel_meta["signature"]), launch_metadata=None))
+    compiled = CompiledKernel(src, {f"{name}.json": str(folder / f"{name}.json"),
+                                    f"{name}.cubin": str(folder / f"{name}.cubin")}, kernel_meta["source_sha256"])
+    compiled._init_handles()
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    threads = 32 * kernel_meta["num_warps"]
+    by_regs = 65536 // max(compiled.n_regs * threads, 1)
+    by_smem = (props.shared_memory_per_multiprocessor // max(compiled.metadata.shared, 1)
+               if compiled.metadata.shared else 32)
+    per_sm = max(1, min(by_regs, by_smem, 2048 // threads, kernel_meta.get("max_programs_per_sm", 2)))
+    grid = (props.multi_processor_count * per_sm, 1, 1)
+    launcher = compiled[grid]
+    launcher.grid, launcher.n_regs, launcher.n_spills = grid, compiled.n_regs, compiled.n_spills
+    return launcher
