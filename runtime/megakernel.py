@@ -94,6 +94,7 @@ class Megakernel:
         else:
             reader = random_reader(checkpoint_shapes(specs), source["seed"], source["std"], self.dtype, self.device)
         place_weights(specs, reader, self.device, destinations=views)
+        self.weight_views = views
         return packed
 
     def _load_kernel(self):
@@ -190,6 +191,12 @@ class Megakernel:
             name = self.manifest["events"][event] if 0 <= event < len(self.manifest["events"]) else "?"
             raise HangError(f"hang: in step {step}, {where} waited on event {event} ({name}): "
                             f"reached {seen} of {target}")
+
+    def last_logits(self, num_rows: int) -> torch.Tensor:
+        """The fp32 logits [num_rows, vocab] of the last step's sequences (for checks against the reference)."""
+        offset, _ = self.region(self.manifest["model"]["logits_region"])
+        vocab = self.manifest["model"]["vocab_size"]
+        return self.f32[offset:offset + num_rows * vocab].view(num_rows, vocab)
 
     def _read_completions(self, num_requests: int) -> list[Completion]:
         i32 = self.i32.cpu()

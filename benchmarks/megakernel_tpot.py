@@ -1,0 +1,75 @@
+"""Time per output token of the megakernel: (launch with n+1 tokens - launch with 1 token) / n, so the
+prefill and the launch are subtracted out. Prints the roofline share against the read bandwidth measured
+in the same run."""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from blinkc.compile_model import WeightsSource, compile_model
+from codegen.config import CompileConfig
+from ir.analysis import decode_bytes
+from blinkc.compile_model import build_graph
+from models.registry import resolve_model
+from runtime.megakernel import Megakernel
+from runtime.sampling import SamplingParams
+
+
+def read_bandwidth_tbs() -> float:
+    x = torch.empty(2 << 30, dtype=torch.bfloat16, device="cuda").normal_()
+    for _ in range(3):
+        x.sum()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        x.sum()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return x.numel() * 2 / (sorted(times)[len(times) // 2] * 1e-3) / 1e12
+
+
+def tpot_ms(kernel: Megakernel, batch: int, context: int, num_tokens: int) -> float:
+    prompts = [torch.randint(0, 1000, (context,)).tolist() for _ in range(batch)]
+    one = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    many = SamplingParams(max_tokens=num_tokens + 1, temperature=0, ignore_eos=True)
+    kernel.generate(prompts, one)  # warm up
+    times = {}
+    for name, params in (("one", one), ("many", many), ("one", one), ("many", many)):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        kernel.generate(prompts, params)
+        torch.cuda.synchronize()
+        times.setdefault(name, []).append(time.perf_counter() - t0)
+    return (min(times["many"]) - min(times["one"])) / num_tokens * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--preset", default="llama3-8b")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--tokens", type=int, default=32)
+    args = parser.parse_args()
+    model = resolve_model(args.preset)
+    config = CompileConfig(max_batch=args.batch, max_tokens_per_step=max(256, args.batch),
+                           max_model_len=args.context + args.tokens + 8, max_new_tokens=args.tokens + 2)
+    t0 = time.perf_counter()
+    path = compile_model(model, config, "/tmp/bench.cubin", WeightsSource(seed=0)).path
+    kernel = Megakernel.load(path, device="cuda", timeout_s=120)
+    print(f"compile+load {time.perf_counter() - t0:.1f} s, grid {kernel.kernel.grid}, regs {kernel.kernel.n_regs}, "
+          f"spills {kernel.kernel.n_spills}")
+    bw = read_bandwidth_tbs()
+    ms = tpot_ms(kernel, args.batch, args.context, args.tokens)
+    read = decode_bytes(build_graph(model, config), args.batch, args.context).total
+    roofline = read / (bw * 1e12) * 1e3
+    print(f"{args.preset} batch {args.batch} ctx {args.context}: TPOT {ms:.2f} ms | roofline {roofline:.2f} ms at "
+          f"{bw:.2f} TB/s measured | {roofline / ms:.0%} of read bandwidth | {args.batch * 1e3 / ms:.0f} tok/s")
+
+
+if __name__ == "__main__":
+    main()
