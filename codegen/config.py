@@ -17,6 +17,7 @@ class CompileConfig:
     block_k: int = 64
     block_m: int = 16  # token rows per dot (the minimum tl.dot takes)
     block_kv: int = 32  # keys per attention block
+    num_stages: int = 3  # software pipelining depth of the projections' K loops
     moe_slots: int = 0  # expert slots per MoE layer; 0: min(experts, max_batch * top_k)
     spin_limit: int = 1 << 26  # spins before a wait is reported as a hang
 

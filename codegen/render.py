@@ -27,11 +27,13 @@ def _pow2(n: int) -> int:
 def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     cfg, c, r = lw.config, lw.constants, SimpleNamespace(**{k: lw.layout.offset(k) for k in STEP_REGIONS})
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    bk_small = min(bk, 64)  # qkv and expert tiles are [head_dim or block_n, bk]: keep them in registers
     hdp = _pow2(max(16, c.get("HEAD_DIM_MAX", 16)))
     calls = {
-        Kind.LINEAR: f"linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn}, {bk}, {dot_f32})",
+        Kind.LINEAR: f"linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn}, {bk}, {dot_f32}, "
+                     f"{cfg.num_stages})",
         Kind.QKV: f"qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, {r.positions}, {r.slots}, "
-                  f"{bm}, {bk}, {hdp}, {dot_f32})",
+                  f"{bm}, {bk_small}, {hdp}, {dot_f32})",
         Kind.ATTENTION: f"attention_task(desc, tile, ACT, I32, KV, kv_plane, num_seqs, {r.seq_starts}, "
                         f"{r.context_lens}, {r.seq_req}, {r.req_pages}, {cfg.max_pages_per_seq}, {cfg.page_size}, "
                         f"{bm}, {cfg.block_kv}, {hdp}, {dot_f32})",
@@ -42,7 +44,7 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
         Kind.ROUTE: f"route_task(desc, tile, ACT, I32, num_tokens, {bm}, {_pow2(c.get('NUM_EXPERTS_MAX', 1))}, "
                     f"{c.get('TOP_K_MAX', 1)})",
         Kind.GROUP: f"group_task(desc, I32, num_tokens, {_pow2(c.get('ENTRIES_MAX', 1))})",
-        Kind.EXPERT: f"expert_task(desc, tile, W, ACT, I32, {bm}, {bn}, {bk}, {dot_f32})",
+        Kind.EXPERT: f"expert_task(desc, tile, W, ACT, I32, {bm}, {min(bn, 64)}, {bk_small}, {dot_f32})",
         Kind.COMBINE: f"combine_task(desc, tile, ACT, num_tokens, {bm}, {bn}, {c.get('TOP_K_MAX', 1)})",
         Kind.SAMPLE: f"sample_task(desc, tile, I32, F32, num_seqs, step, {lw.layout.offset('control')}, "
                      f"{r.seq_req}, {r.seq_final}, {r.req_num_out}, {r.req_max_tokens}, {r.req_finished}, "

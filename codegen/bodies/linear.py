@@ -31,42 +31,55 @@ def load_input_chunk(ACT, W, F32, x_off, x_stride, K, rows, row_ok, ks, k_ok, pr
 
 
 @triton.jit
-def linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr, DOT_F32: tl.constexpr):
+def project_rows(desc, tile, W, ACT, F32, m0, num_rows, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                 USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+    """Output rows m0 .. m0 + ROWS of this tile: tensor-core dots for row blocks, or for a single row
+    (batch-1 decode) a GEMV whose fp32 accumulator is one value per output column."""
     x_off, x_stride, K = word(desc, 0), word(desc, 1), word(desc, 2)
     w_off, N, out_off, out_stride = word(desc, 3), word(desc, 4), word(desc, 5), word(desc, 6)
     out_f32, prologue, stats_off, norm_w_off = word(desc, 7), word(desc, 8), word(desc, 9), word(desc, 10)
     eps, res_off, res_stride = word_f32(desc, 11), word(desc, 12), word(desc, 13)
     bias_off, out_stats_off = word(desc, 14), word(desc, 15)
-    num_rows = tl.where(word(desc, 16) == 1, num_seqs, num_tokens)
     dt: tl.constexpr = W.dtype.element_ty
     cols = tile * BN + tl.arange(0, BN)
     col_ok = cols < N
-    bias = tl.load(W + bias_off + cols, mask=col_ok & (bias_off >= 0), other=0.0).to(tl.float32)
-    for m0 in range(0, num_rows, BM):
-        rows = m0 + tl.arange(0, BM)
-        row_ok = rows < num_rows
-        sumsq = tl.load(F32 + stats_off + rows, mask=row_ok & (prologue == 1), other=1.0)
-        inv = tl.rsqrt(sumsq / K.to(tl.float32) + eps)
-        acc = tl.zeros((BM, BN), tl.float32)
-        for k0 in range(0, K, BK):
-            ks = k0 + tl.arange(0, BK)
-            k_ok = ks < K
-            x = load_input_chunk(ACT, W, F32, x_off, x_stride, K, rows, row_ok, ks, k_ok, prologue, inv,
-                                 norm_w_off, dt)
-            w = tl.load(W + w_off + cols[:, None] * K + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+    rows = m0 + tl.arange(0, ROWS)
+    row_ok = rows < num_rows
+    sumsq = tl.load(F32 + stats_off + rows, mask=row_ok & (prologue == 1), other=1.0)
+    inv = tl.rsqrt(sumsq / K.to(tl.float32) + eps)
+    acc = tl.zeros((ROWS, BN), tl.float32)
+    for k0 in tl.range(0, K, BK, num_stages=STAGES):
+        ks = k0 + tl.arange(0, BK)
+        k_ok = ks < K
+        x = load_input_chunk(ACT, W, F32, x_off, x_stride, K, rows, row_ok, ks, k_ok, prologue, inv, norm_w_off, dt)
+        w = tl.load(W + w_off + cols[:, None] * K + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        if USE_DOT:
             if DOT_F32:
                 acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
             else:
                 acc += tl.dot(x.to(dt), tl.trans(w))
-        y = round_to(acc + bias[None, :], dt)
-        mask = row_ok[:, None] & col_ok[None, :]
-        if res_off >= 0:
-            res = tl.load(ACT + res_off + rows[:, None] * res_stride + cols[None, :], mask=mask, other=0.0)
-            y = round_to(res.to(tl.float32) + y, dt)
-        if out_f32 == 1:
-            tl.store(F32 + out_off + rows[:, None] * out_stride + cols[None, :], y, mask=mask)
         else:
-            tl.store(ACT + out_off + rows[:, None] * out_stride + cols[None, :], y.to(dt), mask=mask)
-        if out_stats_off >= 0:
-            tl.atomic_add(F32 + out_stats_off + rows, tl.sum(tl.where(mask, y * y, 0.0), 1), mask=row_ok)
+            acc += tl.sum(w.to(tl.float32) * x, 1)[None, :]
+    bias = tl.load(W + bias_off + cols, mask=col_ok & (bias_off >= 0), other=0.0).to(tl.float32)
+    y = round_to(acc + bias[None, :], dt)
+    mask = row_ok[:, None] & col_ok[None, :]
+    if res_off >= 0:
+        res = tl.load(ACT + res_off + rows[:, None] * res_stride + cols[None, :], mask=mask, other=0.0)
+        y = round_to(res.to(tl.float32) + y, dt)
+    if out_f32 == 1:
+        tl.store(F32 + out_off + rows[:, None] * out_stride + cols[None, :], y, mask=mask)
+    else:
+        tl.store(ACT + out_off + rows[:, None] * out_stride + cols[None, :], y.to(dt), mask=mask)
+    if out_stats_off >= 0:
+        tl.atomic_add(F32 + out_stats_off + rows, tl.sum(tl.where(mask, y * y, 0.0), 1), mask=row_ok)
+
+
+@triton.jit
+def linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr,
+                BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+    num_rows = tl.where(word(desc, 16) == 1, num_seqs, num_tokens)
+    if num_rows == 1:
+        project_rows(desc, tile, W, ACT, F32, 0, num_rows, 1, BN, BK, False, DOT_F32, STAGES)
+    else:
+        for m0 in range(0, num_rows, BM):
+            project_rows(desc, tile, W, ACT, F32, m0, num_rows, BM, BN, BK, True, DOT_F32, STAGES)

@@ -12,7 +12,6 @@ from blinkc.compile_model import WeightsSource, build_graph, compile_model
 from codegen.config import CompileConfig
 from ir.executor import execute
 from models.registry import resolve_model
-from models.trace import trace_model
 from runtime.megakernel import Megakernel
 from runtime.sampling import SamplingParams
 from runtime.step import SeqChunk, build_step
@@ -23,8 +22,9 @@ CASES = [("llama3-8b", 1), ("llama3-8b", 8), ("llama3-8b", 64), ("qwen3-30b-a3b"
 
 
 def reference_logits(model, kernel: Megakernel, sequences: list[list[int]]) -> torch.Tensor:
-    """Last-token logits of each sequence, prefilled in one step by the reference executor on the GPU."""
-    graph = trace_model(model.definition, model.config, page_size=16)
+    """Last-token logits of each sequence, prefilled in one step by the reference executor on the GPU
+    (running the same optimised graph the kernel was lowered from; passes are checked on the CPU)."""
+    graph = build_graph(model, CompileConfig())
     pages, chunks, next_page = [], [], 0
     for tokens in sequences:
         n = -(-len(tokens) // 16)
