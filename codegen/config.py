@@ -13,8 +13,8 @@ class CompileConfig:
     page_size: int = 16
     interpret: bool = False  # Triton interpreter on CPU: grid of one program, fp32 dot operands
     num_warps: int = 4
-    block_n: int = 64  # output columns per projection tile
-    block_k: int = 64
+    block_n: int = 16  # output columns per projection tile
+    block_k: int = 512
     block_m: int = 16  # token rows per dot (the minimum tl.dot takes)
     block_kv: int = 32  # keys per attention block
     num_stages: int = 3  # software pipelining depth of the projections' K loops

@@ -56,13 +56,19 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     return [(int(kind), calls[kind]) for kind in used]
 
 
-_IMPORTS = {
-    "sync": ["signal_event", "wait_event"],
-    "schedule": ["plan_step", "sample_task"],
-    "linear": ["linear_task"], "qkv": ["qkv_task"], "attention": ["attention_task"],
-    "rows": ["add_task", "embed_task", "gather_task", "rms_norm_task"],
-    "moe": ["combine_task", "expert_task", "group_task", "route_task"],
-}
+BODY_MODULES = ("common", "sync", "schedule", "linear", "qkv", "attention", "rows", "moe")
+BODIES = Path(__file__).parent / "bodies"
+
+
+def inline_bodies() -> str:
+    """The task bodies' source, inlined so that the artifact's kernel source stands alone (and its hash,
+    the compile-cache key, covers every line of code that runs)."""
+    parts = []
+    for name in BODY_MODULES:
+        lines = [line for line in (BODIES / f"{name}.py").read_text().splitlines()
+                 if not line.startswith(("import ", "from "))]
+        parts.append(f"# ---- codegen/bodies/{name}.py\n" + "\n".join(lines).strip() + "\n")
+    return "\n\n".join(parts)
 
 
 def render_kernel(lw: Lowering, model_name: str) -> str:
@@ -72,7 +78,7 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
     regions = {k: lw.layout.offset(k) for k in (*STEP_REGIONS, "control")}
     sample = lw.sample
     context = dict(
-        model_name=model_name, kernel_name=KERNEL_NAME, imports=sorted(_IMPORTS.items()),
+        model_name=model_name, kernel_name=KERNEL_NAME, bodies=inline_bodies(),
         r=SimpleNamespace(**regions), dispatch=_dispatch(lw, cfg.interpret),
         sample_event=sample.event, num_sample_tasks=sample.count, plan_event=lw.plan_event,
         spin_limit=cfg.spin_limit, pages_per_seq=cfg.max_pages_per_seq, page_size=cfg.page_size,

@@ -8,7 +8,7 @@ step() { local limit=$1; shift; echo "== $*"; timeout "$limit" "$@" 2>&1 | tee -
 case "${1:-all}" in
   quick)
     step 240 python -m pytest -q -x -m gpu tests/gpu -k "llama3-8b-1]" -p no:cacheprovider
-    step 300 python benchmarks/megakernel_tpot.py --batch 1 --context 512 --tiles "${TILES:-64x64}" ;;
+    step 300 python benchmarks/megakernel_tpot.py --batch 1 --context 512 --tiles "${TILES:-16x512}" ;;
   all)
     step 1500 python -m pytest -q -m gpu tests/gpu -p no:cacheprovider
     step 300 python benchmarks/megakernel_tpot.py --batch 1 --context 512 ;;

@@ -1,0 +1,113 @@
+"""The generated megakernel under TRITON_INTERPRET=1 (grid of one program) ≈ the reference engine.
+
+Compiled through the real path (`compile_model` -> artifact -> `Megakernel.load`), fp32 so that greedy
+tokens must match exactly, with prompts of different lengths, chunked prefill and requests finishing at
+different steps.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from blinkc.compile_model import WeightsSource, compile_model
+from blinkc.engine import EngineConfig, ReferenceEngine
+from blinkc.weights import load_weights
+from codegen.config import CompileConfig
+from ir import DType
+from models.presets import TINY_PRESETS
+from models.trace import trace_model
+from runtime.megakernel import HangError, Megakernel
+from runtime.sampling import SamplingParams
+from tests.conftest import fp32_model
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter tests (CPU)")
+
+CONFIG = CompileConfig(max_batch=3, max_tokens_per_step=16, max_model_len=64, max_new_tokens=12, page_size=4,
+                       interpret=True, spin_limit=64)
+PROMPTS = [[5, 17, 200, 33, 7, 99, 1, 2, 3, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [44, 55, 66], [100, 3, 9]]
+
+
+@pytest.fixture(scope="module")
+def compiled(checkpoint, tmp_path_factory):
+    """preset -> (Megakernel on the CPU, the reference engine's greedy outputs)."""
+    made = {}
+
+    def get(preset):
+        if preset not in made:
+            directory = checkpoint(preset)
+            model = fp32_model(directory)
+            out = tmp_path_factory.mktemp(f"{preset}-kernel") / "model.cubin"
+            compile_model(model, CONFIG, out, WeightsSource(directory), dtype=DType.f32)
+            kernel = Megakernel.load(out, device="cpu")
+            graph = trace_model(model.definition, model.config, page_size=4)
+            engine = ReferenceEngine(graph, load_weights(graph, directory), config=EngineConfig(num_pages=64))
+            made[preset] = kernel, engine
+        return made[preset]
+
+    return get
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
+@pytest.mark.parametrize("preset", TINY_PRESETS)
+def test_greedy_tokens_match_the_reference_engine(preset, compiled):
+    kernel, engine = compiled(preset)
+    lengths = [7, 12, 4]
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lengths]
+    ours = kernel.generate(PROMPTS, params)
+    for i, (prompt, p) in enumerate(zip(PROMPTS, params)):
+        (expected,) = engine.generate([prompt], p)
+        diff = first_difference(ours[i].tokens, expected)
+        assert diff is None, f"request {i}: first differing token at index {diff}: {ours[i].tokens} vs {expected}"
+        assert ours[i].finish_reason == "length"
+
+
+def test_stops_at_eos_and_reports_it(compiled):
+    kernel, engine = compiled("tiny-llama")
+    (free,) = engine.generate([PROMPTS[1]], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    eos = free[2]
+    kernel.manifest["model"]["eos_token_ids"] = [eos]
+    try:
+        (out,) = kernel.generate([PROMPTS[1]], SamplingParams(max_tokens=6, temperature=0))
+    finally:
+        kernel.manifest["model"]["eos_token_ids"] = []
+    assert out.tokens == free[: free.index(eos) + 1] and out.finish_reason == "stop"
+
+
+def test_sampling_on_the_kernel_is_seeded_and_top_k_one_is_greedy(compiled):
+    kernel, _ = compiled("tiny-qwen3")
+    greedy = kernel.generate(PROMPTS[:2], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))
+    top1 = kernel.generate(PROMPTS[:2], SamplingParams(max_tokens=5, temperature=0.8, top_k=1, seed=3, ignore_eos=True))
+    assert [c.tokens for c in top1] == [c.tokens for c in greedy]
+    hot = SamplingParams(max_tokens=5, temperature=5.0, top_p=0.95, seed=11, ignore_eos=True)
+    first, again = kernel.generate(PROMPTS[:1], hot), kernel.generate(PROMPTS[:1], hot)
+    other = kernel.generate(PROMPTS[:1], SamplingParams(max_tokens=5, temperature=5.0, top_p=0.95, seed=12,
+                                                        ignore_eos=True))
+    assert first[0].tokens == again[0].tokens
+    assert first[0].tokens != other[0].tokens
+    assert first[0].tokens != greedy[0].tokens
+
+
+def test_a_wait_that_is_never_satisfied_is_reported_as_a_hang(compiled):
+    kernel, _ = compiled("tiny-phi")
+    saved = kernel.tasks.clone()
+    kernel.tasks[5, 4:7] = torch.tensor([kernel.tasks[5, 3], 1000, 0])  # a count its group never reaches
+    try:
+        with pytest.raises(HangError, match=r"step 0, task 5 waited on event \d+ \(.*\): reached \d+ of 1000"):
+            kernel.generate(PROMPTS[:1], SamplingParams(max_tokens=2, temperature=0))
+    finally:
+        kernel.tasks.copy_(saved)
+
+
+def test_bad_requests_are_clear_errors(compiled):
+    kernel, _ = compiled("tiny-llama")
+    with pytest.raises(ValueError, match="between 1 and 3 prompts"):
+        kernel.generate(PROMPTS * 2, SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match="exceeds the compiled max_model_len"):
+        kernel.generate([PROMPTS[0]], SamplingParams(max_tokens=60))
+    with pytest.raises(ValueError, match="token ids in"):
+        kernel.generate([[10**6]], SamplingParams(max_tokens=2))
