@@ -15,14 +15,21 @@ from ir.ops.registry import get_op
 
 def execute(graph: Graph, params: Mapping[str, torch.Tensor], inputs: Mapping[str, torch.Tensor]
             ) -> dict[str, torch.Tensor]:
-    """Runs one step. `params` by weight name, `inputs` by input name; returns the named outputs."""
+    """Runs one step. `params` by weight name, `inputs` by input name; returns the named outputs.
+
+    Params are looked up when a node reads them, so `params` may be a mapping that makes each weight on
+    demand (an fp32 copy of a bf16 weight, say) without holding them all at once.
+    """
     env: dict[int, torch.Tensor] = {}
     for value in graph.inputs:
         env[value.id] = _checked(value, inputs.get(value.name), "input")
-    for param in graph.params:
-        env[param.value.id] = _checked(param.value, params.get(param.name), "param")
+    is_param = {p.value.id for p in graph.params}
+
+    def read(value: Value) -> torch.Tensor:
+        return _checked(value, params.get(value.name), "param") if value.id in is_param else env[value.id]
+
     for node in graph.nodes:
-        result = get_op(node.op).reference(*(env[v.id] for v in node.inputs), **node.attrs)
+        result = get_op(node.op).reference(*(read(v) for v in node.inputs), **node.attrs)
         results = result if isinstance(result, tuple) else (result,)
         for value, tensor in zip(node.outputs, results, strict=True):
             env[value.id] = tensor

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
+#   bash scripts/gpu_check.sh [quick|tests|bench|all]
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=/tmp/blink-cache
 OUT=${OUT:-/tmp/blink-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
-step() { local limit=$1; shift; echo "== $*"; timeout "$limit" "$@" 2>&1 | tee -a "$OUT/gpu_check.log" | tail -25; }
-case "${1:-all}" in
-  quick)
-    step 240 python -m pytest -q -x -m gpu tests/gpu -k "llama3-8b-1]" -p no:cacheprovider
-    step 300 python benchmarks/megakernel_tpot.py --batch 1 --context 512 --tiles "${TILES:-16x512}" ;;
-  all)
-    step 1500 python -m pytest -q -m gpu tests/gpu -p no:cacheprovider
-    step 300 python benchmarks/megakernel_tpot.py --batch 1 --context 512 ;;
-esac
+step() { local limit=$1; shift; echo "== $*"; timeout "$limit" "$@" 2>&1 | tee -a "$OUT/gpu_check.log" | tail -30; }
+mode=${1:-all}
+if [[ $mode == quick ]]; then
+  step 240 python -m pytest -q -x -s -m gpu tests/gpu -k "llama3-8b-1]" -p no:cacheprovider
+  step 200 python benchmarks/megakernel_tpot.py --batch 1 --context 512 --tiles "${TILES:-16x512}"
+fi
+if [[ $mode == tests || $mode == all ]]; then
+  step "${TEST_LIMIT:-420}" python -m pytest -q -s -m gpu tests/gpu -k "${CASES:-}" -p no:cacheprovider
+fi
+if [[ $mode == bench || $mode == all ]]; then
+  step "${BENCH_LIMIT:-240}" python -m benchmarks.decode --decode "${DECODE:-1x512,8x512,64x512}" --ttft "${TTFT:-128,512}" --json "$OUT/decode.json"
+fi

@@ -15,17 +15,25 @@ from models.registry import resolve_model
 from runtime.megakernel import Megakernel
 from runtime.sampling import SamplingParams
 from runtime.step import SeqChunk, build_step
-from tests.conftest import assert_close
+from ir import DType
+from tests.conftest import relative_error
 
 CASES = [("llama3-8b", 1), ("llama3-8b", 8), ("llama3-8b", 64), ("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 8),
          ("qwen3-30b-a3b", 64), ("phi-4", 1), ("qwen3-32b", 1)]
 
 
-def reference_logits(model, kernel: Megakernel, sequences: list[list[int]]) -> torch.Tensor:
+class Upcast(dict):
+    """Weights read as fp32 copies, one at a time (the executor looks params up when a node reads them)."""
+
+    def get(self, name, default=None):
+        return super().get(name).float() if name in self else default
+
+
+def reference_logits(model, kernel: Megakernel, sequences: list[list[int]], dtype: DType) -> torch.Tensor:
     """Last-token logits of each sequence, prefilled in one step by the reference executor on the GPU
     (running the same optimised graph the kernel was lowered from; passes are checked on the CPU)."""
-    graph = build_graph(model, CompileConfig())
-    pages, chunks, next_page = [], [], 0
+    graph = build_graph(model, CompileConfig(), dtype)
+    chunks, next_page = [], 0
     for tokens in sequences:
         n = -(-len(tokens) // 16)
         chunks.append(SeqChunk(tokens, 0, list(range(next_page, next_page + n))))
@@ -34,10 +42,22 @@ def reference_logits(model, kernel: Megakernel, sequences: list[list[int]]) -> t
     cfg = model.config
     for i in range(cfg.num_hidden_layers):
         inputs[f"kv_cache.{i}"] = torch.zeros(2, next_page, 16, cfg.num_key_value_heads, cfg.head_dim,
-                                              dtype=torch.bfloat16, device="cuda")
-    params = {p.name: kernel.weight_views[p.name] for p in graph.params}
+                                              dtype=dtype.torch, device="cuda")
+    views = {p.name: kernel.weight_views[p.name] for p in graph.params}
     with torch.inference_mode():
-        return execute(graph, params, inputs)["logits"]
+        return execute(graph, Upcast(views) if dtype == DType.f32 else views, inputs)["logits"]
+
+
+def assert_within_bf16_tolerance(kernel: Megakernel, model, sequences: list[list[int]]) -> None:
+    """The kernel's bf16 logits are about as close to an fp32 reference as the bf16 reference is: bf16
+    rounding over dozens of random layers drifts by a few percent, so the bar is relative to it."""
+    ours = kernel.last_logits(len(sequences)).clone()
+    exact = reference_logits(model, kernel, sequences, DType.f32)
+    bf16 = reference_logits(model, kernel, sequences, DType.bf16)
+    ours_err, bf16_err = relative_error(ours, exact), relative_error(bf16, exact)
+    print(f"\nrelative error vs fp32 reference: megakernel {ours_err:.4f}, bf16 reference {bf16_err:.4f}")
+    assert torch.isfinite(ours).all()
+    assert ours_err <= 1.5 * bf16_err + 2e-3, f"megakernel {ours_err:.4f} vs bf16 reference {bf16_err:.4f}"
 
 
 @pytest.mark.gpu
@@ -54,7 +74,6 @@ def test_megakernel_matches_reference_on_gpu(preset, batch, tmp_path):
     prompts = [torch.randint(0, model.config.vocab_size, (int(n),), generator=g).tolist()
                for n in torch.randint(3, 40, (batch,), generator=g)]
     kernel.generate(prompts, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
-    assert_close(kernel.last_logits(batch), reference_logits(model, kernel, prompts), torch.bfloat16)
+    assert_within_bf16_tolerance(kernel, model, prompts)
     out = kernel.generate(prompts, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
-    fed = [p + c.tokens[:-1] for p, c in zip(prompts, out)]
-    assert_close(kernel.last_logits(batch), reference_logits(model, kernel, fed), torch.bfloat16)
+    assert_within_bf16_tolerance(kernel, model, [p + c.tokens[:-1] for p, c in zip(prompts, out)])

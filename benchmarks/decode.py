@@ -1,0 +1,92 @@
+"""Decode and time-to-first-token benchmark on one GPU, in one run, against baselines measured in it:
+
+  (a) roofline: bytes one decode step must read / read bandwidth measured now
+  (b) a torch + cuBLAS + SDPA decode step captured in one CUDA graph (benchmarks/baselines.py)
+  TTFT: the megakernel's launch with one output token vs a torch prefill (cuBLAS + SDPA) of the prompt.
+
+(c), the same task bodies launched as separate kernels from one CUDA graph, is not built yet.
+Prints one table; `--json FILE` also writes the rows.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+
+import torch
+
+from benchmarks import baselines
+from benchmarks.megakernel_tpot import tpot_ms
+from blinkc.compile_model import WeightsSource, compile_model
+from codegen.config import CompileConfig
+from models.registry import resolve_model
+from runtime.megakernel import Megakernel
+from runtime.sampling import SamplingParams
+
+
+def load_kernel(preset: str, batch: int, max_len: int, tokens_per_step: int, out: str) -> Megakernel:
+    config = CompileConfig(max_batch=batch, max_tokens_per_step=tokens_per_step, max_model_len=max_len,
+                           max_new_tokens=40)
+    return Megakernel.load(compile_model(resolve_model(preset), config, out, WeightsSource(seed=0)).path,
+                           device="cuda", timeout_s=300)
+
+
+def ttft_ms(kernel: Megakernel, prompt_len: int) -> float:
+    prompt = [torch.randint(0, 1000, (prompt_len,)).tolist()]
+    once = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    kernel.generate(prompt, once)
+    times = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        kernel.generate(prompt, once)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return min(times)
+
+
+def free(*objects) -> None:
+    del objects
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--preset", default="llama3-8b")
+    parser.add_argument("--decode", default="1x512,8x512,64x512", help="batch x context pairs")
+    parser.add_argument("--ttft", default="128,512", help="prompt lengths")
+    parser.add_argument("--json", help="also write the rows here")
+    args = parser.parse_args()
+    cfg = resolve_model(args.preset).config
+    device = torch.device("cuda")
+    bandwidth = baselines.read_bandwidth_tbs(device)
+    rows = [("device", torch.cuda.get_device_name(), "", ""), ("read bandwidth TB/s", f"{bandwidth:.2f}", "", "")]
+    for pair in filter(None, args.decode.split(",")):
+        batch, context = (int(v) for v in pair.split("x"))
+        kernel = load_kernel(args.preset, batch, context + 48, max(256, batch), "/tmp/decode.cubin")
+        ours = tpot_ms(kernel, batch, context, 16)
+        free(kernel)
+        torch_ms = baselines.torch_decode_ms(cfg, batch, context, device)
+        roofline = baselines.decode_bytes_per_step(cfg, batch, context) / (bandwidth * 1e12) * 1e3
+        rows.append((f"decode b{batch} ctx{context} ms", f"{ours:.2f}", f"torch graph {torch_ms:.2f}",
+                     f"roofline {roofline:.2f} ({roofline / ours:.0%} of BW; {torch_ms / ours:.2f}x torch)"))
+        free()
+    for prompt_len in (int(v) for v in filter(None, args.ttft.split(","))):
+        kernel = load_kernel(args.preset, 1, prompt_len + 8, prompt_len, "/tmp/ttft.cubin")
+        ours = ttft_ms(kernel, prompt_len)
+        free(kernel)
+        torch_ms = baselines.torch_prefill_ms(cfg, prompt_len, device)
+        rows.append((f"TTFT {prompt_len} tokens ms", f"{ours:.2f}", f"torch prefill {torch_ms:.2f}",
+                     f"{torch_ms / ours:.2f}x torch"))
+        free()
+    for row in rows:
+        print(" | ".join(row))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
