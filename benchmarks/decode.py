@@ -62,7 +62,14 @@ def main() -> None:
     cfg = resolve_model(args.preset).config
     device = torch.device("cuda")
     bandwidth = baselines.read_bandwidth_tbs(device)
-    rows = [("device", torch.cuda.get_device_name(), "", ""), ("read bandwidth TB/s", f"{bandwidth:.2f}", "", "")]
+    rows = []
+
+    def add(*row: str) -> None:
+        rows.append(row)
+        print(" | ".join(row), flush=True)
+
+    add("device", torch.cuda.get_device_name(), "", "")
+    add("read bandwidth TB/s", f"{bandwidth:.2f}", "", "")
     for pair in filter(None, args.decode.split(",")):
         batch, context = (int(v) for v in pair.split("x"))
         kernel = load_kernel(args.preset, batch, context + 48, max(256, batch), "/tmp/decode.cubin")
@@ -70,19 +77,17 @@ def main() -> None:
         free(kernel)
         torch_ms = baselines.torch_decode_ms(cfg, batch, context, device)
         roofline = baselines.decode_bytes_per_step(cfg, batch, context) / (bandwidth * 1e12) * 1e3
-        rows.append((f"decode b{batch} ctx{context} ms", f"{ours:.2f}", f"torch graph {torch_ms:.2f}",
-                     f"roofline {roofline:.2f} ({roofline / ours:.0%} of BW; {torch_ms / ours:.2f}x torch)"))
+        add(f"decode b{batch} ctx{context} ms", f"{ours:.2f}", f"torch graph {torch_ms:.2f}",
+            f"roofline {roofline:.2f} ({roofline / ours:.0%} of BW; {torch_ms / ours:.2f}x torch)")
         free()
     for prompt_len in (int(v) for v in filter(None, args.ttft.split(","))):
         kernel = load_kernel(args.preset, 1, prompt_len + 8, prompt_len, "/tmp/ttft.cubin")
         ours = ttft_ms(kernel, prompt_len)
         free(kernel)
         torch_ms = baselines.torch_prefill_ms(cfg, prompt_len, device)
-        rows.append((f"TTFT {prompt_len} tokens ms", f"{ours:.2f}", f"torch prefill {torch_ms:.2f}",
-                     f"{torch_ms / ours:.2f}x torch"))
+        add(f"TTFT {prompt_len} tokens ms", f"{ours:.2f}", f"torch prefill {torch_ms:.2f}",
+            f"{torch_ms / ours:.2f}x torch")
         free()
-    for row in rows:
-        print(" | ".join(row))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
