@@ -174,7 +174,7 @@ class Megakernel:
         start = time.perf_counter()
         if self.interpret:
             with warnings.catch_warnings():  # masked-off lanes compute on -inf and padding; results are masked
-                warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
+                warnings.simplefilter("ignore", RuntimeWarning)
                 self.kernel[self.grid](*self._args(max_steps))
         else:
             done = torch.cuda.Event()

@@ -1,0 +1,131 @@
+"""`blinkc compile` and `blinkc run` in process: the artifact files, the kernel cache, the interpreted kernel
+against the reference engine, and every user error as one stderr line with exit code 2."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from blinkc import cli
+from runtime.artifact import FORMAT, VERSION
+
+SMALL = ["--interpret", "--max-batch", "2", "--max-tokens-per-step", "16", "--max-model-len", "48",
+         "--max-new-tokens", "8", "--page-size", "4"]
+PROMPT = "hello there"
+needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                       reason="the artifacts are compiled for the interpreter (CPU)")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    directory = tmp_path / "cache"
+    monkeypatch.setenv("BLINK_CACHE_DIR", str(directory))
+    return directory
+
+
+def _run(capsys, argv: list[str]) -> tuple[int, str, str]:
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _compile(capsys, model: str, out: Path, *options: str) -> str:
+    code, stdout, err = _run(capsys, ["compile", model, "-o", str(out), *SMALL, *options])
+    assert code == 0, err
+    return stdout
+
+
+def _assert_one_error_line(code: int, err: str) -> str:
+    assert code == 2
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("blinkc: error:"), f"stderr: {err!r}"
+    return lines[0]
+
+
+def _manifest(artifact: Path) -> dict:
+    return json.loads(artifact.with_name(artifact.name + ".json").read_text())
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
+def test_compile_writes_the_artifact_and_caches_the_kernel(capsys, checkpoint, cache, tmp_path):
+    directory, out = checkpoint("tiny-llama"), tmp_path / "m.cubin"
+    assert "(cold)" in _compile(capsys, str(directory), out, "--dtype", "f32")
+    for suffix in (".json", ".py", ".tables.safetensors"):
+        assert out.with_name(out.name + suffix).is_file(), suffix
+    manifest = _manifest(out)
+    assert (manifest["format"], manifest["version"]) == (FORMAT, VERSION) == ("blink-megakernel", 1)
+    assert manifest["model"]["dtype"] == "f32" and manifest["config"]["max_batch"] == 2
+    assert manifest["weights"]["source"] == {"kind": "checkpoint", "path": str(Path(directory).resolve())}
+    assert manifest["tokenizer"] == str(Path(directory).resolve())
+    assert len(list((cache / "kernels").iterdir())) == 1
+
+    assert "(from cache)" in _compile(capsys, str(directory), out, "--dtype", "f32")
+    assert "(cold)" in _compile(capsys, str(directory), tmp_path / "m3.cubin", "--dtype", "f32", "--max-batch", "3")
+    assert len(list((cache / "kernels").iterdir())) == 2
+
+
+@needs_interpreter
+def test_run_matches_the_reference_engine(capsys, checkpoint, cache, tmp_path):
+    directory, out = checkpoint("tiny-llama"), tmp_path / "m.cubin"
+    _compile(capsys, str(directory), out, "--dtype", "f32")
+    code, stdout, err = _run(capsys, ["run", str(out), "--prompt", PROMPT, "--max-tokens", "4", "--json",
+                                      "--ignore-eos"])
+    assert code == 0, err
+    ours = json.loads(stdout)
+    code, stdout, err = _run(capsys, ["generate", str(directory), "--prompt", PROMPT, "--max-tokens", "4", "--json",
+                                      "--dtype", "f32"])
+    assert code == 0, err
+    expected = json.loads(stdout)
+    assert len(ours) == 4 and 1 <= len(expected) <= 4  # the reference stops at EOS; the kernel ran on past it
+    diff = first_difference(ours[:len(expected)], expected)
+    assert diff is None, f"first differing token at index {diff}: {ours} vs {expected}"
+
+
+def test_compile_a_preset_without_weights_is_one_error_line(capsys, cache, tmp_path):
+    code, out, err = _run(capsys, ["compile", "tiny-llama", "-o", str(tmp_path / "m.cubin"), "--interpret"])
+    assert "needs --weights DIR or --random-weights" in _assert_one_error_line(code, err)
+    assert out == "" and not list(tmp_path.glob("m.cubin*"))
+
+
+def test_run_without_a_manifest_is_one_error_line(capsys, tmp_path):
+    stray = tmp_path / "stray.cubin"
+    stray.write_bytes(b"\0" * 16)
+    code, _, err = _run(capsys, ["run", str(stray), "--prompt", PROMPT])
+    assert "no manifest stray.cubin.json beside it" in _assert_one_error_line(code, err)
+
+
+def test_run_refuses_a_manifest_of_another_version(capsys, checkpoint, cache, tmp_path):
+    out = tmp_path / "m.cubin"
+    _compile(capsys, str(checkpoint("tiny-llama")), out)
+    manifest = out.with_name(out.name + ".json")
+    manifest.write_text(json.dumps({**_manifest(out), "version": 99}))
+    code, _, err = _run(capsys, ["run", str(out), "--prompt", PROMPT])
+    assert "manifest version 99, this runtime reads 1" in _assert_one_error_line(code, err)
+
+
+@needs_interpreter
+def test_compile_and_run_with_random_weights_made_at_load_time(capsys, cache, tmp_path):
+    from dpu.tokenizer import Tokenizer
+    from runtime.megakernel import Megakernel
+
+    out = tmp_path / "q.cubin"
+    assert "(cold)" in _compile(capsys, "tiny-qwen3", out, "--random-weights", "--seed", "5")
+    manifest = _manifest(out)
+    assert manifest["weights"]["source"] == {"kind": "random", "seed": 5, "std": 0.02}
+    tokenizer_dir = Path(manifest["tokenizer"])
+    assert tokenizer_dir.is_relative_to(cache.resolve()) and (tokenizer_dir / "tokenizer_config.json").is_file()
+    assert Tokenizer.from_dir(tokenizer_dir).encode(PROMPT)
+    kernel = Megakernel.load(out, device="cpu")
+    offset, size = kernel.region("param:model.embed_tokens.weight")
+    embed = kernel.weights[offset:offset + size].float()
+    assert 0.015 < embed.std().item() < 0.025
+    code, stdout, err = _run(capsys, ["run", str(out), "--prompt", PROMPT, "--max-tokens", "2", "--json",
+                                      "--ignore-eos"])
+    assert code == 0, err
+    ids = json.loads(stdout)
+    assert len(ids) == 2 and all(0 <= i < manifest["model"]["vocab_size"] for i in ids)

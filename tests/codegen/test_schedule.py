@@ -1,0 +1,191 @@
+"""Before any code is generated: the schedule check on hand-built and lowered task graphs, the compile
+config's own checks, the memory layout, and the rendered kernel source."""
+from __future__ import annotations
+
+import ast
+import json
+
+import pytest
+
+from blinkc.compile_model import build_graph
+from codegen.check import ScheduleError, check_schedule
+from codegen.config import CompileConfig
+from codegen.layout import ALIGN, Layout
+from codegen.lower import lower
+from codegen.render import BODY_MODULES, KERNEL_NAME, render_kernel
+from codegen.tasks import Kind, Task, TaskGraph, Wait
+from ir.passes.pipeline import PIPELINE, run_pipeline
+from models.registry import resolve_model
+from models.trace import trace_model
+
+CONFIG = CompileConfig(max_batch=3, max_tokens_per_step=16, max_model_len=48, max_new_tokens=8, page_size=4,
+                       interpret=True)
+MOE_CALLS = {"route_task", "group_task", "expert_task", "combine_task"}
+
+
+def _graph() -> tuple[TaskGraph, int]:
+    """An empty task graph with the planner's event (signalled by the kernel, never by a task) and a desc."""
+    graph = TaskGraph()
+    graph.new_event("plan")
+    return graph, graph.add_desc(("x",), {"x": 0})
+
+
+def _chain(graph: TaskGraph, desc: int) -> tuple[Wait, Wait]:
+    """embed (2 tiles) -> linear (3 tiles): returns both groups' waits."""
+    embed = graph.add_group(Kind.EMBED, desc, 2, "embed", ())
+    return embed, graph.add_group(Kind.LINEAR, desc, 3, "linear", (embed,))
+
+
+def _lowered(preset: str):
+    return lower(build_graph(resolve_model(preset), CONFIG), CONFIG)
+
+
+# -- check_schedule on hand-built graphs ---------------------------------------------------------------------
+def test_a_chain_that_ends_in_sampling_passes():
+    graph, desc = _graph()
+    _, linear = _chain(graph, desc)
+    check_schedule(graph, graph.add_group(Kind.SAMPLE, desc, 2, "sample", (linear,)))
+
+
+def test_a_wait_on_an_event_no_task_signals_is_rejected():
+    graph, desc = _graph()
+    orphan = graph.new_event("orphan")
+    _, linear = _chain(graph, desc)
+    sample = graph.add_group(Kind.SAMPLE, desc, 1, "sample", (linear, Wait(orphan, 1)))
+    with pytest.raises(ScheduleError, match=r"task 5 \(SAMPLE\) waits on event 1 \(orphan\), which no task signals"):
+        check_schedule(graph, sample)
+
+
+def test_a_wait_counting_other_than_its_signalling_tasks_is_rejected():
+    graph, desc = _graph()
+    embed, _ = _chain(graph, desc)
+    sample = graph.add_group(Kind.SAMPLE, desc, 1, "sample", (Wait(embed.event, embed.count + 1),))
+    with pytest.raises(ScheduleError, match=r"\(embed\) for 3 signals per step; 2 tasks signal it"):
+        check_schedule(graph, sample)
+
+
+def test_a_same_step_wait_on_a_later_task_is_rejected():
+    graph, desc = _graph()
+    first, second, sample = graph.new_event("first"), graph.new_event("second"), graph.new_event("sample")
+    graph.tasks += [Task(Kind.LINEAR, desc, 0, first, (Wait(second, 1),)),
+                    Task(Kind.LINEAR, desc, 0, second, (Wait(first, 1),)),
+                    Task(Kind.SAMPLE, desc, 0, sample, (Wait(second, 1),))]
+    with pytest.raises(ScheduleError, match=r"task 0 \(LINEAR\) waits on event 2 \(second\), signalled by a later "
+                                            r"task 1: not runnable in order"):
+        check_schedule(graph, Wait(sample, 1))
+
+
+def test_a_wait_on_the_previous_steps_signals_of_a_later_task_passes():
+    graph, desc = _graph()
+    first, second, sample = graph.new_event("first"), graph.new_event("second"), graph.new_event("sample")
+    graph.tasks += [Task(Kind.LINEAR, desc, 0, first, (Wait(second, 1, lag=1),)),
+                    Task(Kind.LINEAR, desc, 0, second, (Wait(first, 1),)),
+                    Task(Kind.SAMPLE, desc, 0, sample, (Wait(second, 1),))]
+    check_schedule(graph, Wait(sample, 1))
+
+
+def test_a_group_that_does_not_lead_to_sampling_is_rejected():
+    graph, desc = _graph()
+    embed, linear = _chain(graph, desc)
+    graph.add_group(Kind.ADD, desc, 1, "stray", (embed,))
+    sample = graph.add_group(Kind.SAMPLE, desc, 1, "sample", (linear,))
+    with pytest.raises(ScheduleError, match=r"groups \['stray'\] do not lead to sampling"):
+        check_schedule(graph, sample)
+
+
+@pytest.mark.xfail(strict=True, reason="check.py _check_everything_leads_to counts a lag-1 reader as leading to "
+                                       "sampling, but a lag-1 wait only covers the previous step's signals")
+def test_a_group_read_only_by_the_next_step_does_not_lead_to_sampling():
+    graph, desc = _graph()
+    early = graph.add_group(Kind.EMBED, desc, 1, "early", ())
+    late = graph.add_group(Kind.LINEAR, desc, 1, "late", (Wait(early.event, early.count, lag=1),))
+    sample = graph.add_group(Kind.SAMPLE, desc, 1, "sample", (late,))
+    with pytest.raises(ScheduleError, match=r"groups \['early'\] do not lead to sampling"):
+        check_schedule(graph, sample)
+
+
+# -- lowering real models ----------------------------------------------------------------------------------
+def test_a_lowered_moe_model_passes_the_schedule_check():
+    lw = _lowered("tiny-qwen3-moe")
+    check_schedule(lw.tasks, lw.sample)
+    kinds = {t.kind for t in lw.tasks.tasks}
+    assert {Kind.ROUTE, Kind.GROUP, Kind.EXPERT, Kind.COMBINE, Kind.SAMPLE} <= kinds
+    assert lw.sample.count == CONFIG.max_batch
+
+
+def test_lowering_without_the_lowering_prep_passes_names_the_unsupported_ops():
+    model = resolve_model("tiny-llama")
+    graph = run_pipeline(trace_model(model.definition, model.config, page_size=CONFIG.page_size), PIPELINE)
+    with pytest.raises(ValueError, match=r"no lowering for ops \[.*'linear'.*\] \(run the LOWERING_PREP passes"):
+        lower(graph, CONFIG)
+
+
+# -- CompileConfig -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fields, message", [
+    (dict(block_n=24), "block_n must be a power of two, got 24"),
+    (dict(block_k=384), "block_k must be a power of two, got 384"),
+    (dict(block_kv=48), "block_kv must be a power of two, got 48"),
+    (dict(page_size=12), "page_size must be a power of two, got 12"),
+    (dict(block_m=8), "block_m must be at least 16"),
+    (dict(max_batch=8, max_tokens_per_step=7), "max_tokens_per_step must be at least max_batch"),
+    (dict(max_model_len=0), "max_model_len must be positive, got 0"),
+    pytest.param(dict(block_n=0), "block_n must be a power of two, got 0", marks=pytest.mark.xfail(
+        strict=True, reason="config.py: `value & (value - 1)` is 0 for 0, so a zero block size passes")),
+])
+def test_compile_config_rejects(fields, message):
+    with pytest.raises(ValueError, match=message):
+        CompileConfig(**fields)
+
+
+def test_compile_config_accepts_the_edges():
+    config = CompileConfig(max_batch=8, max_tokens_per_step=8, max_model_len=33, page_size=16, block_m=16)
+    assert config.max_pages_per_seq == 3
+    assert config.to_dict()["max_pages_per_seq"] == 3
+
+
+# -- Layout ------------------------------------------------------------------------------------------------
+def test_layout_rejects_a_second_allocation_of_one_name():
+    layout = Layout()
+    layout.alloc("x", "ACT", 10)
+    with pytest.raises(ValueError, match="region 'x' allocated twice"):
+        layout.alloc("x", "F32", 10)
+
+
+def test_layout_offsets_are_aligned_per_arena():
+    layout = Layout()
+    offsets = [layout.alloc(name, "ACT", size) for name, size in (("a", 1), ("b", ALIGN + 1), ("c", ALIGN), ("d", 3))]
+    assert offsets == [0, ALIGN, 3 * ALIGN, 4 * ALIGN]
+    assert layout.alloc("e", "I32", 5) == 0
+    assert layout.sizes == {"W": 0, "ACT": 5 * ALIGN, "F32": 0, "I32": ALIGN}
+    assert layout.regions["b"].size == ALIGN + 1
+
+
+def test_layout_round_trips_through_json():
+    layout = _lowered("tiny-llama").layout
+    again = Layout.from_dict(json.loads(json.dumps(layout.to_dict())))
+    assert again == layout
+    assert again.offset("control") == layout.offset("control")
+
+
+# -- render ------------------------------------------------------------------------------------------------
+def _dispatched_calls(source: str) -> set[str]:
+    """The functions the kernel itself calls (the dispatch), not those the inlined bodies define."""
+    (kernel,) = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == KERNEL_NAME]
+    return {n.func.id for n in ast.walk(kernel) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+
+
+@pytest.mark.parametrize("preset, has_moe", [("tiny-llama", False), ("tiny-qwen3-moe", True)])
+def test_rendered_source_stands_alone_and_dispatches_only_used_kinds(preset, has_moe):
+    source = render_kernel(_lowered(preset), preset)
+    tree = ast.parse(source)
+    imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+    assert all(isinstance(n, ast.Import) and n.names[0].name.startswith("triton") for n in imports), \
+        [ast.unparse(n) for n in imports]
+    assert not [line for line in source.splitlines() if line.lstrip().startswith(("from codegen", "import codegen"))]
+    for name in BODY_MODULES:
+        assert f"# ---- codegen/bodies/{name}.py" in source
+    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert MOE_CALLS | {"linear_task", "sample_task", KERNEL_NAME} <= defined
+    calls = _dispatched_calls(source)
+    assert {"linear_task", "qkv_task", "attention_task", "embed_task", "sample_task"} <= calls
+    assert (MOE_CALLS <= calls) if has_moe else not (MOE_CALLS & calls)
