@@ -37,7 +37,8 @@ def _check_everything_leads_to(graph: TaskGraph, final_event: int) -> None:
     readers: dict[int, set[int]] = {}
     for task in graph.tasks:
         for wait in task.waits:
-            readers.setdefault(wait.event, set()).add(task.signal)
+            if wait.lag == 0:  # a lag-1 wait covers the previous step only: it does not hold this one back
+                readers.setdefault(wait.event, set()).add(task.signal)
     reaches = {final_event}
     for event in reversed(range(len(graph.event_names))):
         if readers.get(event, set()) & reaches:

@@ -14,13 +14,13 @@ from codegen.render import KERNEL_NAME
 from runtime.artifact import import_source
 
 # The kernel's arguments in order; pointers are specialised as 16-byte aligned so loads vectorise.
-ARGS = ("TASKS", "DESCS", "W", "ACT", "F32", "I32", "KV", "EVENTS", "kv_plane", "num_tasks", "max_steps")
+ARGS = ("TASKS", "DESCS", "W", "ACT", "F32", "I32", "KV", "EVENTS", "PROFILE", "kv_plane", "num_tasks", "max_steps")
 
 
 def signature(model_dtype: str) -> dict[str, str]:
     t = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}[model_dtype]
     return {"TASKS": "*i64", "DESCS": "*i64", "W": t, "ACT": t, "F32": "*fp32", "I32": "*i32", "KV": t,
-            "EVENTS": "*i32", "kv_plane": "i64", "num_tasks": "i32", "max_steps": "i32"}
+            "EVENTS": "*i32", "PROFILE": "*i64", "kv_plane": "i64", "num_tasks": "i32", "max_steps": "i32"}
 
 
 @dataclass(frozen=True)

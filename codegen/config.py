@@ -20,6 +20,8 @@ class CompileConfig:
     num_stages: int = 3  # software pipelining depth of the projections' K loops
     moe_slots: int = 0  # expert slots per MoE layer; 0: min(experts, max_batch * top_k)
     spin_limit: int = 1 << 26  # spins before a wait is reported as a hang
+    profile: bool = False  # record each task's start, end of waits and end in step `profile_step` (GPU only)
+    profile_step: int = 2
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_tokens_per_step", "max_model_len", "max_new_tokens", "page_size"):
@@ -27,7 +29,7 @@ class CompileConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("block_n", "block_k", "block_m", "block_kv", "page_size"):
             value = getattr(self, name)
-            if value & (value - 1):
+            if value <= 0 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two, got {value}")
         if self.block_m < 16:
             raise ValueError("block_m must be at least 16 (tl.dot)")

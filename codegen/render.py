@@ -84,7 +84,7 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
         spin_limit=cfg.spin_limit, pages_per_seq=cfg.max_pages_per_seq, page_size=cfg.page_size,
         max_tokens_per_step=cfg.max_tokens_per_step, stats_off=lw.constants["STATS_OFF"],
         stats_size=lw.constants["STATS_SIZE"], chunk=128, task_words=TASK_WORDS, desc_words=DESC_WORDS,
-        max_waits=MAX_WAITS,
+        max_waits=MAX_WAITS, profile=cfg.profile and not cfg.interpret, profile_step=cfg.profile_step,
     )
     assert len(CONTROL_FIELDS) == 12
     return env.get_template("megakernel.py.j2").render(**context)

@@ -64,6 +64,8 @@ class Megakernel:
                 offset = self.region(name)[0]
                 self.f32[offset:offset + table.numel()] = table.to(self.device)
         self.kv = torch.zeros(0, dtype=self.dtype, device=self.device)
+        self.profile = torch.zeros(self.tasks.shape[0] * 3 if self.config.profile else 1, dtype=torch.int64,
+                                   device=self.device)
         self.kernel, self.grid = self._load_kernel()
         self.last_launch_ms = 0.0
 
@@ -168,7 +170,7 @@ class Megakernel:
 
     def _args(self, max_steps: int) -> tuple:
         return (self.tasks, self.descs, self.weights, self.act, self.f32, self.i32, self.kv, self.events,
-                self.kv_plane, self.tasks.shape[0], max_steps)
+                self.profile, self.kv_plane, self.tasks.shape[0], max_steps)
 
     def _launch(self, max_steps: int) -> None:
         start = time.perf_counter()
@@ -194,6 +196,11 @@ class Megakernel:
             name = self.manifest["events"][event] if 0 <= event < len(self.manifest["events"]) else "?"
             raise HangError(f"hang: in step {step}, {where} waited on event {event} ({name}): "
                             f"reached {seen} of {target}")
+
+    def task_profile(self) -> torch.Tensor:
+        """[num_tasks, 3] global-timer ns (start, waits done, signalled) of each task in the profiled step
+        (compiled with `profile`); zeros for tasks that did not run then."""
+        return self.profile.view(-1, 3).cpu()
 
     def last_logits(self, num_rows: int) -> torch.Tensor:
         """The fp32 logits [num_rows, vocab] of the last step's sequences (for checks against the reference)."""

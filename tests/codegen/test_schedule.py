@@ -93,8 +93,6 @@ def test_a_group_that_does_not_lead_to_sampling_is_rejected():
         check_schedule(graph, sample)
 
 
-@pytest.mark.xfail(strict=True, reason="check.py _check_everything_leads_to counts a lag-1 reader as leading to "
-                                       "sampling, but a lag-1 wait only covers the previous step's signals")
 def test_a_group_read_only_by_the_next_step_does_not_lead_to_sampling():
     graph, desc = _graph()
     early = graph.add_group(Kind.EMBED, desc, 1, "early", ())
@@ -129,8 +127,7 @@ def test_lowering_without_the_lowering_prep_passes_names_the_unsupported_ops():
     (dict(block_m=8), "block_m must be at least 16"),
     (dict(max_batch=8, max_tokens_per_step=7), "max_tokens_per_step must be at least max_batch"),
     (dict(max_model_len=0), "max_model_len must be positive, got 0"),
-    pytest.param(dict(block_n=0), "block_n must be a power of two, got 0", marks=pytest.mark.xfail(
-        strict=True, reason="config.py: `value & (value - 1)` is 0 for 0, so a zero block size passes")),
+    (dict(block_n=0), "block_n must be a power of two, got 0"),
 ])
 def test_compile_config_rejects(fields, message):
     with pytest.raises(ValueError, match=message):
