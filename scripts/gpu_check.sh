@@ -17,3 +17,6 @@ fi
 if [[ $mode == bench || $mode == all ]]; then
   step "${BENCH_LIMIT:-240}" python -m benchmarks.decode --decode "${DECODE:-1x512,8x512,64x512}" --ttft "${TTFT:-128,512}" --json "$OUT/decode.json"
 fi
+if [[ $mode == profile ]]; then
+  step "${BENCH_LIMIT:-150}" python -m benchmarks.profile_step --context 512
+fi

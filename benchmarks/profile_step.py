@@ -1,0 +1,64 @@
+"""Where a decode step's time goes inside the megakernel: each task's start, end of its waits and end
+(global timer, compiled with `profile`), summed per group and per task kind. GPU only."""
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+import torch
+
+from benchmarks.megakernel_tpot import tpot_ms
+from blinkc.compile_model import WeightsSource, compile_model
+from codegen.config import CompileConfig
+from codegen.tasks import Kind
+from models.registry import resolve_model
+from runtime.megakernel import Megakernel
+from runtime.sampling import SamplingParams
+
+
+def summarize(kernel: Megakernel) -> list[str]:
+    times = kernel.task_profile()
+    tasks = kernel.tasks.cpu()
+    ran = times[:, 0] > 0
+    t0, t_end = int(times[ran, 0].min()), int(times[ran, 2].max())
+    groups: dict[int, list[int]] = defaultdict(list)
+    for index in torch.nonzero(ran).flatten().tolist():
+        groups[int(tasks[index, 3])].append(index)
+    kinds = defaultdict(lambda: [0, 0, 0])  # busy ns, waiting ns, tasks
+    lines = [f"step span {(t_end - t0) / 1e3:.1f} us over {int(ran.sum())} tasks"]
+    rows = []
+    for event, members in sorted(groups.items()):
+        t = times[members]
+        busy, waiting = int((t[:, 2] - t[:, 1]).sum()), int((t[:, 1] - t[:, 0]).sum())
+        kind = Kind(int(tasks[members[0], 0])).name
+        kinds[kind][0] += busy
+        kinds[kind][1] += waiting
+        kinds[kind][2] += len(members)
+        rows.append((kernel.manifest["events"][event], len(members), (int(t[:, 0].min()) - t0) / 1e3,
+                     (int(t[:, 2].max()) - int(t[:, 0].min())) / 1e3, busy / len(members) / 1e3,
+                     int((t[:, 2] - t[:, 1]).max()) / 1e3))
+    lines.append("group | tasks | starts at us | span us | mean busy us | max busy us")
+    lines += [f"{name} | {n} | {start:.1f} | {span:.1f} | {mean:.2f} | {most:.2f}" for name, n, start, span, mean, most
+              in rows[:16] + rows[-4:]]
+    lines.append("kind | tasks | busy ms (summed over programs) | waiting ms (summed)")
+    lines += [f"{k} | {n} | {b / 1e6:.2f} | {w / 1e6:.2f}" for k, (b, w, n) in sorted(kinds.items(), key=lambda x: -x[1][0])]
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--preset", default="llama3-8b")
+    parser.add_argument("--context", type=int, default=512)
+    args = parser.parse_args()
+    config = CompileConfig(max_batch=1, max_tokens_per_step=256, max_model_len=args.context + 64, max_new_tokens=40,
+                           profile=True, profile_step=-(-args.context // 256))  # the first decode step
+    path = compile_model(resolve_model(args.preset), config, "/tmp/profile.cubin", WeightsSource(seed=0)).path
+    kernel = Megakernel.load(path, device="cuda", timeout_s=120)
+    print(f"TPOT {tpot_ms(kernel, 1, args.context, 16):.2f} ms (profiling build)")
+    kernel.generate([torch.randint(0, 1000, (args.context,)).tolist()],
+                    SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    print("\n".join(summarize(kernel)))
+
+
+if __name__ == "__main__":
+    main()
