@@ -64,7 +64,7 @@ class Megakernel:
                 offset = self.region(name)[0]
                 self.f32[offset:offset + table.numel()] = table.to(self.device)
         self.kv = torch.zeros(0, dtype=self.dtype, device=self.device)
-        self.profile = torch.zeros(self.tasks.shape[0] * 3 if self.config.profile else 1, dtype=torch.int64,
+        self.profile = torch.zeros(self.tasks.shape[0] * 3 if getattr(self.config, "profile", False) else 1, dtype=torch.int64,
                                    device=self.device)
         self.kernel, self.grid = self._load_kernel()
         self.last_launch_ms = 0.0
