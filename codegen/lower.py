@@ -93,14 +93,34 @@ def _allocate(lw: Lowering) -> None:
         lw.layout.alloc(f"param:{p.name}", "W", p.num_elements)
     add_step_regions(lw.layout, T=cfg.max_tokens_per_step, B=cfg.max_batch, R=cfg.max_batch,
                      P=cfg.max_pages_per_seq, M=cfg.max_model_len, O=cfg.max_new_tokens)
-    normed = _values_read_by_norms(lw.graph)
-    first = None
-    for value in normed:
-        offset = lw.layout.alloc(f"stats:v{value.id}", "F32", lw.rows(value))
-        first = offset if first is None else first
-        lw.stats[value.id] = offset
-    lw.constants["STATS_OFF"] = first if first is not None else 0
-    lw.constants["STATS_SIZE"] = lw.layout.sizes["F32"] - lw.constants["STATS_OFF"] if normed else 0
+    # Everything the planner zeroes each step, contiguous: the norms' sums of squares, the QKV tickets.
+    lw.constants["STATS_OFF"] = lw.layout.sizes["F32"]
+    for value in _values_read_by_norms(lw.graph):
+        lw.stats[value.id] = lw.layout.alloc(f"stats:v{value.id}", "F32", lw.rows(value))
+    qkv_nodes = [n for n in lw.graph.nodes if n.op == "qkv_rope_store"]
+    for node in qkv_nodes:
+        lw.layout.alloc(f"tickets:v{node.outputs[0].id}", "F32", _qkv_heads(node))
+    lw.constants["STATS_SIZE"] = lw.layout.sizes["F32"] - lw.constants["STATS_OFF"]
+    if qkv_nodes:  # one scratch for every layer: layer l + 1's QKV starts after layer l's is done
+        lw.layout.alloc("qkv_parts", "F32", max(_qkv_heads(n) * qkv_splits(lw, n) for n in qkv_nodes)
+                        * cfg.block_m * _pow2(max(16, max(n.attrs["head_dim"] for n in qkv_nodes))))
+
+
+def _pow2(n: int) -> int:
+    return 1 << (int(n) - 1).bit_length()
+
+
+def _qkv_heads(node: Node) -> int:
+    return (node.attrs["q_size"] + 2 * node.attrs["kv_size"]) // node.attrs["head_dim"]
+
+
+def qkv_splits(lw: Lowering, node: Node) -> int:
+    """Tasks per head at decode: enough that each streams about 128 KB, each K chunk at least one tile."""
+    if lw.config.qkv_splits:
+        return lw.config.qkv_splits
+    k = node.inputs[0].shape[1]
+    head_bytes = node.attrs["head_dim"] * k * node.inputs[0].dtype.itemsize
+    return max(1, min(8, head_bytes // (128 << 10), k // min(lw.config.block_k, 64)))
 
 
 def _values_read_by_norms(graph: Graph) -> list[Value]:
@@ -204,9 +224,9 @@ def _qkv_rope_store(lw: Lowering, node: Node) -> None:
         q_norm_off=lw.weight(named["q_norm_w"]) if a["has_qk_norm"] else -1,
         k_norm_off=lw.weight(named["k_norm_w"]) if a["has_qk_norm"] else -1, qk_eps=float(a["qk_eps"]),
         q_out_off=lw.act(q), layer=layer, inv_freq_off=lw.layout.offset(rope_key),
-        has_norm=int(a["has_norm"]), has_qk_norm=int(a["has_qk_norm"])))
-    num_heads = (a["q_size"] + 2 * a["kv_size"]) // head_dim
-    done = lw.tasks.add_group(Kind.QKV, desc, num_heads, f"qkv.{layer}", lw.waits(x))
+        has_norm=int(a["has_norm"]), has_qk_norm=int(a["has_qk_norm"]), splits=qkv_splits(lw, node),
+        part_off=lw.layout.offset("qkv_parts"), ticket_off=lw.layout.offset(f"tickets:v{q.id}")))
+    done = lw.tasks.add_group(Kind.QKV, desc, _qkv_heads(node) * qkv_splits(lw, node), f"qkv.{layer}", lw.waits(x))
     lw.ready[q.id] = lw.ready[new_cache.id] = done
     lw.constants["HEAD_DIM_MAX"] = max(lw.constants.get("HEAD_DIM_MAX", 0), head_dim)
 

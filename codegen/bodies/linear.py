@@ -48,11 +48,17 @@ def project_rows(desc, tile, W, ACT, F32, m0, num_rows, ROWS: tl.constexpr, BN: 
     sumsq = tl.load(F32 + stats_off + rows, mask=row_ok & (prologue == 1), other=1.0)
     inv = tl.rsqrt(sumsq / K.to(tl.float32) + eps)
     acc = tl.zeros((ROWS, BN), tl.float32)
+    w_rows = W + w_off + cols[:, None] * K
+    w_next = tl.load(w_rows + tl.arange(0, BK)[None, :], mask=col_ok[:, None] & (tl.arange(0, BK) < K)[None, :],
+                     other=0.0)
     for k0 in tl.range(0, K, BK, num_stages=STAGES):
+        # the next chunk of weights is in flight while this one is used: weights never wait on activations
+        w = w_next
+        nks = k0 + BK + tl.arange(0, BK)
+        w_next = tl.load(w_rows + nks[None, :], mask=col_ok[:, None] & (nks < K)[None, :], other=0.0)
         ks = k0 + tl.arange(0, BK)
         k_ok = ks < K
         x = load_input_chunk(ACT, W, F32, x_off, x_stride, K, rows, row_ok, ks, k_ok, prologue, inv, norm_w_off, dt)
-        w = tl.load(W + w_off + cols[:, None] * K + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         if USE_DOT:
             if DOT_F32:
                 acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")

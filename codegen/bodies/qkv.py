@@ -7,7 +7,7 @@ from codegen.bodies.common import round_to, word, word_f32
 
 QKV_FIELDS = ("x_off", "k", "w_off", "num_q_heads", "num_kv_heads", "head_dim", "rotary_dim", "stats_off",
               "norm_w_off", "eps", "bias_off", "q_norm_off", "k_norm_off", "qk_eps", "q_out_off", "layer",
-              "inv_freq_off", "has_norm", "has_qk_norm")
+              "inv_freq_off", "has_norm", "has_qk_norm", "splits", "part_off", "ticket_off")
 
 
 @triton.jit
@@ -32,49 +32,93 @@ def head_norm(y, d_ok, W, norm_off, HD, eps, dt: tl.constexpr):
 
 
 @triton.jit
-def qkv_task(desc, head, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: tl.constexpr,
-             SLOTS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, HDP: tl.constexpr, DOT_F32: tl.constexpr):
-    x_off, K, w_off = word(desc, 0), word(desc, 1), word(desc, 2)
-    HQ, HKV, HD, RD = word(desc, 3), word(desc, 4), word(desc, 5), word(desc, 6)
-    stats_off, norm_w_off, eps, bias_off = word(desc, 7), word(desc, 8), word_f32(desc, 9), word(desc, 10)
-    q_norm_off, k_norm_off, qk_eps, q_out_off = word(desc, 11), word(desc, 12), word_f32(desc, 13), word(desc, 14)
-    layer, inv_freq_off, has_norm, has_qk_norm = word(desc, 15), word(desc, 16), word(desc, 17), word(desc, 18)
+def head_partial(desc, head, k_lo, k_hi, rows, row_ok, W, ACT, F32, BK: tl.constexpr, HDP: tl.constexpr,
+                 DOT_F32: tl.constexpr):
+    """[BM, HDP] fp32 partial projection of one head over input columns k_lo .. k_hi (RMSNorm prologue)."""
+    x_off, K, w_off, HD = word(desc, 0), word(desc, 1), word(desc, 2), word(desc, 5)
+    stats_off, norm_w_off, eps, has_norm = word(desc, 7), word(desc, 8), word_f32(desc, 9), word(desc, 17)
     dt: tl.constexpr = W.dtype.element_ty
     cols = tl.arange(0, HDP)
     d_ok = cols < HD
     wrows = head * HD + cols
-    bias = tl.load(W + bias_off + wrows, mask=d_ok & (bias_off >= 0), other=0.0).to(tl.float32)
-    for m0 in range(0, num_tokens, BM):
-        rows = m0 + tl.arange(0, BM)
-        row_ok = rows < num_tokens
-        sumsq = tl.load(F32 + stats_off + rows, mask=row_ok & (has_norm == 1), other=1.0)
-        inv = tl.rsqrt(sumsq / K.to(tl.float32) + eps)
-        acc = tl.zeros((BM, HDP), tl.float32)
-        for k0 in range(0, K, BK):
-            ks = k0 + tl.arange(0, BK)
-            k_ok = ks < K
-            x = tl.load(ACT + x_off + rows[:, None] * K + ks[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                        other=0.0).to(tl.float32)
-            if has_norm == 1:
-                nw = tl.load(W + norm_w_off + ks, mask=k_ok, other=0.0).to(tl.float32)
-                x = round_to(round_to(x * inv[:, None], dt) * nw[None, :], dt)
-            w = tl.load(W + w_off + wrows[:, None] * K + ks[None, :], mask=d_ok[:, None] & k_ok[None, :], other=0.0)
-            if DOT_F32:
-                acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
-            else:
-                acc += tl.dot(x.to(dt), tl.trans(w))
-        y = round_to(acc + bias[None, :], dt)
-        if head < HQ + HKV:
-            if has_qk_norm == 1:
-                y = head_norm(y, d_ok, W, tl.where(head < HQ, q_norm_off, k_norm_off), HD, qk_eps, dt)
-            pos = tl.load(I32 + POSITIONS + rows, mask=row_ok, other=0)
-            y = rotate(y, cols, pos, F32, inv_freq_off, RD, dt)
-        mask = row_ok[:, None] & d_ok[None, :]
-        if head < HQ:
-            tl.store(ACT + q_out_off + rows[:, None] * (HQ * HD) + head * HD + cols[None, :], y.to(dt), mask=mask)
+    sumsq = tl.load(F32 + stats_off + rows, mask=row_ok & (has_norm == 1), other=1.0)
+    inv = tl.rsqrt(sumsq / K.to(tl.float32) + eps)
+    acc = tl.zeros((rows.shape[0], HDP), tl.float32)
+    for k0 in range(k_lo, k_hi, BK):
+        ks = k0 + tl.arange(0, BK)
+        k_ok = ks < k_hi
+        x = tl.load(ACT + x_off + rows[:, None] * K + ks[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                    other=0.0).to(tl.float32)
+        if has_norm == 1:
+            nw = tl.load(W + norm_w_off + ks, mask=k_ok, other=0.0).to(tl.float32)
+            x = round_to(round_to(x * inv[:, None], dt) * nw[None, :], dt)
+        w = tl.load(W + w_off + wrows[:, None] * K + ks[None, :], mask=d_ok[:, None] & k_ok[None, :], other=0.0)
+        if DOT_F32:
+            acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
         else:
-            slot = tl.load(I32 + SLOTS + rows, mask=row_ok, other=0).to(tl.int64)
-            plane = tl.where(head < HQ + HKV, 0, 1)
-            kv_head = head - HQ - plane * HKV
-            base = KV + (layer * 2 + plane) * kv_plane + kv_head * HD
-            tl.store(base + slot[:, None] * (HKV * HD) + cols[None, :], y.to(dt), mask=mask)
+            acc += tl.dot(x.to(dt), tl.trans(w))
+    return acc
+
+
+@triton.jit
+def head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS: tl.constexpr,
+                  SLOTS: tl.constexpr, HDP: tl.constexpr):
+    """Bias, per-head q/k norm, rotary, then the q buffer or the paged KV cache."""
+    HQ, HKV, HD, RD = word(desc, 3), word(desc, 4), word(desc, 5), word(desc, 6)
+    bias_off, q_norm_off, k_norm_off, qk_eps = word(desc, 10), word(desc, 11), word(desc, 12), word_f32(desc, 13)
+    q_out_off, layer, inv_freq_off, has_qk_norm = word(desc, 14), word(desc, 15), word(desc, 16), word(desc, 18)
+    dt: tl.constexpr = W.dtype.element_ty
+    cols = tl.arange(0, HDP)
+    d_ok = cols < HD
+    bias = tl.load(W + bias_off + head * HD + cols, mask=d_ok & (bias_off >= 0), other=0.0).to(tl.float32)
+    y = round_to(acc + bias[None, :], dt)
+    if head < HQ + HKV:
+        if has_qk_norm == 1:
+            y = head_norm(y, d_ok, W, tl.where(head < HQ, q_norm_off, k_norm_off), HD, qk_eps, dt)
+        pos = tl.load(I32 + POSITIONS + rows, mask=row_ok, other=0)
+        y = rotate(y, cols, pos, F32, inv_freq_off, RD, dt)
+    mask = row_ok[:, None] & d_ok[None, :]
+    if head < HQ:
+        tl.store(ACT + q_out_off + rows[:, None] * (HQ * HD) + head * HD + cols[None, :], y.to(dt), mask=mask)
+    else:
+        slot = tl.load(I32 + SLOTS + rows, mask=row_ok, other=0).to(tl.int64)
+        plane = tl.where(head < HQ + HKV, 0, 1)
+        kv_head = head - HQ - plane * HKV
+        base = KV + (layer * 2 + plane) * kv_plane + kv_head * HD
+        tl.store(base + slot[:, None] * (HKV * HD) + cols[None, :], y.to(dt), mask=mask)
+
+
+@triton.jit
+def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: tl.constexpr,
+             SLOTS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, HDP: tl.constexpr, DOT_F32: tl.constexpr):
+    """Task (head, split). A decode step (one row block) splits each head's K range over `splits` tasks:
+    each stores an fp32 partial, and the last to finish (a ticket counter the planner zeroes every step)
+    sums them in order and runs the epilogue. Prefill steps have work enough: split 0 does the head."""
+    K, splits, part_off, ticket_off = word(desc, 1), word(desc, 19), word(desc, 20), word(desc, 21)
+    head = tile // splits
+    split = tile % splits
+    if num_tokens <= BM:
+        rows = tl.arange(0, BM)
+        row_ok = rows < num_tokens
+        chunk = tl.cdiv(tl.cdiv(K, splits), BK) * BK
+        k_lo = split * chunk
+        acc = head_partial(desc, head, k_lo, tl.minimum(K, k_lo + chunk), rows, row_ok, W, ACT, F32, BK, HDP, DOT_F32)
+        if splits == 1:
+            head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP)
+        else:
+            parts = F32 + part_off + (head * splits) * (BM * HDP) + rows[:, None] * HDP + tl.arange(0, HDP)[None, :]
+            tl.store(parts + split * (BM * HDP), acc)
+            tl.debug_barrier()
+            arrived = tl.atomic_add(F32 + ticket_off + head, 1.0, sem="acq_rel")
+            tl.debug_barrier()
+            if arrived == splits - 1:
+                total = tl.zeros((BM, HDP), tl.float32)
+                for s in range(0, splits):
+                    total += tl.load(parts + s * (BM * HDP))
+                head_epilogue(desc, head, total, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP)
+    elif split == 0:
+        for m0 in range(0, num_tokens, BM):
+            rows = m0 + tl.arange(0, BM)
+            row_ok = rows < num_tokens
+            acc = head_partial(desc, head, 0, K, rows, row_ok, W, ACT, F32, BK, HDP, DOT_F32)
+            head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP)

@@ -6,6 +6,7 @@ different steps.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -111,3 +112,19 @@ def test_bad_requests_are_clear_errors(compiled):
         kernel.generate([PROMPTS[0]], SamplingParams(max_tokens=60))
     with pytest.raises(ValueError, match="token ids in"):
         kernel.generate([[10**6]], SamplingParams(max_tokens=2))
+
+
+def test_qkv_heads_split_over_k_match_the_reference_engine(checkpoint, tmp_path):
+    """Decode steps split each head's K range over tasks; the last to finish sums the parts in order."""
+    directory = checkpoint("tiny-qwen3")
+    model = fp32_model(directory)
+    config = dataclasses.replace(CONFIG, qkv_splits=3, block_k=16)  # K = 64: parts [0, 32), [32, 64), empty
+    out = compile_model(model, config, tmp_path / "split.cubin", WeightsSource(directory), dtype=DType.f32).path
+    kernel = Megakernel.load(out, device="cpu")
+    graph = trace_model(model.definition, model.config, page_size=4)
+    engine = ReferenceEngine(graph, load_weights(graph, directory), config=EngineConfig(num_pages=64))
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    ours = kernel.generate(PROMPTS[1:], params)
+    for prompt, completion in zip(PROMPTS[1:], ours):
+        (expected,) = engine.generate([prompt], params)
+        assert completion.tokens == expected, f"first differing token at {first_difference(completion.tokens, expected)}"
