@@ -20,3 +20,7 @@ fi
 if [[ $mode == profile ]]; then
   step "${BENCH_LIMIT:-150}" python -m benchmarks.profile_step --context 512
 fi
+if [[ $mode == final ]]; then
+  step 150 python -m pytest -q -x -s -m gpu tests/gpu -k "llama3-8b-1]" -p no:cacheprovider
+  step 150 python -m benchmarks.profile_step --context 512
+fi
