@@ -17,7 +17,7 @@ import time
 import torch
 
 from benchmarks import baselines
-from benchmarks.megakernel_tpot import tpot_ms
+from benchmarks.megakernel_tpot import artifact_path, tpot_ms
 from blinkc.compile_model import WeightsSource, compile_model
 from codegen.config import CompileConfig
 from models.registry import resolve_model
@@ -72,7 +72,7 @@ def main() -> None:
     add("read bandwidth TB/s", f"{bandwidth:.2f}", "", "")
     for pair in filter(None, args.decode.split(",")):
         batch, context = (int(v) for v in pair.split("x"))
-        kernel = load_kernel(args.preset, batch, context + 48, max(256, batch), "/tmp/decode.cubin")
+        kernel = load_kernel(args.preset, batch, context + 48, max(256, batch), artifact_path("decode"))
         ours = tpot_ms(kernel, batch, context, 16)
         free(kernel)
         torch_ms = baselines.torch_decode_ms(cfg, batch, context, device)
@@ -81,7 +81,7 @@ def main() -> None:
             f"roofline {roofline:.2f} ({roofline / ours:.0%} of BW; {torch_ms / ours:.2f}x torch)")
         free()
     for prompt_len in (int(v) for v in filter(None, args.ttft.split(","))):
-        kernel = load_kernel(args.preset, 1, prompt_len + 8, prompt_len, "/tmp/ttft.cubin")
+        kernel = load_kernel(args.preset, 1, prompt_len + 8, prompt_len, artifact_path("ttft"))
         ours = ttft_ms(kernel, prompt_len)
         free(kernel)
         torch_ms = baselines.torch_prefill_ms(cfg, prompt_len, device)

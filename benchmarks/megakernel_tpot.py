@@ -4,33 +4,24 @@ in the same run."""
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
-from blinkc.compile_model import WeightsSource, compile_model
+from benchmarks.baselines import read_bandwidth_tbs
+from blinkc.compile_model import WeightsSource, build_graph, compile_model
 from codegen.config import CompileConfig
 from ir.analysis import decode_bytes
-from blinkc.compile_model import build_graph
 from models.registry import resolve_model
 from runtime.megakernel import Megakernel
 from runtime.sampling import SamplingParams
 
 
-def read_bandwidth_tbs() -> float:
-    x = torch.empty(2 << 30, dtype=torch.bfloat16, device="cuda").normal_()
-    for _ in range(3):
-        x.sum()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        x.sum()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return x.numel() * 2 / (sorted(times)[len(times) // 2] * 1e-3) / 1e12
+def artifact_path(name: str) -> Path:
+    """A fresh place for a benchmark's compiled artifact."""
+    return Path(tempfile.mkdtemp(prefix="blink-bench-")) / f"{name}.cubin"
 
 
 def tpot_ms(kernel: Megakernel, batch: int, context: int, num_tokens: int) -> float:
@@ -68,11 +59,11 @@ def run(args, block_n: int, block_k: int) -> None:
                            max_model_len=args.context + args.tokens + 8, max_new_tokens=args.tokens + 2,
                            block_n=block_n, block_k=block_k, num_stages=args.stages)
     t0 = time.perf_counter()
-    path = compile_model(model, config, "/tmp/bench.cubin", WeightsSource(seed=0)).path
+    path = compile_model(model, config, artifact_path("bench"), WeightsSource(seed=0)).path
     kernel = Megakernel.load(path, device="cuda", timeout_s=120)
     print(f"compile+load {time.perf_counter() - t0:.1f} s, grid {kernel.kernel.grid}, regs {kernel.kernel.n_regs}, "
           f"spills {kernel.kernel.n_spills}")
-    bw = read_bandwidth_tbs()
+    bw = read_bandwidth_tbs("cuda")
     ms = tpot_ms(kernel, args.batch, args.context, args.tokens)
     read = decode_bytes(build_graph(model, config), args.batch, args.context).total
     roofline = read / (bw * 1e12) * 1e3

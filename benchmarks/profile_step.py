@@ -7,7 +7,7 @@ from collections import defaultdict
 
 import torch
 
-from benchmarks.megakernel_tpot import tpot_ms
+from benchmarks.megakernel_tpot import artifact_path, tpot_ms
 from blinkc.compile_model import WeightsSource, compile_model
 from codegen.config import CompileConfig
 from codegen.tasks import Kind
@@ -52,7 +52,7 @@ def main() -> None:
     args = parser.parse_args()
     config = CompileConfig(max_batch=1, max_tokens_per_step=256, max_model_len=args.context + 64, max_new_tokens=40,
                            profile=True, profile_step=-(-args.context // 256))  # the first decode step
-    path = compile_model(resolve_model(args.preset), config, "/tmp/profile.cubin", WeightsSource(seed=0)).path
+    path = compile_model(resolve_model(args.preset), config, artifact_path("profile"), WeightsSource(seed=0)).path
     kernel = Megakernel.load(path, device="cuda", timeout_s=120)
     print(f"TPOT {tpot_ms(kernel, 1, args.context, 16):.2f} ms (profiling build)")
     kernel.generate([torch.randint(0, 1000, (args.context,)).tolist()],

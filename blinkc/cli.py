@@ -13,9 +13,10 @@ from pathlib import Path
 from ir import DType
 from models.presets import preset_config, preset_names
 from models.registry import resolve_model
+from runtime.megakernel import HangError
 from runtime.sampling import SamplingParams
 
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, MemoryError, RuntimeError)
+USER_ERRORS = (ValueError, OSError, MemoryError, HangError)
 
 
 def main(argv: list[str] | None = None) -> int:

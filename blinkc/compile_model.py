@@ -76,9 +76,8 @@ def compile_model(model: ResolvedModel, config: CompileConfig, out: Path, weight
     if not cached:
         _compile_into(entry, source, model_dtype, arch, config, progress)
     kernel_meta = json.loads((entry / "kernel.json").read_text())
-    kernel_meta["source_path"] = str(entry / "kernel.py")
     resources = Resources(**kernel_meta["resources"]) if kernel_meta["resources"] else None
-    artifact = Artifact(_manifest(model, config, lw, graph, weights, kernel_meta, tokenizer_dir, model_dtype),
+    artifact = Artifact(_manifest(model, config, lw, graph, weights, kernel_meta, tokenizer_dir, model_dtype, source),
                         _tables(lw), entry / "kernel.py", None)
     cubin = (entry / "kernel.cubin").read_bytes() if (entry / "kernel.cubin").exists() else None
     artifact.save(Path(out), cubin)
@@ -102,14 +101,14 @@ def _compile_into(entry: Path, source: str, model_dtype: str, arch: int, config:
 
 
 def _manifest(model: ResolvedModel, config: CompileConfig, lw: Lowering, graph: Graph, weights: WeightsSource,
-              kernel_meta: dict, tokenizer_dir: Path | None, model_dtype: str) -> dict:
+              kernel_meta: dict, tokenizer_dir: Path | None, model_dtype: str, source: str) -> dict:
     cfg = model.config
     specs = [[s.name, list(s.shape), model_dtype, [[k, list(i)] for k, i in s.sources]] for s in weight_specs(graph)]
     return {
         "format": FORMAT, "version": VERSION,
         "kernel": {"name": KERNEL_NAME, "cubin": kernel_meta["triton_metadata"] is not None,
                    "num_warps": config.num_warps, "signature": signature(model_dtype),
-                   "source_sha256": source_hash((Path(kernel_meta["source_path"])).read_text()),
+                   "source_sha256": source_hash(source),
                    "triton_version": triton.__version__, "triton_metadata": kernel_meta["triton_metadata"],
                    "resources": kernel_meta["resources"], "max_programs_per_sm": 2},
         "config": config.to_dict(),
