@@ -19,7 +19,6 @@ from codegen.config import CompileConfig
 from codegen.layout import Layout, add_step_regions
 from codegen.tasks import Kind, TaskGraph, Wait
 from ir.graph import Graph, Node, Value
-from ir.ops.attention import rope_inv_freq
 from ir.ops.fused import fused_linear_inputs, qkv_rope_store_inputs
 
 

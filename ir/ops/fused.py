@@ -8,7 +8,6 @@ Inputs are positional, in the order the attributes announce them.
 """
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 
 from ir.dtypes import DType

@@ -12,7 +12,6 @@ from ir import DType
 from ir.executor import execute
 from ir.graph import Graph
 from ir.passes.dead_code import eliminate_dead_code
-from ir.passes.fold_rms_norm import fold_rms_norm
 from ir.passes.fuse_projections import fuse_gate_up, fuse_qkv
 from ir.passes.fuse_silu_mul import fuse_silu_mul
 from ir.passes.pipeline import LOWERING_PREP, PIPELINE, run_pipeline
