@@ -2,9 +2,8 @@
 
   (a) roofline: bytes one decode step must read / read bandwidth measured now
   (b) a torch + cuBLAS + SDPA decode step captured in one CUDA graph (benchmarks/baselines.py)
+  (c) the same task bodies launched as separate kernels (one per task group) from one CUDA graph
   TTFT: the megakernel's launch with one output token vs a torch prefill (cuBLAS + SDPA) of the prompt.
-
-(c), the same task bodies launched as separate kernels from one CUDA graph, is not built yet.
 Prints one table; `--json FILE` also writes the rows.
 """
 from __future__ import annotations
@@ -21,6 +20,7 @@ from benchmarks.megakernel_tpot import artifact_path, tpot_ms
 from blinkc.compile_model import WeightsSource, compile_model
 from codegen.config import CompileConfig
 from models.registry import resolve_model
+from runtime.host_driven import HostDriven, capture_step
 from runtime.megakernel import Megakernel
 from runtime.sampling import SamplingParams
 
@@ -30,6 +30,27 @@ def load_kernel(preset: str, batch: int, max_len: int, tokens_per_step: int, out
                            max_new_tokens=40)
     return Megakernel.load(compile_model(resolve_model(preset), config, out, WeightsSource(seed=0)).path,
                            device="cuda", timeout_s=300)
+
+
+def task_kernels_graph_ms(kernel: Megakernel, batch: int, context: int, num_replays: int = 20) -> float:
+    """Baseline (c): one decode step of the same task bodies, one kernel per task group, replayed from
+    one CUDA graph (median ms per replay)."""
+    driver = HostDriven(kernel)
+    prompts = [torch.randint(0, 1000, (context,)).tolist() for _ in range(batch)]
+    kernel.prepare(prompts, SamplingParams(max_tokens=num_replays + 8, temperature=0, ignore_eos=True))
+    prefill_steps = -(-batch * context // kernel.config.max_tokens_per_step)
+    for step in range(prefill_steps + 1):
+        driver.step(step)
+    graph = capture_step(driver, prefill_steps + 1)
+    times = []
+    for _ in range(num_replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
 
 
 def ttft_ms(kernel: Megakernel, prompt_len: int) -> float:
@@ -74,10 +95,12 @@ def main() -> None:
         batch, context = (int(v) for v in pair.split("x"))
         kernel = load_kernel(args.preset, batch, context + 48, max(256, batch), artifact_path("decode"))
         ours = tpot_ms(kernel, batch, context, 16)
+        task_kernels = task_kernels_graph_ms(kernel, batch, context)
         free(kernel)
         torch_ms = baselines.torch_decode_ms(cfg, batch, context, device)
         roofline = baselines.decode_bytes_per_step(cfg, batch, context) / (bandwidth * 1e12) * 1e3
         add(f"decode b{batch} ctx{context} ms", f"{ours:.2f}", f"torch graph {torch_ms:.2f}",
+            f"task kernels graph {task_kernels:.2f}",
             f"roofline {roofline:.2f} ({roofline / ours:.0%} of BW; {torch_ms / ours:.2f}x torch)")
         free()
     for prompt_len in (int(v) for v in filter(None, args.ttft.split(","))):

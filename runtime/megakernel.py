@@ -108,12 +108,16 @@ class Megakernel:
 
     # -- running ------------------------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: list[SamplingParams] | SamplingParams) -> list[Completion]:
-        params = params if isinstance(params, list) else [params] * len(prompts)
-        self._check_requests(prompts, params)
-        max_steps = self._write_requests(prompts, params)
+        max_steps = self.prepare(prompts, params)
         self._launch(max_steps)
         self._raise_on_hang()
-        return self._read_completions(len(prompts))
+        return self.completions(len(prompts))
+
+    def prepare(self, prompts: list[list[int]], params: list[SamplingParams] | SamplingParams) -> int:
+        """Checks the requests and writes them into the kernel's state; returns a bound on the steps."""
+        params = params if isinstance(params, list) else [params] * len(prompts)
+        self._check_requests(prompts, params)
+        return self._write_requests(prompts, params)
 
     def _check_requests(self, prompts: list[list[int]], params: list[SamplingParams]) -> None:
         cfg, vocab = self.config, self.manifest["model"]["vocab_size"]
@@ -208,7 +212,7 @@ class Megakernel:
         vocab = self.manifest["model"]["vocab_size"]
         return self.f32[offset:offset + num_rows * vocab].view(num_rows, vocab)
 
-    def _read_completions(self, num_requests: int) -> list[Completion]:
+    def completions(self, num_requests: int) -> list[Completion]:
         i32 = self.i32.cpu()
         out_base, max_new = self.region("out_tokens")[0], self.config.max_new_tokens
         completions = []

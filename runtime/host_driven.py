@@ -1,0 +1,59 @@
+"""The host-driven baseline: the artifact's task bodies launched group by group from the host.
+
+Same memory, same tasks, same bodies as the persistent megakernel, but one kernel launch per task
+group (launch order is the dependency order, so no events) and a host loop over steps. It is baseline
+(c) of the decode benchmark (captured in a CUDA graph, one step per replay) and a cross-check of the
+persistent kernel's synchronisation.
+"""
+from __future__ import annotations
+
+import torch
+
+from runtime.artifact import import_source
+from runtime.megakernel import Completion, Megakernel
+from runtime.sampling import SamplingParams
+
+
+class HostDriven:
+    def __init__(self, kernel: Megakernel) -> None:
+        self.kernel = kernel
+        module = import_source(kernel.artifact.source_path)
+        name = kernel.manifest["kernel"]["name"]
+        self.plan, self.group = getattr(module, f"{name}_plan"), getattr(module, f"{name}_group")
+        self.groups = _contiguous_groups(kernel.tasks[:, 3].tolist())
+
+    def step(self, step: int) -> None:
+        k = self.kernel
+        self.plan[(1,)](k.i32, k.f32, step)
+        for first, count in self.groups:
+            self.group[(count,)](k.tasks, k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, first, step)
+
+    def is_done(self) -> bool:
+        return bool(self.kernel.i32[self.kernel.region("control")[0] + 2])
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        for step in range(self.kernel.prepare(prompts, params)):
+            self.step(step)
+            if self.is_done():
+                break
+        return self.kernel.completions(len(prompts))
+
+
+def _contiguous_groups(signals: list[int]) -> list[tuple[int, int]]:
+    """(first task, number of tasks) of each run of tasks that signal the same event."""
+    groups, start = [], 0
+    for i in range(1, len(signals) + 1):
+        if i == len(signals) or signals[i] != signals[start]:
+            groups.append((start, i - start))
+            start = i
+    return groups
+
+
+def capture_step(driver: HostDriven, step: int) -> torch.cuda.CUDAGraph:
+    """One step's launches in one CUDA graph (baseline (c) of the decode benchmark)."""
+    driver.step(step)  # compile and warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        driver.step(step)
+    return graph
