@@ -1,7 +1,8 @@
 """`blinkc compile`: model -> graph -> passes -> tasks -> Triton source -> cubin + manifest, cached.
 
-The cache key holds everything that changes the code: the rendered source (which embeds the layout and
-every compile option), the target and the Triton version. A cached compile only copies files.
+The cache key holds everything that changes the code: the model config, the compile options, the
+dtype, the target, Triton's version and the source of Blink's own compiler packages. A cached compile
+only copies files (no tracing, lowering or Triton import).
 """
 from __future__ import annotations
 
@@ -13,23 +14,24 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from importlib.metadata import version
+from typing import TYPE_CHECKING
 
 import torch
-import triton
 
 from blinkc.env import cache_dir
 from blinkc.weights import weight_specs
-from codegen.check import check_schedule
-from codegen.compile import Resources, compile_cubin, resource_usage, signature
 from codegen.config import CompileConfig
-from codegen.lower import Lowering, lower
-from codegen.render import KERNEL_NAME, render_kernel, source_hash
+from codegen.kernel_abi import KERNEL_NAME, Resources, signature, source_hash
 from ir import DType, Graph
 from ir.ops.attention import rope_inv_freq
 from ir.passes.pipeline import LOWERING_PREP, PIPELINE, run_pipeline
 from models.registry import ResolvedModel
 from models.trace import trace_model
-from runtime.artifact import FORMAT, VERSION, Artifact
+from runtime.artifact import FORMAT, VERSION, Artifact, companion
+
+if TYPE_CHECKING:
+    from codegen.lower import Lowering
 
 
 @dataclass(frozen=True)
@@ -62,46 +64,76 @@ def build_graph(model: ResolvedModel, config: CompileConfig, dtype: DType | None
 def compile_model(model: ResolvedModel, config: CompileConfig, out: Path, weights: WeightsSource, *,
                   arch: int = 90, dtype: DType | None = None, tokenizer_dir: Path | None = None,
                   progress: Callable[[str], None] = lambda _: None) -> CompileResult:
+    """Writes the artifact to `out`. Cached on everything that changes the code: the model config, the
+    compile options, dtype, target, Triton's version and the source of Blink's own compiler packages;
+    a cache hit only copies files and fills in where the weights and the tokenizer are."""
     start = time.perf_counter()
+    model_dtype = (dtype or model.config.dtype).value
+    entry = cache_dir() / "artifacts" / _cache_key(model, config, model_dtype, arch)
+    cached = (entry / "model.cubin.json").exists()
+    if not cached:
+        _build_into(entry, model, config, dtype, model_dtype, arch, progress)
+    manifest = json.loads((entry / "model.cubin.json").read_text())
+    manifest["weights"]["source"] = weights.to_dict()
+    manifest["tokenizer"] = str(Path(tokenizer_dir).resolve()) if tokenizer_dir else None
+    _copy_artifact(entry / "model.cubin", Path(out), manifest)
+    resources = manifest["kernel"]["resources"]
+    return CompileResult(Path(out), Resources(**resources) if resources else None, time.perf_counter() - start,
+                         cached, manifest["num_tasks"])
+
+
+def _cache_key(model: ResolvedModel, config: CompileConfig, model_dtype: str, arch: int) -> str:
+    h = hashlib.sha256(json.dumps([model.hf_config, config.to_dict(), model_dtype, arch, version("triton")],
+                                  sort_keys=True, default=str).encode())
+    root = Path(__file__).resolve().parent.parent
+    for package in ("codegen", "ir", "models", "blinkc"):
+        for path in sorted((root / package).rglob("*")):
+            if path.suffix in (".py", ".j2"):
+                h.update(path.read_bytes())
+    return h.hexdigest()[:24]
+
+
+def _build_into(entry: Path, model: ResolvedModel, config: CompileConfig, dtype: DType | None, model_dtype: str,
+                arch: int, progress) -> None:
+    from codegen.check import check_schedule
+    from codegen.compile import compile_cubin, resource_usage
+    from codegen.lower import lower
+    from codegen.render import render_kernel
+
     graph = build_graph(model, config, dtype)
     progress(f"traced {model.definition.name}: {len(graph.nodes)} nodes after passes")
     lw = lower(graph, config)
     check_schedule(lw.tasks, lw.sample)
     source = render_kernel(lw, model.definition.name)
     progress(f"lowered to {len(lw.tasks.tasks)} tasks in {len(lw.tasks.event_names)} groups; schedule checked")
-    model_dtype = (dtype or model.config.dtype).value
-    key = hashlib.sha256(json.dumps([source, model_dtype, arch, triton.__version__, config.interpret]).encode()).hexdigest()[:24]
-    entry = cache_dir() / "kernels" / key
-    cached = (entry / "kernel.json").exists()
-    if not cached:
-        _compile_into(entry, source, model_dtype, arch, config, progress)
-    kernel_meta = json.loads((entry / "kernel.json").read_text())
-    resources = Resources(**kernel_meta["resources"]) if kernel_meta["resources"] else None
-    artifact = Artifact(_manifest(model, config, lw, graph, weights, kernel_meta, tokenizer_dir, model_dtype, source),
-                        _tables(lw), entry / "kernel.py", None)
-    cubin = (entry / "kernel.cubin").read_bytes() if (entry / "kernel.cubin").exists() else None
-    artifact.save(Path(out), cubin)
-    return CompileResult(Path(out), resources, time.perf_counter() - start, cached, len(lw.tasks.tasks))
-
-
-def _compile_into(entry: Path, source: str, model_dtype: str, arch: int, config: CompileConfig, progress) -> None:
     tmp = entry.with_name(entry.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    (tmp / "kernel.py").write_text(source)
-    meta = {"triton_metadata": None, "resources": None}
+    (tmp / "model.cubin.py").write_text(source)
+    kernel_meta, cubin = {"triton_metadata": None, "resources": None}, None
     if not config.interpret:
-        progress(f"compiling for sm_{arch} with Triton {triton.__version__} (ptxas)...")
-        cubin, metadata = compile_cubin(tmp / "kernel.py", model_dtype, arch, config.num_warps)
-        (tmp / "kernel.cubin").write_bytes(cubin)
-        meta = {"triton_metadata": metadata, "resources": dataclasses.asdict(resource_usage(tmp / "kernel.cubin"))}
-    (tmp / "kernel.json").write_text(json.dumps(meta, default=vars))
+        progress(f"compiling for sm_{arch} with Triton {version('triton')} (ptxas)...")
+        cubin, metadata = compile_cubin(tmp / "model.cubin.py", model_dtype, arch, config.num_warps)
+        (tmp / "model.cubin").write_bytes(cubin)
+        kernel_meta = {"triton_metadata": json.loads(json.dumps(metadata, default=vars)),
+                       "resources": dataclasses.asdict(resource_usage(tmp / "model.cubin"))}
+    manifest = _manifest(model, config, lw, graph, kernel_meta, model_dtype, source)
+    Artifact(manifest, _tables(lw), tmp / "model.cubin.py", None).save(tmp / "model.cubin", cubin)
     shutil.rmtree(entry, ignore_errors=True)
     tmp.rename(entry)
 
 
-def _manifest(model: ResolvedModel, config: CompileConfig, lw: Lowering, graph: Graph, weights: WeightsSource,
-              kernel_meta: dict, tokenizer_dir: Path | None, model_dtype: str, source: str) -> dict:
+def _copy_artifact(cached: Path, out: Path, manifest: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for suffix in ("", ".py", ".tables.safetensors"):
+        source = cached.with_name(cached.name + suffix)
+        if source.exists():
+            shutil.copyfile(source, out.with_name(out.name + suffix))
+    companion(out, ".json").write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def _manifest(model: ResolvedModel, config: CompileConfig, lw: Lowering, graph: Graph, kernel_meta: dict,
+              model_dtype: str, source: str) -> dict:
     cfg = model.config
     specs = [[s.name, list(s.shape), model_dtype, [[k, list(i)] for k, i in s.sources]] for s in weight_specs(graph)]
     return {
@@ -109,7 +141,7 @@ def _manifest(model: ResolvedModel, config: CompileConfig, lw: Lowering, graph: 
         "kernel": {"name": KERNEL_NAME, "cubin": kernel_meta["triton_metadata"] is not None,
                    "num_warps": config.num_warps, "signature": signature(model_dtype),
                    "source_sha256": source_hash(source),
-                   "triton_version": triton.__version__, "triton_metadata": kernel_meta["triton_metadata"],
+                   "triton_version": version("triton"), "triton_metadata": kernel_meta["triton_metadata"],
                    "resources": kernel_meta["resources"], "max_programs_per_sm": 2},
         "config": config.to_dict(),
         "model": {"name": model.definition.name, "architecture": cfg.architecture, "dtype": model_dtype,
@@ -117,8 +149,9 @@ def _manifest(model: ResolvedModel, config: CompileConfig, lw: Lowering, graph: 
                   "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
                   "eos_token_ids": list(cfg.eos_token_ids), "hf_config": model.hf_config,
                   "logits_region": f"v{graph.outputs['logits'].id}"},
-        "weights": {"source": weights.to_dict(), "specs": specs},
-        "tokenizer": str(Path(tokenizer_dir).resolve()) if tokenizer_dir else None,
+        "weights": {"source": None, "specs": specs},  # the source is filled in per compile
+        "tokenizer": None,
+        "num_tasks": len(lw.tasks.tasks),
         "layout": lw.layout.to_dict(),
         "events": lw.tasks.event_names,
     }

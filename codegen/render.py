@@ -5,19 +5,18 @@ compile-time arguments, and the layout's offsets are all decided in Python.
 """
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from types import SimpleNamespace
 
 import jinja2
 import triton
 
+from codegen.kernel_abi import KERNEL_NAME
 from codegen.layout import CONTROL_FIELDS, STEP_REGIONS
 from codegen.lower import Lowering
 from codegen.tasks import DESC_WORDS, MAX_WAITS, TASK_WORDS, Kind
 
 TEMPLATES = Path(__file__).parent / "templates"
-KERNEL_NAME = "blink_megakernel"
 
 
 def _pow2(n: int) -> int:
@@ -88,7 +87,3 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
     )
     assert len(CONTROL_FIELDS) == 12
     return env.get_template("megakernel.py.j2").render(**context)
-
-
-def source_hash(source: str) -> str:
-    return hashlib.sha256(source.encode()).hexdigest()[:16]

@@ -62,11 +62,11 @@ def test_compile_writes_the_artifact_and_caches_the_kernel(capsys, checkpoint, c
     assert manifest["model"]["dtype"] == "f32" and manifest["config"]["max_batch"] == 2
     assert manifest["weights"]["source"] == {"kind": "checkpoint", "path": str(Path(directory).resolve())}
     assert manifest["tokenizer"] == str(Path(directory).resolve())
-    assert len(list((cache / "kernels").iterdir())) == 1
+    assert len(list((cache / "artifacts").iterdir())) == 1
 
     assert "(from cache)" in _compile(capsys, str(directory), out, "--dtype", "f32")
     assert "(cold)" in _compile(capsys, str(directory), tmp_path / "m3.cubin", "--dtype", "f32", "--max-batch", "3")
-    assert len(list((cache / "kernels").iterdir())) == 2
+    assert len(list((cache / "artifacts").iterdir())) == 2
 
 
 @needs_interpreter
