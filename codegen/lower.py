@@ -77,6 +77,7 @@ def lower(graph: Graph, config: CompileConfig) -> Lowering:
     unsupported = sorted({n.op for n in graph.nodes} - LOWERINGS.keys())
     if unsupported:
         raise ValueError(f"no lowering for ops {unsupported} (run the LOWERING_PREP passes first)")
+    _check_widths(graph)
     lw = Lowering(graph, config)
     lw.plan_event = lw.tasks.new_event("plan")
     _allocate(lw)
@@ -84,6 +85,22 @@ def lower(graph: Graph, config: CompileConfig) -> Lowering:
         LOWERINGS[node.op](lw, node)
     _add_sampling(lw)
     return lw
+
+
+def _check_widths(graph: Graph) -> None:
+    """Bodies promise the compiler that the row widths they stride by are multiples of 8 elements (rows
+    16-byte aligned, so loads vectorise): check that promise here."""
+    for node in graph.nodes:
+        widths = {"embedding": lambda: [node.inputs[1].shape[1]],
+                  "gather_rows": lambda: [node.inputs[0].shape[1]],
+                  "fused_linear": lambda: [node.inputs[0].shape[1], node.inputs[1].shape[1]],
+                  "qkv_rope_store": lambda: [node.inputs[0].shape[1], node.attrs["head_dim"]],
+                  "paged_attention": lambda: [node.attrs["head_dim"]],
+                  "moe_experts": lambda: [node.inputs[0].shape[1], node.inputs[3].shape[1] // 2]}.get(node.op)
+        for width in widths() if widths else []:
+            if width % 8:
+                raise ValueError(f"{node.op}: width {width} is not a multiple of 8 (the megakernel's rows must be "
+                                 f"16-byte aligned)")
 
 
 def _allocate(lw: Lowering) -> None:

@@ -3,7 +3,7 @@ token of the step): flash-attention's online softmax over the sequence's pages."
 import triton
 import triton.language as tl
 
-from codegen.bodies.common import round_to, word, word_f32
+from codegen.bodies.common import round_to, word, word8, word_f32
 
 ATTENTION_FIELDS = ("q_off", "out_off", "num_heads", "num_kv_heads", "head_dim", "layer", "scale")
 NEG = tl.constexpr(-1.0e30)
@@ -14,8 +14,9 @@ def attention_task(desc, tile, ACT, I32, KV, kv_plane, num_seqs, SEQ_STARTS: tl.
                    CONTEXT_LENS: tl.constexpr, SEQ_REQ: tl.constexpr, REQ_PAGES: tl.constexpr,
                    PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, BM: tl.constexpr, BKV: tl.constexpr,
                    HDP: tl.constexpr, DOT_F32: tl.constexpr):
-    q_off, out_off, H, HKV = word(desc, 0), word(desc, 1), word(desc, 2), word(desc, 3)
-    HD, layer, scale = word(desc, 4), word(desc, 5), word_f32(desc, 6)
+    q_off, out_off, H, HKV = word8(desc, 0), word8(desc, 1), word(desc, 2), word(desc, 3)
+    HD, layer, scale = word8(desc, 4), word(desc, 5), word_f32(desc, 6)
+    kv_plane = tl.multiple_of(kv_plane, 8)
     dt: tl.constexpr = ACT.dtype.element_ty
     b = tile // HKV
     g = tile % HKV

@@ -10,6 +10,13 @@ def word(desc, index: tl.constexpr):
 
 
 @triton.jit
+def word8(desc, index: tl.constexpr):
+    """Descriptor word `index`, promised to be a multiple of 8 (offsets and widths of rows, which the
+    lowering checks): it lets the compiler prove 16-byte alignment and vectorise the loads."""
+    return tl.multiple_of(tl.load(desc + index), 8)
+
+
+@triton.jit
 def word_f32(desc, index: tl.constexpr):
     """A float stored as the bits of a float64 in word `index`."""
     return tl.load(desc + index).to(tl.float64, bitcast=True).to(tl.float32)

@@ -7,7 +7,7 @@ sum of squares of the stored rows when a norm reads the output.
 import triton
 import triton.language as tl
 
-from codegen.bodies.common import round_to, word, word_f32
+from codegen.bodies.common import round_to, word, word8, word_f32
 
 LINEAR_FIELDS = ("x_off", "x_stride", "k", "w_off", "n", "out_off", "out_stride", "out_f32", "prologue",
                  "stats_off", "norm_w_off", "eps", "res_off", "res_stride", "bias_off", "out_stats_off",
@@ -35,10 +35,10 @@ def project_rows(desc, tile, W, ACT, F32, m0, num_rows, ROWS: tl.constexpr, BN: 
                  USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr):
     """Output rows m0 .. m0 + ROWS of this tile: tensor-core dots for row blocks, or for a single row
     (batch-1 decode) a GEMV whose fp32 accumulator is one value per output column."""
-    x_off, x_stride, K = word(desc, 0), word(desc, 1), word(desc, 2)
-    w_off, N, out_off, out_stride = word(desc, 3), word(desc, 4), word(desc, 5), word(desc, 6)
+    x_off, x_stride, K = word8(desc, 0), word8(desc, 1), word8(desc, 2)
+    w_off, N, out_off, out_stride = word8(desc, 3), word(desc, 4), word8(desc, 5), word(desc, 6)
     out_f32, prologue, stats_off, norm_w_off = word(desc, 7), word(desc, 8), word(desc, 9), word(desc, 10)
-    eps, res_off, res_stride = word_f32(desc, 11), word(desc, 12), word(desc, 13)
+    eps, res_off, res_stride = word_f32(desc, 11), word(desc, 12), word8(desc, 13)
     bias_off, out_stats_off = word(desc, 14), word(desc, 15)
     dt: tl.constexpr = W.dtype.element_ty
     cols = tile * BN + tl.arange(0, BN)

@@ -7,7 +7,7 @@ received tokens this step, so a decode step with few active experts runs few rea
 import triton
 import triton.language as tl
 
-from codegen.bodies.common import round_to, word
+from codegen.bodies.common import round_to, word, word8
 
 ROUTE_FIELDS = ("logits_off", "num_experts", "top_k", "normalize", "weights_off", "ids_off")
 GROUP_FIELDS = ("ids_off", "num_experts", "top_k", "offsets_off", "entries_off", "active_off", "num_active_off")
@@ -85,7 +85,8 @@ def expert_task(desc, tile, W, ACT, I32, BM: tl.constexpr, BN: tl.constexpr, BK:
 
     gate/up: x is the normed hidden state, rows are tokens (entry // top_k); down: x is the gate/up
     output, rows are entries, with the SiLU-gating prologue."""
-    x_off, K, w_off, N, out_off, top_k = word(desc, 0), word(desc, 1), word(desc, 2), word(desc, 3), word(desc, 4), word(desc, 5)
+    x_off, K, w_off, N, out_off = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 3), word8(desc, 4)
+    top_k = word(desc, 5)
     offsets_off, entries_off, active_off = word(desc, 6), word(desc, 7), word(desc, 8)
     num_active, num_slots = tl.load(I32 + word(desc, 9)), word(desc, 10)
     num_tiles, silu = word(desc, 11), word(desc, 12)

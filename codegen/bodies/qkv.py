@@ -3,7 +3,7 @@ of k and v to the paged cache. q heads go to the activation buffer the attention
 import triton
 import triton.language as tl
 
-from codegen.bodies.common import round_to, word, word_f32
+from codegen.bodies.common import round_to, word, word8, word_f32
 
 QKV_FIELDS = ("x_off", "k", "w_off", "num_q_heads", "num_kv_heads", "head_dim", "rotary_dim", "stats_off",
               "norm_w_off", "eps", "bias_off", "q_norm_off", "k_norm_off", "qk_eps", "q_out_off", "layer",
@@ -35,7 +35,7 @@ def head_norm(y, d_ok, W, norm_off, HD, eps, dt: tl.constexpr):
 def head_partial(desc, head, k_lo, k_hi, rows, row_ok, W, ACT, F32, BK: tl.constexpr, HDP: tl.constexpr,
                  DOT_F32: tl.constexpr):
     """[BM, HDP] fp32 partial projection of one head over input columns k_lo .. k_hi (RMSNorm prologue)."""
-    x_off, K, w_off, HD = word(desc, 0), word(desc, 1), word(desc, 2), word(desc, 5)
+    x_off, K, w_off, HD = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 5)
     stats_off, norm_w_off, eps, has_norm = word(desc, 7), word(desc, 8), word_f32(desc, 9), word(desc, 17)
     dt: tl.constexpr = W.dtype.element_ty
     cols = tl.arange(0, HDP)

@@ -4,7 +4,7 @@ of squares (of the stored values) into its statistics buffer."""
 import triton
 import triton.language as tl
 
-from codegen.bodies.common import round_to, word, word_f32
+from codegen.bodies.common import round_to, word, word8, word_f32
 
 EMBED_FIELDS = ("table_off", "hidden", "out_off", "out_stats_off")
 GATHER_FIELDS = ("x_off", "hidden", "out_off", "out_stats_off")
@@ -23,7 +23,7 @@ def store_rows(ACT, F32, out_off, hidden, rows, row_ok, cols, col_ok, y, out_sta
 @triton.jit
 def embed_task(desc, tile, W, ACT, F32, I32, num_tokens, INPUT_IDS: tl.constexpr, BM: tl.constexpr,
                BN: tl.constexpr):
-    table_off, hidden, out_off, out_stats_off = word(desc, 0), word(desc, 1), word(desc, 2), word(desc, 3)
+    table_off, hidden, out_off, out_stats_off = word8(desc, 0), word8(desc, 1), word8(desc, 2), word(desc, 3)
     cols = tile * BN + tl.arange(0, BN)
     col_ok = cols < hidden
     for m0 in range(0, num_tokens, BM):
@@ -38,7 +38,7 @@ def embed_task(desc, tile, W, ACT, F32, I32, num_tokens, INPUT_IDS: tl.constexpr
 @triton.jit
 def gather_task(desc, tile, ACT, F32, I32, num_seqs, LOGITS_ROWS: tl.constexpr, BM: tl.constexpr,
                 BN: tl.constexpr):
-    x_off, hidden, out_off, out_stats_off = word(desc, 0), word(desc, 1), word(desc, 2), word(desc, 3)
+    x_off, hidden, out_off, out_stats_off = word8(desc, 0), word8(desc, 1), word8(desc, 2), word(desc, 3)
     cols = tile * BN + tl.arange(0, BN)
     col_ok = cols < hidden
     for m0 in range(0, num_seqs, BM):
