@@ -116,7 +116,14 @@ def _allocate(lw: Lowering) -> None:
     qkv_nodes = [n for n in lw.graph.nodes if n.op == "qkv_rope_store"]
     for node in qkv_nodes:
         lw.layout.alloc(f"tickets:v{node.outputs[0].id}", "F32", _qkv_heads(node))
+    attention_nodes = [n for n in lw.graph.nodes if n.op == "paged_attention"]
+    for node in attention_nodes:
+        lw.layout.alloc(f"tickets:v{node.output.id}", "F32", cfg.max_batch * node.attrs["num_kv_heads"])
     lw.constants["STATS_SIZE"] = lw.layout.sizes["F32"] - lw.constants["STATS_OFF"]
+    if attention_nodes:  # one scratch for every layer, as for the QKV parts
+        head_dim = _pow2(max(16, max(n.attrs["head_dim"] for n in attention_nodes)))
+        lw.layout.alloc("attention_parts", "F32", cfg.max_batch * max(n.attrs["num_kv_heads"] for n in attention_nodes)
+                        * attention_splits(cfg) * cfg.block_m * (head_dim + 2))
     if qkv_nodes:  # one scratch for every layer: layer l + 1's QKV starts after layer l's is done
         lw.layout.alloc("qkv_parts", "F32", max(_qkv_heads(n) * qkv_splits(lw, n) for n in qkv_nodes)
                         * cfg.block_m * _pow2(max(16, max(n.attrs["head_dim"] for n in qkv_nodes))))
@@ -128,6 +135,11 @@ def _pow2(n: int) -> int:
 
 def _qkv_heads(node: Node) -> int:
     return (node.attrs["q_size"] + 2 * node.attrs["kv_size"]) // node.attrs["head_dim"]
+
+
+def attention_splits(config: CompileConfig) -> int:
+    """Tasks per (sequence, KV head) at decode: about 256 keys each at the longest context."""
+    return config.attention_splits or max(1, min(16, config.max_model_len // 256))
 
 
 def qkv_splits(lw: Lowering, node: Node) -> int:
@@ -254,9 +266,11 @@ def _paged_attention(lw: Lowering, node: Node) -> None:
     layer = int(cache.name.rsplit(".", 1)[1]) if cache.name else _layer_of(lw, cache)
     desc = lw.tasks.add_desc(ATTENTION_FIELDS, dict(
         q_off=lw.act(q), out_off=lw.act(node.output), num_heads=a["num_heads"], num_kv_heads=a["num_kv_heads"],
-        head_dim=a["head_dim"], layer=layer, scale=float(a["scale"])))
-    lw.ready[node.output.id] = lw.tasks.add_group(
-        Kind.ATTENTION, desc, lw.config.max_batch * a["num_kv_heads"], f"attention.{layer}", lw.waits(q, cache))
+        head_dim=a["head_dim"], layer=layer, scale=float(a["scale"]), splits=attention_splits(lw.config),
+        part_off=lw.layout.offset("attention_parts"), ticket_off=lw.layout.offset(f"tickets:v{node.output.id}")))
+    num_tiles = lw.config.max_batch * a["num_kv_heads"] * attention_splits(lw.config)
+    lw.ready[node.output.id] = lw.tasks.add_group(Kind.ATTENTION, desc, num_tiles, f"attention.{layer}",
+                                                  lw.waits(q, cache))
 
 
 def _layer_of(lw: Lowering, cache: Value) -> int:

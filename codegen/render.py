@@ -33,7 +33,7 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
                      f"{cfg.num_stages})",
         Kind.QKV: f"qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, {r.positions}, {r.slots}, "
                   f"{bm}, {bk_small}, {hdp}, {dot_f32})",
-        Kind.ATTENTION: f"attention_task(desc, tile, ACT, I32, KV, kv_plane, num_seqs, {r.seq_starts}, "
+        Kind.ATTENTION: f"attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_seqs, {r.seq_starts}, "
                         f"{r.context_lens}, {r.seq_req}, {r.req_pages}, {cfg.max_pages_per_seq}, {cfg.page_size}, "
                         f"{bm}, {cfg.block_kv}, {hdp}, {dot_f32})",
         Kind.EMBED: f"embed_task(desc, tile, W, ACT, F32, I32, num_tokens, {r.input_ids}, {bm}, {bn})",

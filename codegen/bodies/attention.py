@@ -1,25 +1,68 @@
 """Paged causal attention of one sequence and one KV head (all query heads of its group, every query
-token of the step): flash-attention's online softmax over the sequence's pages."""
+token of the step): flash-attention's online softmax over the sequence's pages.
+
+At decode (the group's query rows fit one block) the context is split over `splits` tasks; each stores
+its partial (running max, sum, unnormalised output) and the last to finish merges them in order.
+"""
 import triton
 import triton.language as tl
 
 from codegen.bodies.common import round_to, word, word8, word_f32
 
-ATTENTION_FIELDS = ("q_off", "out_off", "num_heads", "num_kv_heads", "head_dim", "layer", "scale")
+ATTENTION_FIELDS = ("q_off", "out_off", "num_heads", "num_kv_heads", "head_dim", "layer", "scale", "splits",
+                    "part_off", "ticket_off")
 NEG = tl.constexpr(-1.0e30)
 
 
 @triton.jit
-def attention_task(desc, tile, ACT, I32, KV, kv_plane, num_seqs, SEQ_STARTS: tl.constexpr,
+def attend(q, q_pos, j_lo, j_hi, pages, k_base, v_base, row_stride, d, d_ok, scale, PAGE_SIZE: tl.constexpr,
+           BKV: tl.constexpr, DOT_F32: tl.constexpr):
+    """(running max [BM], sum [BM], unnormalised output [BM, HDP]) over keys j_lo .. j_hi."""
+    dt: tl.constexpr = q.dtype
+    m_i = tl.full((q.shape[0],), NEG, tl.float32)
+    l_i = tl.zeros((q.shape[0],), tl.float32)
+    acc = tl.zeros(q.shape, tl.float32)
+    for j0 in range(j_lo, j_hi, BKV):
+        j = j0 + tl.arange(0, BKV)
+        j_ok = j < j_hi
+        page = tl.load(pages + j // PAGE_SIZE, mask=j_ok, other=0).to(tl.int64)
+        slot = page * PAGE_SIZE + j % PAGE_SIZE
+        kv_mask = j_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_base + slot[:, None] * row_stride + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + slot[:, None] * row_stride + d[None, :], mask=kv_mask, other=0.0)
+        if DOT_F32:
+            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = round_to(round_to(s, dt) * scale, dt)
+        s = tl.where((j[None, :] <= q_pos[:, None]) & j_ok[None, :], s, NEG)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if DOT_F32:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(dt), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_seqs, SEQ_STARTS: tl.constexpr,
                    CONTEXT_LENS: tl.constexpr, SEQ_REQ: tl.constexpr, REQ_PAGES: tl.constexpr,
                    PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, BM: tl.constexpr, BKV: tl.constexpr,
                    HDP: tl.constexpr, DOT_F32: tl.constexpr):
     q_off, out_off, H, HKV = word8(desc, 0), word8(desc, 1), word(desc, 2), word(desc, 3)
     HD, layer, scale = word8(desc, 4), word(desc, 5), word_f32(desc, 6)
+    splits, part_off, ticket_off = word(desc, 7), word(desc, 8), word(desc, 9)
     kv_plane = tl.multiple_of(kv_plane, 8)
     dt: tl.constexpr = ACT.dtype.element_ty
-    b = tile // HKV
-    g = tile % HKV
+    group = tile // splits  # = sequence * HKV + kv head
+    split = tile % splits
+    b = group // HKV
+    g = group % HKV
     if b < num_seqs:
         start = tl.load(I32 + SEQ_STARTS + b)
         q_len = tl.load(I32 + SEQ_STARTS + b + 1) - start
@@ -30,41 +73,60 @@ def attention_task(desc, tile, ACT, I32, KV, kv_plane, num_seqs, SEQ_STARTS: tl.
         d_ok = d < HD
         k_base = KV + (layer * 2) * kv_plane + g * HD
         v_base = k_base + kv_plane
-        for m0 in range(0, q_len * rep, BM):
-            r = m0 + tl.arange(0, BM)
+        if q_len * rep <= BM:
+            r = tl.arange(0, BM)
             r_ok = r < q_len * rep
-            tok = start + r // rep
-            head = g * rep + r % rep
-            q_pos = ctx - q_len + r // rep
-            q_ptr = ACT + q_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
-            q = tl.load(q_ptr, mask=r_ok[:, None] & d_ok[None, :], other=0.0)
-            m_i = tl.full((BM,), NEG, tl.float32)
-            l_i = tl.zeros((BM,), tl.float32)
-            acc = tl.zeros((BM, HDP), tl.float32)
-            for j0 in range(0, ctx, BKV):
-                j = j0 + tl.arange(0, BKV)
-                j_ok = j < ctx
-                page = tl.load(pages + j // PAGE_SIZE, mask=j_ok, other=0).to(tl.int64)
-                slot = page * PAGE_SIZE + j % PAGE_SIZE
-                kv_mask = j_ok[:, None] & d_ok[None, :]
-                k = tl.load(k_base + slot[:, None] * (HKV * HD) + d[None, :], mask=kv_mask, other=0.0)
-                v = tl.load(v_base + slot[:, None] * (HKV * HD) + d[None, :], mask=kv_mask, other=0.0)
-                if DOT_F32:
-                    s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-                else:
-                    s = tl.dot(q, tl.trans(k))
-                s = round_to(round_to(s, dt) * scale, dt)
-                s = tl.where((j[None, :] <= q_pos[:, None]) & j_ok[None, :], s, NEG)
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                p = tl.exp(s - m_new[:, None])
-                alpha = tl.exp(m_i - m_new)
-                l_i = l_i * alpha + tl.sum(p, 1)
-                if DOT_F32:
-                    pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-                else:
-                    pv = tl.dot(p.to(dt), v)
-                acc = acc * alpha[:, None] + pv
-                m_i = m_new
-            out = acc / l_i[:, None]
+            tok, head, q_pos = start + r // rep, g * rep + r % rep, ctx - q_len + r // rep
+            q = tl.load(ACT + q_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :],
+                        mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+            chunk = tl.cdiv(tl.cdiv(ctx, splits), BKV) * BKV
+            m_i, l_i, acc = attend(q, q_pos, split * chunk, tl.minimum(ctx, (split + 1) * chunk), pages, k_base,
+                                   v_base, HKV * HD, d, d_ok, scale, PAGE_SIZE, BKV, DOT_F32)
             out_ptr = ACT + out_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
-            tl.store(out_ptr, out.to(dt), mask=r_ok[:, None] & d_ok[None, :])
+            if splits == 1:
+                tl.store(out_ptr, (acc / l_i[:, None]).to(dt), mask=r_ok[:, None] & d_ok[None, :])
+            else:
+                part = F32 + part_off + group * splits * (BM * (HDP + 2))
+                _store_part(part + split * (BM * (HDP + 2)), m_i, l_i, acc, BM, HDP)
+                tl.debug_barrier()
+                arrived = tl.atomic_add(F32 + ticket_off + group, 1.0, sem="acq_rel")
+                tl.debug_barrier()
+                if arrived == splits - 1:
+                    out = _merge_parts(part, splits, BM, HDP)
+                    tl.store(out_ptr, out.to(dt), mask=r_ok[:, None] & d_ok[None, :])
+        elif split == 0:
+            for m0 in range(0, q_len * rep, BM):
+                r = m0 + tl.arange(0, BM)
+                r_ok = r < q_len * rep
+                tok, head, q_pos = start + r // rep, g * rep + r % rep, ctx - q_len + r // rep
+                q_ptr = ACT + q_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
+                q = tl.load(q_ptr, mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+                m_i, l_i, acc = attend(q, q_pos, 0, ctx, pages, k_base, v_base, HKV * HD, d, d_ok, scale, PAGE_SIZE,
+                                       BKV, DOT_F32)
+                out_ptr = ACT + out_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
+                tl.store(out_ptr, (acc / l_i[:, None]).to(dt), mask=r_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _store_part(part, m_i, l_i, acc, BM: tl.constexpr, HDP: tl.constexpr):
+    rows = tl.arange(0, BM)
+    tl.store(part + rows, m_i)
+    tl.store(part + BM + rows, l_i)
+    tl.store(part + 2 * BM + rows[:, None] * HDP + tl.arange(0, HDP)[None, :], acc)
+
+
+@triton.jit
+def _merge_parts(part, splits, BM: tl.constexpr, HDP: tl.constexpr):
+    """Merges the splits' partial softmaxes in order: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M)."""
+    rows = tl.arange(0, BM)
+    size = BM * (HDP + 2)
+    m_max = tl.full((BM,), NEG, tl.float32)
+    for s in range(0, splits):
+        m_max = tl.maximum(m_max, tl.load(part + s * size + rows))
+    total = tl.zeros((BM,), tl.float32)
+    acc = tl.zeros((BM, HDP), tl.float32)
+    for s in range(0, splits):
+        scale = tl.exp(tl.load(part + s * size + rows) - m_max)
+        total += tl.load(part + s * size + BM + rows) * scale
+        acc += tl.load(part + s * size + 2 * BM + rows[:, None] * HDP + tl.arange(0, HDP)[None, :]) * scale[:, None]
+    return acc / total[:, None]

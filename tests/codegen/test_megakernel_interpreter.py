@@ -114,18 +114,20 @@ def test_bad_requests_are_clear_errors(compiled):
         kernel.generate([[10**6]], SamplingParams(max_tokens=2))
 
 
-def test_qkv_heads_split_over_k_match_the_reference_engine(checkpoint, tmp_path):
-    """Decode steps split each head's K range over tasks; the last to finish sums the parts in order."""
+def test_split_qkv_heads_and_attention_match_the_reference_engine(checkpoint, tmp_path):
+    """Decode steps split each QKV head's K range, and each sequence's context, over tasks; the last to
+    finish merges the parts in order."""
     directory = checkpoint("tiny-qwen3")
     model = fp32_model(directory)
-    config = dataclasses.replace(CONFIG, qkv_splits=3, block_k=16)  # K = 64: parts [0, 32), [32, 64), empty
+    # K = 64: QKV parts [0, 32), [32, 64), empty; contexts up to 11 tokens: attention parts of 16 keys
+    config = dataclasses.replace(CONFIG, qkv_splits=3, block_k=16, attention_splits=3, block_kv=16)
     out = compile_model(model, config, tmp_path / "split.cubin", WeightsSource(directory), dtype=DType.f32).path
     kernel = Megakernel.load(out, device="cpu")
     graph = trace_model(model.definition, model.config, page_size=4)
     engine = ReferenceEngine(graph, load_weights(graph, directory), config=EngineConfig(num_pages=64))
-    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
-    ours = kernel.generate(PROMPTS[1:], params)
-    for prompt, completion in zip(PROMPTS[1:], ours):
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    ours = kernel.generate(PROMPTS, params)  # the 19-token prompt's context reaches 30: two attention parts
+    for prompt, completion in zip(PROMPTS, ours):
         (expected,) = engine.generate([prompt], params)
         assert completion.tokens == expected, f"first differing token at {first_difference(completion.tokens, expected)}"
 
