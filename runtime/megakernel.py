@@ -14,6 +14,7 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -64,8 +65,8 @@ class Megakernel:
                 offset = self.region(name)[0]
                 self.f32[offset:offset + table.numel()] = table.to(self.device)
         self.kv = torch.zeros(0, dtype=self.dtype, device=self.device)
-        self.profile = torch.zeros(self.tasks.shape[0] * 3 if getattr(self.config, "profile", False) else 1, dtype=torch.int64,
-                                   device=self.device)
+        is_profiled = getattr(self.config, "profile", False)
+        self.profile = torch.zeros(self.tasks.shape[0] * 3 if is_profiled else 1, dtype=torch.int64, device=self.device)
         self.kernel, self.grid = self._load_kernel()
         self.last_launch_ms = 0.0
 
@@ -229,6 +230,15 @@ def _load_cubin(artifact: Artifact, manifest: dict):
     from triton.compiler.compiler import CompiledKernel
 
     kernel_meta = manifest["kernel"]
+    installed = version("triton")
+    if kernel_meta["triton_version"] != installed:
+        raise ValueError(f"the cubin was built with Triton {kernel_meta['triton_version']}, this machine has "
+                         f"{installed}: recompile it here")
+    arch = kernel_meta["triton_metadata"]["target"]["arch"]
+    major, minor = torch.cuda.get_device_capability()
+    if arch != major * 10 + minor:
+        raise ValueError(f"the cubin targets sm_{arch}, this GPU is sm_{major}{minor}: recompile with --arch "
+                         f"{major}{minor}")
     folder = Path(tempfile.mkdtemp(prefix="blink-kernel-"))
     name = kernel_meta["name"]
     (folder / f"{name}.json").write_text(json.dumps(kernel_meta["triton_metadata"]))
