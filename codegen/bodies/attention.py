@@ -2,7 +2,8 @@
 token of the step): flash-attention's online softmax over the sequence's pages.
 
 At decode (the group's query rows fit one block) the context is split over `splits` tasks; each stores
-its partial (running max, sum, unnormalised output) and the last to finish merges them in order.
+its partial (running max, sum, unnormalised output) and the last to finish merges them in order. At
+prefill the splits share the query row blocks.
 """
 import triton
 import triton.language as tl
@@ -94,8 +95,8 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_seqs, SEQ_STARTS
                 if arrived == splits - 1:
                     out = _merge_parts(part, splits, BM, HDP)
                     tl.store(out_ptr, out.to(dt), mask=r_ok[:, None] & d_ok[None, :])
-        elif split == 0:
-            for m0 in range(0, q_len * rep, BM):
+        else:  # prefill: the splits share the query row blocks instead
+            for m0 in range(split * BM, q_len * rep, splits * BM):
                 r = m0 + tl.arange(0, BM)
                 r_ok = r < q_len * rep
                 tok, head, q_pos = start + r // rep, g * rep + r % rep, ctx - q_len + r // rep

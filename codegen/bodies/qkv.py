@@ -93,7 +93,7 @@ def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: 
              SLOTS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, HDP: tl.constexpr, DOT_F32: tl.constexpr):
     """Task (head, split). A decode step (one row block) splits each head's K range over `splits` tasks:
     each stores an fp32 partial, and the last to finish (a ticket counter the planner zeroes every step)
-    sums them in order and runs the epilogue. Prefill steps have work enough: split 0 does the head."""
+    sums them in order and runs the epilogue. Prefill steps split the head's row blocks instead."""
     K, splits, part_off, ticket_off = word(desc, 1), word(desc, 19), word(desc, 20), word(desc, 21)
     head = tile // splits
     split = tile % splits
@@ -116,8 +116,8 @@ def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: 
                 for s in range(0, splits):
                     total += tl.load(parts + s * (BM * HDP))
                 head_epilogue(desc, head, total, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP)
-    elif split == 0:
-        for m0 in range(0, num_tokens, BM):
+    else:  # prefill: the splits share the row blocks instead
+        for m0 in range(split * BM, num_tokens, splits * BM):
             rows = m0 + tl.arange(0, BM)
             row_ok = rows < num_tokens
             acc = head_partial(desc, head, 0, K, rows, row_ok, W, ACT, F32, BK, HDP, DOT_F32)
