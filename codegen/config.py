@@ -15,6 +15,7 @@ class CompileConfig:
     num_warps: int = 4
     block_n: int = 16  # output columns per projection tile
     block_k: int = 512
+    expert_block_n: int = 64  # output columns per MoE expert tile (most expert slots are idle at decode)
     block_m: int = 16  # token rows per dot (the minimum tl.dot takes)
     block_kv: int = 32  # keys per attention block
     num_stages: int = 3  # software pipelining depth of the projections' K loops
@@ -29,7 +30,7 @@ class CompileConfig:
         for name in ("max_batch", "max_tokens_per_step", "max_model_len", "max_new_tokens", "page_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("block_n", "block_k", "block_m", "block_kv", "page_size"):
+        for name in ("block_n", "expert_block_n", "block_k", "block_m", "block_kv", "page_size"):
             value = getattr(self, name)
             if value <= 0 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two, got {value}")

@@ -314,7 +314,7 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
     y_off = lw.layout.alloc(f"{name}.y", "ACT", T * top_k * hidden)
 
     def experts(x_off, k, w, n, out_off, silu, waits, part):
-        tiles = lw.column_tiles(n)
+        tiles = -(-n // lw.config.expert_block_n)
         desc = lw.tasks.add_desc(EXPERT_FIELDS, dict(
             x_off=x_off, k=k, w_off=lw.weight(w), n=n, out_off=out_off, top_k=top_k, num_slots=slots,
             num_tiles=tiles, silu_prologue=silu, **routing))
