@@ -119,7 +119,9 @@ def _allocate(lw: Lowering) -> None:
     attention_nodes = [n for n in lw.graph.nodes if n.op == "paged_attention"]
     for node in attention_nodes:
         lw.layout.alloc(f"tickets:v{node.output.id}", "F32", cfg.max_batch * node.attrs["num_kv_heads"])
+    lw.layout.alloc("tickets:sample", "F32", cfg.max_batch)
     lw.constants["STATS_SIZE"] = lw.layout.sizes["F32"] - lw.constants["STATS_OFF"]
+    lw.layout.alloc("sample_parts", "F32", cfg.max_batch * sample_splits(lw) * 2)
     if attention_nodes:  # one scratch for every layer, as for the QKV parts
         head_dim = _pow2(max(16, max(n.attrs["head_dim"] for n in attention_nodes)))
         lw.layout.alloc("attention_parts", "F32", cfg.max_batch * max(n.attrs["num_kv_heads"] for n in attention_nodes)
@@ -135,6 +137,12 @@ def _pow2(n: int) -> int:
 
 def _qkv_heads(node: Node) -> int:
     return (node.attrs["q_size"] + 2 * node.attrs["kv_size"]) // node.attrs["head_dim"]
+
+
+def sample_splits(lw: Lowering) -> int:
+    """Tasks per sequence for greedy sampling: about 8192 logits each."""
+    vocab = lw.graph.outputs["logits"].shape[1]
+    return lw.config.sample_splits or max(1, min(32, -(-vocab // 8192)))
 
 
 def attention_splits(config: CompileConfig) -> int:
@@ -333,5 +341,8 @@ def _add_sampling(lw: Lowering) -> None:
     logits = lw.graph.outputs["logits"]
     if logits.dtype.value != "f32" or "LOGITS_OFF" not in lw.constants:
         raise ValueError("the graph's logits must come from an fp32 fused_linear")
-    desc = lw.tasks.add_desc(SAMPLE_FIELDS, dict(logits_off=lw.constants["LOGITS_OFF"], vocab=logits.shape[1]))
-    lw.sample = lw.tasks.add_group(Kind.SAMPLE, desc, lw.config.max_batch, "sample", lw.waits(logits))
+    splits = sample_splits(lw)
+    desc = lw.tasks.add_desc(SAMPLE_FIELDS, dict(
+        logits_off=lw.constants["LOGITS_OFF"], vocab=logits.shape[1], splits=splits,
+        part_off=lw.layout.offset("sample_parts"), ticket_off=lw.layout.offset("tickets:sample")))
+    lw.sample = lw.tasks.add_group(Kind.SAMPLE, desc, lw.config.max_batch * splits, "sample", lw.waits(logits))

@@ -13,7 +13,7 @@ import triton
 
 from codegen.kernel_abi import KERNEL_NAME
 from codegen.layout import CONTROL_FIELDS, STEP_REGIONS
-from codegen.lower import Lowering
+from codegen.lower import Lowering, sample_splits
 from codegen.tasks import DESC_WORDS, MAX_WAITS, TASK_WORDS, Kind
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -28,6 +28,8 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     bk_small = min(bk, 64)  # qkv and expert tiles are [head_dim or block_n, bk]: keep them in registers
     hdp = _pow2(max(16, c.get("HEAD_DIM_MAX", 16)))
+    vocab = lw.graph.outputs["logits"].shape[1]
+    sample_block = min(1024, _pow2(-(-vocab // sample_splits(lw))))  # logits per iteration of the argmax
     calls = {
         Kind.LINEAR: f"linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn}, {bk}, {dot_f32}, "
                      f"{cfg.num_stages})",
@@ -49,7 +51,7 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
                      f"{r.seq_req}, {r.seq_final}, {r.req_num_out}, {r.req_max_tokens}, {r.req_finished}, "
                      f"{r.req_last}, {r.req_seed}, {r.req_top_k}, {r.req_ignore_eos}, "
                      f"{lw.layout.offset('req_temperature')}, {lw.layout.offset('req_top_p')}, {r.out_tokens}, "
-                     f"{cfg.max_new_tokens}, {r.eos_ids}, 1024)",
+                     f"{cfg.max_new_tokens}, {r.eos_ids}, {sample_block})",
     }
     used = sorted({t.kind for t in lw.tasks.tasks})
     return [(int(kind), calls[kind]) for kind in used]

@@ -9,7 +9,7 @@ over temperature-scaled logits restricted by top-k and top-p, with a per-request
 import triton
 import triton.language as tl
 
-SAMPLE_FIELDS = ("logits_off", "vocab")
+SAMPLE_FIELDS = ("logits_off", "vocab", "splits", "part_off", "ticket_off")
 
 
 @triton.jit
@@ -61,47 +61,83 @@ def plan_step(I32, F32, step, CONTROL: tl.constexpr, INPUT_IDS: tl.constexpr, PO
 
 
 @triton.jit
-def sample_task(desc, b, I32, F32, num_seqs, step, CONTROL: tl.constexpr, SEQ_REQ: tl.constexpr,
+def sample_task(desc, tile, I32, F32, num_seqs, step, CONTROL: tl.constexpr, SEQ_REQ: tl.constexpr,
                 SEQ_FINAL: tl.constexpr, REQ_NUM_OUT: tl.constexpr, REQ_MAX_TOKENS: tl.constexpr,
                 REQ_FINISHED: tl.constexpr, REQ_LAST: tl.constexpr, REQ_SEED: tl.constexpr,
                 REQ_TOP_K: tl.constexpr, REQ_IGNORE_EOS: tl.constexpr, REQ_TEMPERATURE: tl.constexpr,
                 REQ_TOP_P: tl.constexpr, OUT_TOKENS: tl.constexpr, MAX_NEW: tl.constexpr, EOS_IDS: tl.constexpr,
                 VB: tl.constexpr):
+    """Task (sequence, vocabulary chunk). Greedy: each chunk's argmax, the last chunk to finish picks the
+    first maximum in order and emits. Sampling (thresholds need the whole row): chunk 0 does it all."""
     logits_off, vocab = tl.load(desc + 0), tl.load(desc + 1).to(tl.int32)
+    splits, part_off, ticket_off = tl.load(desc + 2), tl.load(desc + 3), tl.load(desc + 4)
+    b = tile // splits
+    chunk = tile % splits
     if b < num_seqs:
         if tl.load(I32 + SEQ_FINAL + b) == 1:
             r = tl.load(I32 + SEQ_REQ + b)
             row = logits_off + b * vocab
             temperature = tl.load(F32 + REQ_TEMPERATURE + r)
-            token = _pick(F32, row, vocab, temperature, tl.load(F32 + REQ_TOP_P + r), tl.load(I32 + REQ_TOP_K + r),
-                          tl.load(I32 + REQ_SEED + r), tl.load(I32 + REQ_NUM_OUT + r), VB)
-            _emit(I32, r, token, CONTROL, REQ_NUM_OUT, REQ_MAX_TOKENS, REQ_FINISHED, REQ_LAST, REQ_IGNORE_EOS,
-                  OUT_TOKENS, MAX_NEW, EOS_IDS)
+            token = -1
+            if temperature == 0.0:
+                width = tl.cdiv(tl.cdiv(vocab, splits), VB) * VB
+                lo = (chunk * width).to(tl.int32)
+                best, index = _argmax(F32, row, lo, tl.minimum(vocab, lo + width), VB, 0, 0, 1.0, 0.0, False)
+                if splits == 1:
+                    token = index
+                else:
+                    part = F32 + part_off + b * splits * 2
+                    tl.store(part + chunk * 2, best)
+                    tl.store(part + chunk * 2 + 1, index.to(tl.float32))
+                    tl.debug_barrier()
+                    arrived = tl.atomic_add(F32 + ticket_off + b, 1.0, sem="acq_rel")
+                    tl.debug_barrier()
+                    if arrived == splits - 1:
+                        token = _first_max(part, splits)
+            elif chunk == 0:
+                token = _pick(F32, row, vocab, temperature, tl.load(F32 + REQ_TOP_P + r), tl.load(I32 + REQ_TOP_K + r),
+                              tl.load(I32 + REQ_SEED + r), tl.load(I32 + REQ_NUM_OUT + r), VB)
+            if token >= 0:
+                _emit(I32, r, token, CONTROL, REQ_NUM_OUT, REQ_MAX_TOKENS, REQ_FINISHED, REQ_LAST, REQ_IGNORE_EOS,
+                      OUT_TOKENS, MAX_NEW, EOS_IDS)
 
 
 @triton.jit
-def _argmax(F32, row, vocab, VB: tl.constexpr, noise_seed, noise_index, temperature, cut, use_noise):
-    """argmax over v of z_v (+ Gumbel noise) among z_v >= cut, z = logits / temperature."""
+def _first_max(part, splits):
+    """The token of the largest chunk maximum; the earliest chunk wins a tie, as torch.argmax's first index."""
+    best = float("-inf")
+    token = 0
+    for c in range(0, splits):
+        value = tl.load(part + c * 2)
+        if value > best:
+            best = value
+            token = tl.load(part + c * 2 + 1).to(tl.int32)
+    return token
+
+
+@triton.jit
+def _argmax(F32, row, lo, hi, VB: tl.constexpr, noise_seed, noise_index, temperature, cut, use_noise):
+    """(max, argmax) over v in lo .. hi of z_v (+ Gumbel noise) among z_v >= cut, z = logits / temperature."""
     best_val = float("-inf")
     best_idx = 0
-    for v0 in range(0, vocab, VB):
+    for v0 in range(lo, hi, VB):
         v = v0 + tl.arange(0, VB)
-        z = tl.load(F32 + row + v, mask=v < vocab, other=float("-inf")) / temperature
+        z = tl.load(F32 + row + v, mask=v < hi, other=float("-inf")) / temperature
         if use_noise:
-            u = tl.rand(noise_seed, noise_index * vocab + v)
+            u = tl.rand(noise_seed, noise_index * hi + v)
             z = tl.where(z >= cut, z - tl.log(-tl.log(tl.maximum(u, 1e-10))), float("-inf"))
         m = tl.max(z, 0)
         i = tl.argmax(z, 0)
         if m > best_val:
             best_val = m
             best_idx = (v0 + i).to(tl.int32)
-    return best_idx
+    return best_val, best_idx
 
 
 @triton.jit
 def _pick(F32, row, vocab, temperature, top_p, top_k, seed, index, VB: tl.constexpr):
     if temperature == 0.0:
-        return _argmax(F32, row, vocab, VB, seed, index, 1.0, 0.0, False)
+        return _argmax(F32, row, 0, vocab, VB, seed, index, 1.0, 0.0, False)[1]
     z_max = float("-inf")
     z_min = float("inf")
     for v0 in range(0, vocab, VB):
@@ -115,7 +151,7 @@ def _pick(F32, row, vocab, temperature, top_p, top_k, seed, index, VB: tl.conste
             cut = _bisect_count(F32, row, vocab, temperature, top_k, z_min, z_max, VB)
     if top_p < 1.0:
         cut = tl.maximum(cut, _bisect_mass(F32, row, vocab, temperature, top_p, cut, z_max, VB))
-    return _argmax(F32, row, vocab, VB, seed, index, temperature, cut, True)
+    return _argmax(F32, row, 0, vocab, VB, seed, index, temperature, cut, True)[1]
 
 
 @triton.jit
