@@ -6,7 +6,7 @@ import triton.language as tl
 
 from codegen.bodies.common import round_to, word, word8, word_f32
 
-EMBED_FIELDS = ("table_off", "hidden", "out_off", "out_stats_off")
+EMBED_FIELDS = ("table_off", "hidden", "out_off", "out_stats_off")  # both copy_rows: (source offset, ...)
 GATHER_FIELDS = ("x_off", "hidden", "out_off", "out_stats_off")
 RMS_NORM_FIELDS = ("x_off", "hidden", "stats_off", "norm_w_off", "eps", "out_off", "rows_kind")
 ADD_FIELDS = ("a_off", "b_off", "hidden", "out_off", "out_stats_off", "rows_kind")
@@ -21,33 +21,32 @@ def store_rows(ACT, F32, out_off, hidden, rows, row_ok, cols, col_ok, y, out_sta
 
 
 @triton.jit
-def embed_task(desc, tile, W, ACT, F32, I32, num_tokens, INPUT_IDS: tl.constexpr, BM: tl.constexpr,
-               BN: tl.constexpr):
-    table_off, hidden, out_off, out_stats_off = word8(desc, 0), word8(desc, 1), word8(desc, 2), word(desc, 3)
+def copy_rows(desc, tile, SRC, ACT, F32, index, num_rows, BM: tl.constexpr, BN: tl.constexpr):
+    """out[i, tile's columns] = SRC[src_off + index[i] * hidden + columns] for i < num_rows."""
+    src_off, hidden, out_off, out_stats_off = word8(desc, 0), word8(desc, 1), word8(desc, 2), word(desc, 3)
     cols = tile * BN + tl.arange(0, BN)
     col_ok = cols < hidden
-    for m0 in range(0, num_tokens, BM):
+    for m0 in range(0, num_rows, BM):
         rows = m0 + tl.arange(0, BM)
-        row_ok = rows < num_tokens
-        ids = tl.load(I32 + INPUT_IDS + rows, mask=row_ok, other=0).to(tl.int64)
-        y = tl.load(W + table_off + ids[:, None] * hidden + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
+        row_ok = rows < num_rows
+        src = tl.load(index + rows, mask=row_ok, other=0).to(tl.int64)
+        y = tl.load(SRC + src_off + src[:, None] * hidden + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
                     other=0.0).to(tl.float32)
-        store_rows(ACT, F32, out_off, hidden, rows, row_ok, cols, col_ok, y, out_stats_off, W.dtype.element_ty)
+        store_rows(ACT, F32, out_off, hidden, rows, row_ok, cols, col_ok, y, out_stats_off, ACT.dtype.element_ty)
+
+
+@triton.jit
+def embed_task(desc, tile, W, ACT, F32, I32, num_tokens, INPUT_IDS: tl.constexpr, BM: tl.constexpr,
+               BN: tl.constexpr):
+    """Rows of the embedding table (weights) by token id."""
+    copy_rows(desc, tile, W, ACT, F32, I32 + INPUT_IDS, num_tokens, BM, BN)
 
 
 @triton.jit
 def gather_task(desc, tile, ACT, F32, I32, num_seqs, LOGITS_ROWS: tl.constexpr, BM: tl.constexpr,
                 BN: tl.constexpr):
-    x_off, hidden, out_off, out_stats_off = word8(desc, 0), word8(desc, 1), word8(desc, 2), word(desc, 3)
-    cols = tile * BN + tl.arange(0, BN)
-    col_ok = cols < hidden
-    for m0 in range(0, num_seqs, BM):
-        rows = m0 + tl.arange(0, BM)
-        row_ok = rows < num_seqs
-        src = tl.load(I32 + LOGITS_ROWS + rows, mask=row_ok, other=0).to(tl.int64)
-        y = tl.load(ACT + x_off + src[:, None] * hidden + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
-                    other=0.0).to(tl.float32)
-        store_rows(ACT, F32, out_off, hidden, rows, row_ok, cols, col_ok, y, out_stats_off, ACT.dtype.element_ty)
+    """The activation rows that need logits (each sequence's last token of the step)."""
+    copy_rows(desc, tile, ACT, ACT, F32, I32 + LOGITS_ROWS, num_seqs, BM, BN)
 
 
 @triton.jit
