@@ -47,6 +47,8 @@ class Layout:
         return cls({k: Region(a, o, s) for k, (a, o, s) in d["regions"].items()}, dict(d["sizes"]))
 
 
+# The control words, by index: the planner, the sampler and the waits (bodies/schedule.py, bodies/sync.py)
+# address them as CONTROL + index, so keep this order.
 CONTROL_FIELDS = ("num_tokens", "num_seqs", "done", "step", "num_requests", "num_eos",
                   "error_flag", "error_step", "error_task", "error_event", "error_value", "error_target")
 

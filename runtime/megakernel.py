@@ -68,7 +68,6 @@ class Megakernel:
         is_profiled = getattr(self.config, "profile", False)
         self.profile = torch.zeros(self.tasks.shape[0] * 3 if is_profiled else 1, dtype=torch.int64, device=self.device)
         self.kernel, self.grid = self._load_kernel()
-        self.last_launch_ms = 0.0
 
     @classmethod
     def load(cls, path: Path, device: str | torch.device | None = None, checkpoint_dir: Path | None = None,
@@ -191,7 +190,6 @@ class Megakernel:
                 if time.perf_counter() - start > self.timeout_s:
                     raise HangError(f"the kernel is still running after {self.timeout_s:.0f} s")
                 time.sleep(0.0005)
-        self.last_launch_ms = (time.perf_counter() - start) * 1e3
 
     def _raise_on_hang(self) -> None:
         control = self.region("control")[0]
