@@ -17,6 +17,9 @@ class CompileConfig:
     block_k: int = 512
     expert_block_n: int = 64  # output columns per MoE expert tile (most expert slots are idle at decode)
     block_m: int = 16  # token rows per dot (the minimum tl.dot takes)
+    block_k_dot: int = 64  # input columns per tensor-core chunk (batched decode and prefill)
+    wide_m: int = 64  # prefill tiles: token rows x output columns, shared by a group's tasks
+    wide_n: int = 64
     block_kv: int = 32  # keys per attention block
     num_stages: int = 3  # software pipelining depth of the projections' K loops
     moe_slots: int = 0  # expert slots per MoE layer; 0: min(experts, max_batch * top_k)
@@ -31,7 +34,8 @@ class CompileConfig:
         for name in ("max_batch", "max_tokens_per_step", "max_model_len", "max_new_tokens", "page_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("block_n", "expert_block_n", "block_k", "block_m", "block_kv", "page_size"):
+        for name in ("block_n", "expert_block_n", "block_k", "block_k_dot", "block_m", "wide_m", "wide_n", "block_kv",
+                     "page_size"):
             value = getattr(self, name)
             if value <= 0 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two, got {value}")

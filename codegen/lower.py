@@ -230,7 +230,8 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
         x_off=lw.act(x), x_stride=x.shape[1], k=w.shape[1], w_off=lw.weight(w), n=w.shape[0], out_off=out_off,
         out_stride=out.shape[1], out_f32=int(is_f32), prologue=PROLOGUE_CODES[node.attrs["prologue"]],
         stats_off=lw.stats.get(x.id, -1) if node.attrs["prologue"] == "rms_norm" else -1,
-        norm_w_off=lw.weight(named["norm_w"]) if "norm_w" in named else -1, eps=float(node.attrs["eps"]),
+        # 0 when unused: the body's loads of it are masked off, but its address stays 16-byte aligned
+        norm_w_off=lw.weight(named["norm_w"]) if "norm_w" in named else 0, eps=float(node.attrs["eps"]),
         res_off=lw.act(residual) if residual is not None else -1, res_stride=out.shape[1],
         bias_off=lw.weight(named["bias"]) if "bias" in named else -1, out_stats_off=lw.out_stats(out),
         rows_kind=_rows_kind(x)))
@@ -255,7 +256,7 @@ def _qkv_rope_store(lw: Lowering, node: Node) -> None:
         x_off=lw.act(x), k=x.shape[1], w_off=lw.weight(w), num_q_heads=a["q_size"] // head_dim,
         num_kv_heads=a["kv_size"] // head_dim, head_dim=head_dim, rotary_dim=a["rotary_dim"],
         stats_off=lw.stats.get(x.id, -1) if a["has_norm"] else -1,
-        norm_w_off=lw.weight(named["norm_w"]) if a["has_norm"] else -1, eps=float(a["eps"]),
+        norm_w_off=lw.weight(named["norm_w"]) if a["has_norm"] else 0, eps=float(a["eps"]),
         bias_off=lw.weight(named["bias"]) if a["has_bias"] else -1,
         q_norm_off=lw.weight(named["q_norm_w"]) if a["has_qk_norm"] else -1,
         k_norm_off=lw.weight(named["k_norm_w"]) if a["has_qk_norm"] else -1, qk_eps=float(a["qk_eps"]),

@@ -31,13 +31,13 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     vocab = lw.graph.outputs["logits"].shape[1]
     sample_block = min(1024, _pow2(-(-vocab // sample_splits(lw))))  # logits per iteration of the argmax
     calls = {
-        Kind.LINEAR: f"linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn}, {bk}, {dot_f32}, "
-                     f"{cfg.num_stages})",
+        Kind.LINEAR: f"linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn}, {bk}, {cfg.wide_m}, "
+                     f"{cfg.wide_n}, {cfg.block_k_dot}, {dot_f32}, {cfg.num_stages})",
         Kind.QKV: f"qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, {r.positions}, {r.slots}, "
-                  f"{bm}, {bk_small}, {hdp}, {dot_f32})",
+                  f"{bm}, {bk_small}, {hdp}, {dot_f32}, {cfg.num_stages})",
         Kind.ATTENTION: f"attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_seqs, {r.seq_starts}, "
                         f"{r.context_lens}, {r.seq_req}, {r.req_pages}, {cfg.max_pages_per_seq}, {cfg.page_size}, "
-                        f"{bm}, {cfg.block_kv}, {hdp}, {dot_f32})",
+                        f"{bm}, {cfg.block_kv}, {hdp}, {dot_f32}, {cfg.num_stages})",
         Kind.EMBED: f"embed_task(desc, tile, W, ACT, F32, I32, num_tokens, {r.input_ids}, {bm}, {bn})",
         Kind.GATHER: f"gather_task(desc, tile, ACT, F32, I32, num_seqs, {r.logits_rows}, {bm}, {bn})",
         Kind.RMS_NORM: f"rms_norm_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn})",
@@ -64,10 +64,16 @@ BODIES = Path(__file__).parent / "bodies"
 def inline_bodies() -> str:
     """The task bodies' source, inlined so that the artifact's kernel source stands alone (and its hash,
     the compile-cache key, covers every line of code that runs)."""
-    parts = []
+    parts, defined = [], {}
     for name in BODY_MODULES:
         lines = [line for line in (BODIES / f"{name}.py").read_text().splitlines()
                  if not line.startswith(("import ", "from "))]
+        for line in lines:  # one namespace once inlined: a second definition would silently win
+            if line.startswith("def "):
+                fn = line[4:].split("(")[0]
+                if fn in defined:
+                    raise ValueError(f"task bodies {defined[fn]} and {name} both define {fn}()")
+                defined[fn] = name
         parts.append(f"# ---- codegen/bodies/{name}.py\n" + "\n".join(lines).strip() + "\n")
     return "\n\n".join(parts)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|all]
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=/tmp/blink-cache
 OUT=${OUT:-/tmp/blink-out}; mkdir -p "$OUT"
@@ -19,6 +19,11 @@ if [[ $mode == bench || $mode == all ]]; then
 fi
 if [[ $mode == profile ]]; then
   step "${BENCH_LIMIT:-150}" python -m benchmarks.profile_step --context 512
+fi
+if [[ $mode == measure ]]; then
+  step 150 python -m pytest -q -x -s -m gpu tests/gpu -k "llama3-8b-1]" -p no:cacheprovider
+  step 150 python -m benchmarks.profile_step --context 512
+  step "${BENCH_LIMIT:-270}" python -m benchmarks.decode --decode "${DECODE:-1x512,8x512,64x512}" --ttft "${TTFT:-128,512}" --json "$OUT/decode.json"
 fi
 if [[ $mode == final ]]; then
   step 150 python -m pytest -q -x -s -m gpu tests/gpu -k "llama3-8b-1]" -p no:cacheprovider

@@ -17,13 +17,13 @@ NEG = tl.constexpr(-1.0e30)
 
 @triton.jit
 def attend(q, q_pos, j_lo, j_hi, pages, k_base, v_base, row_stride, d, d_ok, scale, PAGE_SIZE: tl.constexpr,
-           BKV: tl.constexpr, DOT_F32: tl.constexpr):
+           BKV: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr):
     """(running max [BM], sum [BM], unnormalised output [BM, HDP]) over keys j_lo .. j_hi."""
     dt: tl.constexpr = q.dtype
     m_i = tl.full((q.shape[0],), NEG, tl.float32)
     l_i = tl.zeros((q.shape[0],), tl.float32)
     acc = tl.zeros(q.shape, tl.float32)
-    for j0 in range(j_lo, j_hi, BKV):
+    for j0 in tl.range(j_lo, j_hi, BKV, num_stages=STAGES):
         j = j0 + tl.arange(0, BKV)
         j_ok = j < j_hi
         page = tl.load(pages + j // PAGE_SIZE, mask=j_ok, other=0).to(tl.int64)
@@ -54,7 +54,7 @@ def attend(q, q_pos, j_lo, j_hi, pages, k_base, v_base, row_stride, d, d_ok, sca
 def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_seqs, SEQ_STARTS: tl.constexpr,
                    CONTEXT_LENS: tl.constexpr, SEQ_REQ: tl.constexpr, REQ_PAGES: tl.constexpr,
                    PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, BM: tl.constexpr, BKV: tl.constexpr,
-                   HDP: tl.constexpr, DOT_F32: tl.constexpr):
+                   HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr):
     q_off, out_off, H, HKV = word8(desc, 0), word8(desc, 1), word(desc, 2), word(desc, 3)
     HD, layer, scale = word8(desc, 4), word(desc, 5), word_f32(desc, 6)
     splits, part_off, ticket_off = word(desc, 7), word(desc, 8), word(desc, 9)
@@ -82,7 +82,7 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_seqs, SEQ_STARTS
                         mask=r_ok[:, None] & d_ok[None, :], other=0.0)
             chunk = tl.cdiv(tl.cdiv(ctx, splits), BKV) * BKV
             m_i, l_i, acc = attend(q, q_pos, split * chunk, tl.minimum(ctx, (split + 1) * chunk), pages, k_base,
-                                   v_base, HKV * HD, d, d_ok, scale, PAGE_SIZE, BKV, DOT_F32)
+                                   v_base, HKV * HD, d, d_ok, scale, PAGE_SIZE, BKV, DOT_F32, STAGES)
             out_ptr = ACT + out_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
             if splits == 1:
                 tl.store(out_ptr, (acc / l_i[:, None]).to(dt), mask=r_ok[:, None] & d_ok[None, :])
@@ -103,7 +103,7 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_seqs, SEQ_STARTS
                 q_ptr = ACT + q_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
                 q = tl.load(q_ptr, mask=r_ok[:, None] & d_ok[None, :], other=0.0)
                 m_i, l_i, acc = attend(q, q_pos, 0, ctx, pages, k_base, v_base, HKV * HD, d, d_ok, scale, PAGE_SIZE,
-                                       BKV, DOT_F32)
+                                       BKV, DOT_F32, STAGES)
                 out_ptr = ACT + out_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
                 tl.store(out_ptr, (acc / l_i[:, None]).to(dt), mask=r_ok[:, None] & d_ok[None, :])
 

@@ -1,8 +1,17 @@
 """Projection tiles: `fused_linear` and the LM head.
 
-One task computes BN output columns for every row of the step: prologue on the input chunk (RMSNorm from
-the producer's sum of squares, or SiLU-gating), tensor-core dots, bias, residual add, store, and the
-sum of squares of the stored rows when a norm reads the output.
+A task owns BN output columns. Its body: the prologue on each input chunk (RMSNorm from the producer's
+sum of squares, or SiLU-gating), the products, then bias, residual add, store, and the sum of squares of
+the stored rows when a norm reads the output.
+
+Three shapes of the same computation, by the number of rows in the step:
+- one row (batch-1 decode): a GEMV streaming [BN, BK] weight chunks into an fp32 [BN, BK] accumulator,
+  reduced once at the end;
+- a few rows (batched decode): tensor-core dots over BM-row blocks of this task's BN columns;
+- many rows (prefill): the group's tasks share the [BMW, BNW] tiles of the whole output, so each weight
+  and input chunk feeds a wide tensor-core tile instead of being read once per BN columns.
+Every K loop loads unconditionally (masks only, no branches), so Triton's pipeliner keeps STAGES chunks of
+weights and inputs in flight through shared memory.
 """
 import triton
 import triton.language as tl
@@ -16,58 +25,36 @@ PROLOGUE_CODES = {"none": 0, "rms_norm": 1, "silu_mul": 2}
 
 
 @triton.jit
-def load_input_chunk(ACT, W, F32, x_off, x_stride, K, rows, row_ok, ks, k_ok, prologue, inv, norm_w_off,
-                     dt: tl.constexpr):
-    """The [BM, BK] input chunk after the prologue, in fp32 (values rounded to the model dtype)."""
-    mask = row_ok[:, None] & k_ok[None, :]
-    x = tl.load(ACT + x_off + rows[:, None] * x_stride + ks[None, :], mask=mask, other=0.0).to(tl.float32)
-    if prologue == 1:
-        nw = tl.load(W + norm_w_off + ks, mask=k_ok, other=0.0).to(tl.float32)
-        x = round_to(round_to(x * inv[:, None], dt) * nw[None, :], dt)
-    elif prologue == 2:
-        up = tl.load(ACT + x_off + rows[:, None] * x_stride + K + ks[None, :], mask=mask, other=0.0).to(tl.float32)
-        x = round_to(round_to(x / (1.0 + tl.exp(-x)), dt) * up, dt)
-    return x
+def apply_prologue(x, aux, inv, prologue, dt: tl.constexpr):
+    """The input chunk after the prologue, in fp32 rounded to the model dtype; branch-free. `aux` is the
+    RMSNorm weight (prologue 1) or the up half of the gate/up output (prologue 2); `inv` the rows'
+    1/rms."""
+    normed = round_to(round_to(x * inv, dt) * aux, dt)
+    gated = round_to(round_to(x / (1.0 + tl.exp(-x)), dt) * aux, dt)
+    return tl.where(prologue == 1, normed, tl.where(prologue == 2, gated, x))
 
 
 @triton.jit
-def project_rows(desc, tile, W, ACT, F32, m0, num_rows, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                 USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr):
-    """Output rows m0 .. m0 + ROWS of this tile: tensor-core dots for row blocks, or for a single row
-    (batch-1 decode) a GEMV whose fp32 accumulator is one value per output column."""
-    x_off, x_stride, K = word8(desc, 0), word8(desc, 1), word8(desc, 2)
-    w_off, N, out_off, out_stride = word8(desc, 3), word(desc, 4), word8(desc, 5), word(desc, 6)
-    out_f32, prologue, stats_off, norm_w_off = word(desc, 7), word(desc, 8), word(desc, 9), word(desc, 10)
-    eps, res_off, res_stride = word_f32(desc, 11), word(desc, 12), word8(desc, 13)
-    bias_off, out_stats_off = word(desc, 14), word(desc, 15)
-    dt: tl.constexpr = W.dtype.element_ty
-    cols = tile * BN + tl.arange(0, BN)
-    col_ok = cols < N
-    rows = m0 + tl.arange(0, ROWS)
-    row_ok = rows < num_rows
+def row_inv_rms(F32, stats_off, rows, row_ok, K, eps, prologue):
+    """1/rms of each row from the sum of squares its producer accumulated (1 where no norm applies)."""
     sumsq = tl.load(F32 + stats_off + rows, mask=row_ok & (prologue == 1), other=1.0)
-    inv = tl.rsqrt(sumsq / K.to(tl.float32) + eps)
-    acc = tl.zeros((ROWS, BN), tl.float32)
-    w_rows = W + w_off + cols[:, None] * K
-    w_next = tl.load(w_rows + tl.arange(0, BK)[None, :], mask=col_ok[:, None] & (tl.arange(0, BK) < K)[None, :],
-                     other=0.0)
-    for k0 in tl.range(0, K, BK, num_stages=STAGES):
-        # the next chunk of weights is in flight while this one is used: weights never wait on activations
-        w = w_next
-        nks = k0 + BK + tl.arange(0, BK)
-        w_next = tl.load(w_rows + nks[None, :], mask=col_ok[:, None] & (nks < K)[None, :], other=0.0)
-        ks = k0 + tl.arange(0, BK)
-        k_ok = ks < K
-        x = load_input_chunk(ACT, W, F32, x_off, x_stride, K, rows, row_ok, ks, k_ok, prologue, inv, norm_w_off, dt)
-        if USE_DOT:
-            if DOT_F32:
-                acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
-            else:
-                acc += tl.dot(x.to(dt), tl.trans(w))
-        else:
-            acc += tl.sum(w.to(tl.float32) * x, 1)[None, :]
+    return tl.where(prologue == 1, tl.rsqrt(sumsq / K.to(tl.float32) + eps), 1.0)
+
+
+@triton.jit
+def aux_pointer(W, ACT, x_off, K, norm_w_off, prologue):
+    """Where the prologue's second operand lives: the norm weight (one row) or the up half (row stride)."""
+    return tl.where(prologue == 2, ACT + x_off + K, W + norm_w_off)
+
+
+@triton.jit
+def linear_epilogue(desc, y, rows, row_ok, cols, col_ok, W, ACT, F32):
+    """Epilogue of a [rows, cols] block of fp32 products: bias, residual, store, output statistics."""
+    out_off, out_stride, out_f32 = word8(desc, 5), word(desc, 6), word(desc, 7)
+    res_off, res_stride, bias_off, out_stats_off = word(desc, 12), word8(desc, 13), word(desc, 14), word(desc, 15)
+    dt: tl.constexpr = W.dtype.element_ty
     bias = tl.load(W + bias_off + cols, mask=col_ok & (bias_off >= 0), other=0.0).to(tl.float32)
-    y = round_to(acc + bias[None, :], dt)
+    y = round_to(y + bias[None, :], dt)
     mask = row_ok[:, None] & col_ok[None, :]
     if res_off >= 0:
         res = tl.load(ACT + res_off + rows[:, None] * res_stride + cols[None, :], mask=mask, other=0.0)
@@ -81,11 +68,77 @@ def project_rows(desc, tile, W, ACT, F32, m0, num_rows, ROWS: tl.constexpr, BN: 
 
 
 @triton.jit
+def gemv_row(desc, tile, W, ACT, F32, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr):
+    """Batch-1 decode: one input row times this task's BN weight rows."""
+    x_off, K, w_off, N = word8(desc, 0), word8(desc, 2), word8(desc, 3), word(desc, 4)
+    prologue, stats_off, norm_w_off, eps = word(desc, 8), word(desc, 9), word8(desc, 10), word_f32(desc, 11)
+    dt: tl.constexpr = W.dtype.element_ty
+    cols = tile * BN + tl.arange(0, BN)
+    col_ok = cols < N
+    row = tl.arange(0, 1)
+    inv = row_inv_rms(F32, stats_off, row, row < 1, K, eps, prologue)
+    aux_ptr = aux_pointer(W, ACT, x_off, K, norm_w_off, prologue)
+    w_rows = W + w_off + cols[:, None].to(tl.int64) * K
+    acc = tl.zeros((BN, BK), tl.float32)
+    for k0 in tl.range(0, K, BK, num_stages=STAGES):
+        ks = k0 + tl.arange(0, BK)
+        k_ok = ks < K
+        w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(ACT + x_off + ks, mask=k_ok, other=0.0).to(tl.float32)
+        aux = tl.load(aux_ptr + ks, mask=k_ok & (prologue != 0), other=0.0).to(tl.float32)
+        x = apply_prologue(x[None, :], aux[None, :], inv[:, None], prologue, dt)
+        acc += w.to(tl.float32) * x
+    linear_epilogue(desc, tl.sum(acc, 1)[None, :], row, row < 1, cols, col_ok, W, ACT, F32)
+
+
+@triton.jit
+def dot_block(desc, m0, n0, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+              DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+    """Rows m0 .. m0 + BM times weight rows n0 .. n0 + BN on tensor cores, with the epilogue."""
+    x_off, x_stride, K = word8(desc, 0), word8(desc, 1), word8(desc, 2)
+    w_off, N, prologue, stats_off = word8(desc, 3), word(desc, 4), word(desc, 8), word(desc, 9)
+    norm_w_off, eps = word8(desc, 10), word_f32(desc, 11)
+    dt: tl.constexpr = W.dtype.element_ty
+    cols = n0 + tl.arange(0, BN)
+    col_ok = cols < N
+    rows = m0 + tl.arange(0, BM)
+    row_ok = rows < num_rows
+    inv = row_inv_rms(F32, stats_off, rows, row_ok, K, eps, prologue)
+    x_rows = ACT + x_off + rows[:, None].to(tl.int64) * x_stride
+    # the norm weight is one row (stride 0); the up half has the input's row stride
+    aux_rows = aux_pointer(W, ACT, x_off, K, norm_w_off, prologue) + tl.where(
+        prologue == 2, rows[:, None].to(tl.int64) * x_stride, 0)
+    w_rows = W + w_off + cols[:, None].to(tl.int64) * K
+    acc = tl.zeros((BM, BN), tl.float32)
+    for k0 in tl.range(0, K, BK, num_stages=STAGES):
+        ks = k0 + tl.arange(0, BK)
+        k_ok = ks < K
+        w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        x_mask = row_ok[:, None] & k_ok[None, :]
+        x = tl.load(x_rows + ks[None, :], mask=x_mask, other=0.0).to(tl.float32)
+        aux = tl.load(aux_rows + ks[None, :], mask=x_mask & (prologue != 0), other=0.0).to(tl.float32)
+        x = apply_prologue(x, aux, inv[:, None], prologue, dt)
+        if DOT_F32:
+            acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
+        else:
+            acc += tl.dot(x.to(dt), tl.trans(w))
+    linear_epilogue(desc, acc, rows, row_ok, cols, col_ok, W, ACT, F32)
+
+
+@triton.jit
 def linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+                BK: tl.constexpr, BMW: tl.constexpr, BNW: tl.constexpr, BKD: tl.constexpr,
+                DOT_F32: tl.constexpr, STAGES: tl.constexpr):
     num_rows = tl.where(word(desc, 16) == 1, num_seqs, num_tokens)
     if num_rows == 1:
-        project_rows(desc, tile, W, ACT, F32, 0, num_rows, 1, BN, BK, False, DOT_F32, STAGES)
-    else:
+        gemv_row(desc, tile, W, ACT, F32, BN, BK, STAGES)
+    elif num_rows <= BMW:
         for m0 in range(0, num_rows, BM):
-            project_rows(desc, tile, W, ACT, F32, m0, num_rows, BM, BN, BK, True, DOT_F32, STAGES)
+            dot_block(desc, m0, tile * BN, num_rows, W, ACT, F32, BM, BN, BKD, DOT_F32, STAGES)
+    else:  # prefill: this task takes every num_tasks-th wide tile, row blocks innermost (weights shared in L2)
+        N = word(desc, 4)
+        num_tasks = tl.cdiv(N, BN)
+        row_blocks = tl.cdiv(num_rows, BMW)
+        for item in range(tile, row_blocks * tl.cdiv(N, BNW), num_tasks):
+            dot_block(desc, (item % row_blocks) * BMW, (item // row_blocks) * BNW, num_rows, W, ACT, F32,
+                      BMW, BNW, BKD, DOT_F32, STAGES)

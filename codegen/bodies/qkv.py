@@ -4,6 +4,7 @@ import triton
 import triton.language as tl
 
 from codegen.bodies.common import round_to, word, word8, word_f32
+from codegen.bodies.linear import apply_prologue, row_inv_rms
 
 QKV_FIELDS = ("x_off", "k", "w_off", "num_q_heads", "num_kv_heads", "head_dim", "rotary_dim", "stats_off",
               "norm_w_off", "eps", "bias_off", "q_norm_off", "k_norm_off", "qk_eps", "q_out_off", "layer",
@@ -33,31 +34,39 @@ def head_norm(y, d_ok, W, norm_off, HD, eps, dt: tl.constexpr):
 
 @triton.jit
 def head_partial(desc, head, k_lo, k_hi, rows, row_ok, W, ACT, F32, BK: tl.constexpr, HDP: tl.constexpr,
-                 DOT_F32: tl.constexpr):
-    """[BM, HDP] fp32 partial projection of one head over input columns k_lo .. k_hi (RMSNorm prologue)."""
+                 DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+    """[rows, HDP] fp32 partial projection of one head over input columns k_lo .. k_hi (RMSNorm prologue).
+    One row streams as a GEMV ([HDP, BK] fp32 accumulator, reduced at the end), more on tensor cores."""
     x_off, K, w_off, HD = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 5)
-    stats_off, norm_w_off, eps, has_norm = word(desc, 7), word(desc, 8), word_f32(desc, 9), word(desc, 17)
+    stats_off, norm_w_off, eps, has_norm = word(desc, 7), word8(desc, 8), word_f32(desc, 9), word(desc, 17)
     dt: tl.constexpr = W.dtype.element_ty
+    prologue = tl.where(has_norm == 1, 1, 0)
     cols = tl.arange(0, HDP)
     d_ok = cols < HD
-    wrows = head * HD + cols
-    sumsq = tl.load(F32 + stats_off + rows, mask=row_ok & (has_norm == 1), other=1.0)
-    inv = tl.rsqrt(sumsq / K.to(tl.float32) + eps)
-    acc = tl.zeros((rows.shape[0], HDP), tl.float32)
-    for k0 in range(k_lo, k_hi, BK):
+    w_rows = W + w_off + (head * HD + cols)[:, None].to(tl.int64) * K
+    inv = row_inv_rms(F32, stats_off, rows, row_ok, K, eps, prologue)
+    x_rows = ACT + x_off + rows[:, None].to(tl.int64) * K
+    if rows.shape[0] == 1:
+        acc = tl.zeros((HDP, BK), tl.float32)
+    else:
+        acc = tl.zeros((rows.shape[0], HDP), tl.float32)
+    for k0 in tl.range(k_lo, k_hi, BK, num_stages=STAGES):
         ks = k0 + tl.arange(0, BK)
         k_ok = ks < k_hi
-        x = tl.load(ACT + x_off + rows[:, None] * K + ks[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                    other=0.0).to(tl.float32)
-        if has_norm == 1:
-            nw = tl.load(W + norm_w_off + ks, mask=k_ok, other=0.0).to(tl.float32)
-            x = round_to(round_to(x * inv[:, None], dt) * nw[None, :], dt)
-        w = tl.load(W + w_off + wrows[:, None] * K + ks[None, :], mask=d_ok[:, None] & k_ok[None, :], other=0.0)
-        if DOT_F32:
+        w = tl.load(w_rows + ks[None, :], mask=d_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        nw = tl.load(W + norm_w_off + ks, mask=k_ok & (has_norm == 1), other=0.0).to(tl.float32)
+        x = apply_prologue(x, nw[None, :], inv[:, None], prologue, dt)
+        if rows.shape[0] == 1:
+            acc += w.to(tl.float32) * x
+        elif DOT_F32:
             acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
         else:
             acc += tl.dot(x.to(dt), tl.trans(w))
-    return acc
+    if rows.shape[0] == 1:
+        return tl.sum(acc, 1)[None, :]
+    else:
+        return acc
 
 
 @triton.jit
@@ -89,36 +98,50 @@ def head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane,
 
 
 @triton.jit
+def split_head(desc, head, split, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS: tl.constexpr,
+               SLOTS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, HDP: tl.constexpr, DOT_F32: tl.constexpr,
+               STAGES: tl.constexpr):
+    """A decode step's share of one head: K columns split .. of `splits`; the last split to finish (a ticket
+    counter the planner zeroes every step) sums the fp32 partials in order and runs the epilogue."""
+    K, splits, part_off, ticket_off = word8(desc, 1), word(desc, 19), word(desc, 20), word(desc, 21)
+    chunk = tl.cdiv(tl.cdiv(K, splits), BK) * BK
+    k_lo = split * chunk
+    k_hi = tl.multiple_of(tl.minimum(K, k_lo + chunk), 8)  # both are: keeps the K mask vector-wide
+    acc = head_partial(desc, head, k_lo, k_hi, rows, row_ok, W, ACT, F32, BK, HDP, DOT_F32, STAGES)
+    if splits == 1:
+        head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP)
+    else:
+        parts = F32 + part_off + (head * splits) * (BM * HDP) + rows[:, None] * HDP + tl.arange(0, HDP)[None, :]
+        tl.store(parts + split * (BM * HDP), acc)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(F32 + ticket_off + head, 1.0, sem="acq_rel")
+        tl.debug_barrier()
+        if arrived == splits - 1:
+            total = tl.zeros(acc.shape, tl.float32)
+            for s in range(0, splits):
+                total += tl.load(parts + s * (BM * HDP))
+            head_epilogue(desc, head, total, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP)
+
+
+@triton.jit
 def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: tl.constexpr,
-             SLOTS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, HDP: tl.constexpr, DOT_F32: tl.constexpr):
-    """Task (head, split). A decode step (one row block) splits each head's K range over `splits` tasks:
-    each stores an fp32 partial, and the last to finish (a ticket counter the planner zeroes every step)
-    sums them in order and runs the epilogue. Prefill steps split the head's row blocks instead."""
-    K, splits, part_off, ticket_off = word(desc, 1), word(desc, 19), word(desc, 20), word(desc, 21)
+             SLOTS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, HDP: tl.constexpr, DOT_F32: tl.constexpr,
+             STAGES: tl.constexpr):
+    """Task (head, split). A decode step (one row block) splits each head's K range over `splits` tasks;
+    prefill steps split the head's row blocks instead."""
+    splits = word(desc, 19)
     head = tile // splits
     split = tile % splits
-    if num_tokens <= BM:
-        rows = tl.arange(0, BM)
-        row_ok = rows < num_tokens
-        chunk = tl.cdiv(tl.cdiv(K, splits), BK) * BK
-        k_lo = split * chunk
-        acc = head_partial(desc, head, k_lo, tl.minimum(K, k_lo + chunk), rows, row_ok, W, ACT, F32, BK, HDP, DOT_F32)
-        if splits == 1:
-            head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP)
-        else:
-            parts = F32 + part_off + (head * splits) * (BM * HDP) + rows[:, None] * HDP + tl.arange(0, HDP)[None, :]
-            tl.store(parts + split * (BM * HDP), acc)
-            tl.debug_barrier()
-            arrived = tl.atomic_add(F32 + ticket_off + head, 1.0, sem="acq_rel")
-            tl.debug_barrier()
-            if arrived == splits - 1:
-                total = tl.zeros((BM, HDP), tl.float32)
-                for s in range(0, splits):
-                    total += tl.load(parts + s * (BM * HDP))
-                head_epilogue(desc, head, total, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP)
+    if num_tokens == 1:
+        split_head(desc, head, split, tl.arange(0, 1), tl.arange(0, 1) < 1, W, ACT, F32, I32, KV, kv_plane,
+                   POSITIONS, SLOTS, BM, BK, HDP, DOT_F32, STAGES)
+    elif num_tokens <= BM:
+        split_head(desc, head, split, tl.arange(0, BM), tl.arange(0, BM) < num_tokens, W, ACT, F32, I32, KV,
+                   kv_plane, POSITIONS, SLOTS, BM, BK, HDP, DOT_F32, STAGES)
     else:  # prefill: the splits share the row blocks instead
+        K = word8(desc, 1)
         for m0 in range(split * BM, num_tokens, splits * BM):
             rows = m0 + tl.arange(0, BM)
             row_ok = rows < num_tokens
-            acc = head_partial(desc, head, 0, K, rows, row_ok, W, ACT, F32, BK, HDP, DOT_F32)
+            acc = head_partial(desc, head, 0, K, rows, row_ok, W, ACT, F32, BK, HDP, DOT_F32, STAGES)
             head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP)
