@@ -23,7 +23,7 @@ class CompileConfig:
     block_kv: int = 32  # keys per attention block
     num_stages: int = 3  # software pipelining depth of the projections' K loops
     moe_slots: int = 0  # expert slots per MoE layer; 0: min(experts, max_batch * top_k)
-    attention_splits: int = 0  # tasks per (sequence, KV head) at decode; 0: one per 256 keys of max_model_len
+    attention_splits: int = 0  # tasks per (sequence, KV head) at decode; 0: ~256 tasks per layer
     sample_splits: int = 0  # tasks per sequence for greedy sampling; 0: one per ~8192 logits
     qkv_splits: int = 0  # tasks per QKV head at decode (split K, last one runs the epilogue); 0: ~128 KB each
     spin_limit: int = 1 << 26  # spins before a wait is reported as a hang

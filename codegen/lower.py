@@ -17,7 +17,7 @@ from codegen.bodies.rows import ADD_FIELDS, EMBED_FIELDS, GATHER_FIELDS, RMS_NOR
 from codegen.bodies.schedule import SAMPLE_FIELDS
 from codegen.config import CompileConfig
 from codegen.layout import Layout, add_step_regions
-from codegen.tasks import Kind, TaskGraph, Wait
+from codegen.tasks import Kind, Prefetch, TaskGraph, Wait
 from ir.graph import Graph, Node, Value
 from ir.ops.fused import fused_linear_inputs, qkv_rope_store_inputs
 
@@ -124,8 +124,9 @@ def _allocate(lw: Lowering) -> None:
     lw.layout.alloc("sample_parts", "F32", cfg.max_batch * sample_splits(lw) * 2)
     if attention_nodes:  # one scratch for every layer, as for the QKV parts
         head_dim = _pow2(max(16, max(n.attrs["head_dim"] for n in attention_nodes)))
-        lw.layout.alloc("attention_parts", "F32", cfg.max_batch * max(n.attrs["num_kv_heads"] for n in attention_nodes)
-                        * attention_splits(cfg) * cfg.block_m * (head_dim + 2))
+        lw.layout.alloc("attention_parts", "F32", cfg.max_batch * max(
+            n.attrs["num_kv_heads"] * attention_splits(cfg, n.attrs["num_kv_heads"]) for n in attention_nodes)
+            * cfg.block_m * (head_dim + 2))
     if qkv_nodes:  # one scratch for every layer: layer l + 1's QKV starts after layer l's is done
         lw.layout.alloc("qkv_parts", "F32", max(_qkv_heads(n) * qkv_splits(lw, n) for n in qkv_nodes)
                         * cfg.block_m * _pow2(max(16, max(n.attrs["head_dim"] for n in qkv_nodes))))
@@ -145,9 +146,28 @@ def sample_splits(lw: Lowering) -> int:
     return lw.config.sample_splits or max(1, min(32, -(-vocab // 8192)))
 
 
-def attention_splits(config: CompileConfig) -> int:
-    """Tasks per (sequence, KV head) at decode: about 256 keys each at the longest context."""
-    return config.attention_splits or max(1, min(16, config.max_model_len // 256))
+def attention_splits(config: CompileConfig, num_kv_heads: int) -> int:
+    """Tasks per (sequence, KV head) at decode: enough for about 256 tasks per layer at full batch (a
+    decode step's attention is latency, not bandwidth: short tasks side by side), each at least a key block."""
+    if config.attention_splits:
+        return config.attention_splits
+    return max(1, min(32, 256 // (config.max_batch * num_kv_heads), config.max_model_len // config.block_kv))
+
+
+PREFETCH_BYTES = 32 << 10  # per task: about the first two pipeline stages of a projection tile
+
+
+def qkv_block_k(lw: Lowering) -> int:
+    """The QKV body's K chunk (codegen/render.py passes the same)."""
+    return min(lw.config.block_k, 64)
+
+
+def _prefetch_rows(offset: int, stride: int, rows: int, row_elems: int, itemsize: int) -> Prefetch:
+    """The first PREFETCH_BYTES of `rows` weight rows of `row_elems` elements, `stride` elements apart."""
+    if rows <= 0 or row_elems <= 0:
+        return Prefetch()
+    row_bytes = min(row_elems * itemsize, max(16, PREFETCH_BYTES // rows)) // 16 * 16
+    return Prefetch(offset, stride * itemsize, rows, row_bytes) if row_bytes else Prefetch()
 
 
 def qkv_splits(lw: Lowering, node: Node) -> int:
@@ -156,7 +176,7 @@ def qkv_splits(lw: Lowering, node: Node) -> int:
         return lw.config.qkv_splits
     k = node.inputs[0].shape[1]
     head_bytes = node.attrs["head_dim"] * k * node.inputs[0].dtype.itemsize
-    return max(1, min(8, head_bytes // (128 << 10), k // min(lw.config.block_k, 64)))
+    return max(1, min(8, head_bytes // (128 << 10), k // qkv_block_k(lw)))
 
 
 def _values_read_by_norms(graph: Graph) -> list[Value]:
@@ -237,7 +257,10 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
         rows_kind=_rows_kind(x)))
     waits = lw.waits(x, *([residual] if residual is not None else []))
     name = "lm_head" if is_f32 else w.name
-    lw.ready[out.id] = lw.tasks.add_group(Kind.LINEAR, desc, lw.column_tiles(w.shape[0]), name, waits)
+    n, k, bn = w.shape[0], w.shape[1], lw.config.block_n
+    lw.ready[out.id] = lw.tasks.add_group(
+        Kind.LINEAR, desc, lw.column_tiles(n), name, waits,
+        lambda tile: _prefetch_rows(lw.weight(w) + tile * bn * k, k, min(bn, n - tile * bn), k, w.dtype.itemsize))
 
 
 @lowering("qkv_rope_store")
@@ -263,7 +286,16 @@ def _qkv_rope_store(lw: Lowering, node: Node) -> None:
         q_out_off=lw.act(q), layer=layer, inv_freq_off=lw.layout.offset(rope_key),
         has_norm=int(a["has_norm"]), has_qk_norm=int(a["has_qk_norm"]), splits=qkv_splits(lw, node),
         part_off=lw.layout.offset("qkv_parts"), ticket_off=lw.layout.offset(f"tickets:v{q.id}")))
-    done = lw.tasks.add_group(Kind.QKV, desc, _qkv_heads(node) * qkv_splits(lw, node), f"qkv.{layer}", lw.waits(x))
+    k, splits = x.shape[1], qkv_splits(lw, node)
+    chunk = -(-(-(-k // splits)) // qkv_block_k(lw)) * qkv_block_k(lw)  # as the body splits K
+
+    def prefetch(tile: int) -> Prefetch:
+        head, split = divmod(tile, splits)
+        lo = min(k, split * chunk)
+        return _prefetch_rows(lw.weight(w) + head * head_dim * k + lo, k, head_dim, min(k, lo + chunk) - lo,
+                              w.dtype.itemsize)
+
+    done = lw.tasks.add_group(Kind.QKV, desc, _qkv_heads(node) * splits, f"qkv.{layer}", lw.waits(x), prefetch)
     lw.ready[q.id] = lw.ready[new_cache.id] = done
     lw.constants["HEAD_DIM_MAX"] = max(lw.constants.get("HEAD_DIM_MAX", 0), head_dim)
 
@@ -275,9 +307,9 @@ def _paged_attention(lw: Lowering, node: Node) -> None:
     layer = int(cache.name.rsplit(".", 1)[1]) if cache.name else _layer_of(lw, cache)
     desc = lw.tasks.add_desc(ATTENTION_FIELDS, dict(
         q_off=lw.act(q), out_off=lw.act(node.output), num_heads=a["num_heads"], num_kv_heads=a["num_kv_heads"],
-        head_dim=a["head_dim"], layer=layer, scale=float(a["scale"]), splits=attention_splits(lw.config),
+        head_dim=a["head_dim"], layer=layer, scale=float(a["scale"]), splits=attention_splits(lw.config, a["num_kv_heads"]),
         part_off=lw.layout.offset("attention_parts"), ticket_off=lw.layout.offset(f"tickets:v{node.output.id}")))
-    num_tiles = lw.config.max_batch * a["num_kv_heads"] * attention_splits(lw.config)
+    num_tiles = lw.config.max_batch * a["num_kv_heads"] * attention_splits(lw.config, a["num_kv_heads"])
     lw.ready[node.output.id] = lw.tasks.add_group(Kind.ATTENTION, desc, num_tiles, f"attention.{layer}",
                                                   lw.waits(q, cache))
 

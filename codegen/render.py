@@ -13,7 +13,7 @@ import triton
 
 from codegen.kernel_abi import KERNEL_NAME
 from codegen.layout import STEP_REGIONS
-from codegen.lower import Lowering, sample_splits
+from codegen.lower import qkv_block_k, Lowering, sample_splits
 from codegen.tasks import DESC_WORDS, MAX_WAITS, TASK_WORDS, Kind
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -26,12 +26,12 @@ def _pow2(n: int) -> int:
 def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     cfg, c, r = lw.config, lw.constants, SimpleNamespace(**{k: lw.layout.offset(k) for k in STEP_REGIONS})
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    bk_small = min(bk, 64)  # qkv and expert tiles are [head_dim or block_n, bk]: keep them in registers
+    bk_small = qkv_block_k(lw)  # qkv and expert tiles are [head_dim or block_n, bk]: keep them in registers
     hdp = _pow2(max(16, c.get("HEAD_DIM_MAX", 16)))
     vocab = lw.graph.outputs["logits"].shape[1]
     sample_block = min(1024, _pow2(-(-vocab // sample_splits(lw))))  # logits per iteration of the argmax
     calls = {
-        Kind.LINEAR: f"linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn}, {bk}, {cfg.wide_m}, "
+        Kind.LINEAR: f"linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn}, {bk}, {max(16, bk // 2)}, {cfg.wide_m}, "
                      f"{cfg.wide_n}, {cfg.block_k_dot}, {dot_f32}, {cfg.num_stages})",
         Kind.QKV: f"qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, {r.positions}, {r.slots}, "
                   f"{bm}, {bk_small}, {hdp}, {dot_f32}, {cfg.num_stages})",
@@ -92,5 +92,6 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
         max_tokens_per_step=cfg.max_tokens_per_step, stats_off=lw.constants["STATS_OFF"],
         stats_size=lw.constants["STATS_SIZE"], chunk=128, task_words=TASK_WORDS, desc_words=DESC_WORDS,
         max_waits=MAX_WAITS, profile=cfg.profile and not cfg.interpret, profile_step=cfg.profile_step,
+        prefetch=not cfg.interpret,  # inline PTX: the interpreter cannot run it
     )
     return env.get_template("megakernel.py.j2").render(**context)

@@ -1,18 +1,20 @@
 """The task graph: descriptors, tasks and events, encoded as the int64 tables the megakernel reads.
 
-A task is (kind, descriptor row, tile, the event it signals, up to three waits). A wait (event, count,
-lag) is satisfied in step s when `events[event] >= count * (s + 1 - lag)`: counters only grow, so nothing
-is reset between steps.
+A task is (kind, descriptor row, tile, the event it signals, up to three waits, an L2 prefetch). A wait
+(event, count, lag) is satisfied in step s when `events[event] >= count * (s + 1 - lag)`: counters only
+grow, so nothing is reset between steps. The prefetch names weights the task will stream whatever its
+inputs are: the kernel asks for them before waiting, so they arrive while the producers finish.
 """
 from __future__ import annotations
 
 import enum
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-TASK_WORDS = 16
+TASK_WORDS = 17  # kind, desc, tile, signal, 3 x (event, count, lag), 4 prefetch words
 DESC_WORDS = 24
 MAX_WAITS = 3
 
@@ -40,12 +42,25 @@ class Wait:
 
 
 @dataclass(frozen=True)
+class Prefetch:
+    """`rows` segments of `row_bytes` bytes, `stride` elements apart, from element `offset` of W."""
+    offset: int = 0
+    stride: int = 0
+    rows: int = 0
+    row_bytes: int = 0
+
+    def words(self) -> list[int]:
+        return [self.offset, self.stride, self.rows, self.row_bytes]
+
+
+@dataclass(frozen=True)
 class Task:
     kind: Kind
     desc: int
     tile: int
     signal: int
     waits: tuple[Wait, ...] = ()
+    prefetch: Prefetch = Prefetch()
 
 
 def float_word(x: float) -> int:
@@ -73,12 +88,14 @@ class TaskGraph:
         self.descs.append(row + [0] * (DESC_WORDS - len(row)))
         return len(self.descs) - 1
 
-    def add_group(self, kind: Kind, desc: int, num_tiles: int, name: str, waits: tuple[Wait, ...]) -> Wait:
+    def add_group(self, kind: Kind, desc: int, num_tiles: int, name: str, waits: tuple[Wait, ...],
+                  prefetch: Callable[[int], Prefetch] | None = None) -> Wait:
         """`num_tiles` tasks that all signal one new event; returns the wait that covers them."""
         if len(waits) > MAX_WAITS:
             raise ValueError(f"{name}: {len(waits)} waits, at most {MAX_WAITS}")
         event = self.new_event(name)
-        self.tasks += [Task(kind, desc, tile, event, waits) for tile in range(num_tiles)]
+        self.tasks += [Task(kind, desc, tile, event, waits, prefetch(tile) if prefetch else Prefetch())
+                       for tile in range(num_tiles)]
         return Wait(event, num_tiles)
 
     def task_table(self) -> torch.Tensor:
@@ -86,7 +103,7 @@ class TaskGraph:
         for t in self.tasks:
             waits = [w for wait in t.waits for w in (wait.event, wait.count, wait.lag)]
             waits += [-1, 0, 0] * (MAX_WAITS - len(t.waits))
-            rows.append([int(t.kind), t.desc, t.tile, t.signal, *waits] + [0] * (TASK_WORDS - 4 - 3 * MAX_WAITS))
+            rows.append([int(t.kind), t.desc, t.tile, t.signal, *waits, *t.prefetch.words()])
         return torch.tensor(rows, dtype=torch.int64)
 
     def desc_table(self) -> torch.Tensor:

@@ -24,6 +24,9 @@ if [[ $mode == measure ]]; then
   step 150 python -m pytest -q -x -s -m gpu tests/gpu -k "llama3-8b-1]" -p no:cacheprovider
   step 150 python -m benchmarks.profile_step --context 512
   step "${BENCH_LIMIT:-270}" python -m benchmarks.decode --decode "${DECODE:-1x512,8x512,64x512}" --ttft "${TTFT:-128,512}" --json "$OUT/decode.json"
+  for sweep in ${SWEEP:-}; do  # e.g. SWEEP="16x512:4 16x1024:3": tiles and pipeline stages at batch 1
+    step 90 python -m benchmarks.megakernel_tpot --batch 1 --context 512 --tiles "${sweep%%:*}" --stages "${sweep##*:}"
+  done
 fi
 if [[ $mode == final ]]; then
   step 150 python -m pytest -q -x -s -m gpu tests/gpu -k "llama3-8b-1]" -p no:cacheprovider

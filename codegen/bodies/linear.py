@@ -127,14 +127,16 @@ def dot_block(desc, m0, n0, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
 
 @triton.jit
 def linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr, BMW: tl.constexpr, BNW: tl.constexpr, BKD: tl.constexpr,
+                BK: tl.constexpr, BKM: tl.constexpr, BMW: tl.constexpr, BNW: tl.constexpr, BKD: tl.constexpr,
                 DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+    """BK, BKM, BKD: the K chunk of the GEMV, of the few-row dots (weights and inputs both staged: half the
+    GEMV's), of the wide prefill tiles."""
     num_rows = tl.where(word(desc, 16) == 1, num_seqs, num_tokens)
     if num_rows == 1:
         gemv_row(desc, tile, W, ACT, F32, BN, BK, STAGES)
     elif num_rows <= BMW:
         for m0 in range(0, num_rows, BM):
-            dot_block(desc, m0, tile * BN, num_rows, W, ACT, F32, BM, BN, BKD, DOT_F32, STAGES)
+            dot_block(desc, m0, tile * BN, num_rows, W, ACT, F32, BM, BN, BKM, DOT_F32, STAGES)
     else:  # prefill: this task takes every num_tasks-th wide tile, row blocks innermost (weights shared in L2)
         N = word(desc, 4)
         num_tasks = tl.cdiv(N, BN)

@@ -31,3 +31,21 @@ def wait_event(EVENTS, I32, CONTROL: tl.constexpr, event, target, step, task, SP
 def signal_event(EVENTS, event):
     tl.debug_barrier()  # every thread's writes happen before the release
     tl.atomic_add(EVENTS + event, 1, sem="release")
+
+
+@triton.jit
+def l2_prefetch(base, stride_bytes, rows, row_bytes):
+    """Threads 0 .. rows - 1 each ask L2 for `row_bytes` bytes at base + thread * stride_bytes (one bulk
+    prefetch instruction per row: nothing to wait for, no registers held). GPU only (inline PTX)."""
+    tl.inline_asm_elementwise(
+        asm="""{
+        .reg .pred p; .reg .b32 t; .reg .b64 a, o;
+        mov.u32 t, %tid.x;
+        setp.lt.u32 p, t, $3;
+        mul.wide.u32 o, t, $2;
+        add.s64 a, $1, o;
+        @p cp.async.bulk.prefetch.L2.global [a], $4;
+        mov.u32 $0, 0;
+        }""",
+        constraints="=r,l,r,r,r", args=[base, stride_bytes.to(tl.int32), rows.to(tl.int32), row_bytes.to(tl.int32)],
+        dtype=tl.int32, is_pure=False, pack=1)
