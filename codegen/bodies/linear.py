@@ -5,13 +5,12 @@ sum of squares, or SiLU-gating), the products, then bias, residual add, store, a
 the stored rows when a norm reads the output.
 
 Three shapes of the same computation, by the number of rows in the step:
-- one row (batch-1 decode): a GEMV streaming [BN, BK] weight chunks into an fp32 [BN, BK] accumulator,
-  reduced once at the end;
+- one row (batch-1 decode): a GEMV streaming [BN, BK] weight chunks into fp32 accumulators;
 - a few rows (batched decode): tensor-core dots over BM-row blocks of this task's BN columns;
 - many rows (prefill): the group's tasks share the [BMW, BNW] tiles of the whole output, so each weight
   and input chunk feeds a wide tensor-core tile instead of being read once per BN columns.
 Every K loop loads unconditionally (masks only, no branches), so Triton's pipeliner keeps STAGES chunks of
-weights and inputs in flight through shared memory.
+weights and inputs in flight through shared memory; each body is compiled once per prologue.
 """
 import triton
 import triton.language as tl
@@ -25,13 +24,16 @@ PROLOGUE_CODES = {"none": 0, "rms_norm": 1, "silu_mul": 2}
 
 
 @triton.jit
-def apply_prologue(x, aux, inv, prologue, dt: tl.constexpr):
-    """The input chunk after the prologue, in fp32 rounded to the model dtype; branch-free. `aux` is the
-    RMSNorm weight (prologue 1) or the up half of the gate/up output (prologue 2); `inv` the rows'
-    1/rms."""
-    normed = round_to(round_to(x * inv, dt) * aux, dt)
-    gated = round_to(round_to(x / (1.0 + tl.exp(-x)), dt) * aux, dt)
-    return tl.where(prologue == 1, normed, tl.where(prologue == 2, gated, x))
+def apply_prologue(x, aux, inv, PROLOGUE: tl.constexpr, dt: tl.constexpr):
+    """The input chunk after the prologue, in fp32 rounded to the model dtype. `aux` is the RMSNorm weight
+    (prologue 1) or the up half of the gate/up output (prologue 2); `inv` the rows' 1/rms. The code is a
+    compile-time constant: callers branch once outside their K loop, never inside it (a load under a
+    branch is not pipelined) and never compute both forms (the prologue is most of a GEMV loop's work)."""
+    if PROLOGUE == 1:
+        x = round_to(round_to(x * inv, dt) * aux, dt)
+    elif PROLOGUE == 2:
+        x = round_to(round_to(x / (1.0 + tl.exp(-x)), dt) * aux, dt)
+    return x
 
 
 @triton.jit
@@ -68,46 +70,60 @@ def linear_epilogue(desc, y, rows, row_ok, cols, col_ok, W, ACT, F32):
 
 
 @triton.jit
-def gemv_row(desc, tile, W, ACT, F32, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr):
+def gemv_row(desc, tile, W, ACT, F32, PROLOGUE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+             STAGES: tl.constexpr):
     """Batch-1 decode: one input row times this task's BN weight rows."""
     x_off, K, w_off, N = word8(desc, 0), word8(desc, 2), word8(desc, 3), word(desc, 4)
-    prologue, stats_off, norm_w_off, eps = word(desc, 8), word(desc, 9), word8(desc, 10), word_f32(desc, 11)
+    stats_off, norm_w_off, eps = word(desc, 9), word8(desc, 10), word_f32(desc, 11)
     dt: tl.constexpr = W.dtype.element_ty
     cols = tile * BN + tl.arange(0, BN)
     col_ok = cols < N
     row = tl.arange(0, 1)
-    inv = row_inv_rms(F32, stats_off, row, row < 1, K, eps, prologue)
-    aux_ptr = aux_pointer(W, ACT, x_off, K, norm_w_off, prologue)
+    inv = row_inv_rms(F32, stats_off, row, row < 1, K, eps, PROLOGUE)
+    aux_ptr = aux_pointer(W, ACT, x_off, K, norm_w_off, PROLOGUE)
     w_rows = W + w_off + cols[:, None].to(tl.int64) * K
-    acc = tl.zeros((BN, BK), tl.float32)
+    # An fp32 [BN, BK] accumulator reduced once is the fastest loop while it fits in 64 registers a thread;
+    # beyond that it spills, and each chunk is reduced into [BN] instead.
+    ACC2D: tl.constexpr = BN * BK <= 8192
+    if ACC2D:
+        acc = tl.zeros((BN, BK), tl.float32)
+    else:
+        acc = tl.zeros((BN,), tl.float32)
     for k0 in tl.range(0, K, BK, num_stages=STAGES):
         ks = k0 + tl.arange(0, BK)
         k_ok = ks < K
         w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         x = tl.load(ACT + x_off + ks, mask=k_ok, other=0.0).to(tl.float32)
-        aux = tl.load(aux_ptr + ks, mask=k_ok & (prologue != 0), other=0.0).to(tl.float32)
-        x = apply_prologue(x[None, :], aux[None, :], inv[:, None], prologue, dt)
-        acc += w.to(tl.float32) * x
-    linear_epilogue(desc, tl.sum(acc, 1)[None, :], row, row < 1, cols, col_ok, W, ACT, F32)
+        aux = tl.load(aux_ptr + ks, mask=k_ok & (PROLOGUE != 0), other=0.0).to(tl.float32)
+        x = apply_prologue(x[None, :], aux[None, :], inv[:, None], PROLOGUE, dt)
+        if ACC2D:
+            acc += w.to(tl.float32) * x
+        else:
+            acc += tl.sum(w.to(tl.float32) * x, 1)
+    if ACC2D:
+        y = tl.sum(acc, 1)
+    else:
+        y = acc
+    linear_epilogue(desc, y[None, :], row, row < 1, cols, col_ok, W, ACT, F32)
 
 
 @triton.jit
-def dot_block(desc, m0, n0, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-              DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+def dot_block(desc, m0, n0, num_rows, W, ACT, F32, PROLOGUE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+              BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr):
     """Rows m0 .. m0 + BM times weight rows n0 .. n0 + BN on tensor cores, with the epilogue."""
     x_off, x_stride, K = word8(desc, 0), word8(desc, 1), word8(desc, 2)
-    w_off, N, prologue, stats_off = word8(desc, 3), word(desc, 4), word(desc, 8), word(desc, 9)
+    w_off, N, stats_off = word8(desc, 3), word(desc, 4), word(desc, 9)
     norm_w_off, eps = word8(desc, 10), word_f32(desc, 11)
     dt: tl.constexpr = W.dtype.element_ty
     cols = n0 + tl.arange(0, BN)
     col_ok = cols < N
     rows = m0 + tl.arange(0, BM)
     row_ok = rows < num_rows
-    inv = row_inv_rms(F32, stats_off, rows, row_ok, K, eps, prologue)
+    inv = row_inv_rms(F32, stats_off, rows, row_ok, K, eps, PROLOGUE)
     x_rows = ACT + x_off + rows[:, None].to(tl.int64) * x_stride
     # the norm weight is one row (stride 0); the up half has the input's row stride
-    aux_rows = aux_pointer(W, ACT, x_off, K, norm_w_off, prologue) + tl.where(
-        prologue == 2, rows[:, None].to(tl.int64) * x_stride, 0)
+    aux_rows = aux_pointer(W, ACT, x_off, K, norm_w_off, PROLOGUE) + tl.where(
+        PROLOGUE == 2, rows[:, None].to(tl.int64) * x_stride, 0)
     w_rows = W + w_off + cols[:, None].to(tl.int64) * K
     acc = tl.zeros((BM, BN), tl.float32)
     for k0 in tl.range(0, K, BK, num_stages=STAGES):
@@ -116,8 +132,8 @@ def dot_block(desc, m0, n0, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
         w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         x_mask = row_ok[:, None] & k_ok[None, :]
         x = tl.load(x_rows + ks[None, :], mask=x_mask, other=0.0).to(tl.float32)
-        aux = tl.load(aux_rows + ks[None, :], mask=x_mask & (prologue != 0), other=0.0).to(tl.float32)
-        x = apply_prologue(x, aux, inv[:, None], prologue, dt)
+        aux = tl.load(aux_rows + ks[None, :], mask=x_mask & (PROLOGUE != 0), other=0.0).to(tl.float32)
+        x = apply_prologue(x, aux, inv[:, None], PROLOGUE, dt)
         if DOT_F32:
             acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
         else:
@@ -126,21 +142,34 @@ def dot_block(desc, m0, n0, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
 
 
 @triton.jit
-def linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr,
+def linear_rows(desc, tile, num_rows, W, ACT, F32, PROLOGUE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, BKM: tl.constexpr, BMW: tl.constexpr, BNW: tl.constexpr, BKD: tl.constexpr,
                 DOT_F32: tl.constexpr, STAGES: tl.constexpr):
-    """BK, BKM, BKD: the K chunk of the GEMV, of the few-row dots (weights and inputs both staged: half the
-    GEMV's), of the wide prefill tiles."""
-    num_rows = tl.where(word(desc, 16) == 1, num_seqs, num_tokens)
     if num_rows == 1:
-        gemv_row(desc, tile, W, ACT, F32, BN, BK, STAGES)
+        gemv_row(desc, tile, W, ACT, F32, PROLOGUE, BN, BK, STAGES)
     elif num_rows <= BMW:
         for m0 in range(0, num_rows, BM):
-            dot_block(desc, m0, tile * BN, num_rows, W, ACT, F32, BM, BN, BKM, DOT_F32, STAGES)
+            dot_block(desc, m0, tile * BN, num_rows, W, ACT, F32, PROLOGUE, BM, BN, BKM, DOT_F32, STAGES)
     else:  # prefill: this task takes every num_tasks-th wide tile, row blocks innermost (weights shared in L2)
         N = word(desc, 4)
         num_tasks = tl.cdiv(N, BN)
         row_blocks = tl.cdiv(num_rows, BMW)
         for item in range(tile, row_blocks * tl.cdiv(N, BNW), num_tasks):
-            dot_block(desc, (item % row_blocks) * BMW, (item // row_blocks) * BNW, num_rows, W, ACT, F32,
+            dot_block(desc, (item % row_blocks) * BMW, (item // row_blocks) * BNW, num_rows, W, ACT, F32, PROLOGUE,
                       BMW, BNW, BKD, DOT_F32, STAGES)
+
+
+@triton.jit
+def linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr,
+                BK: tl.constexpr, BKM: tl.constexpr, BMW: tl.constexpr, BNW: tl.constexpr, BKD: tl.constexpr,
+                DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+    """BK, BKM, BKD: the K chunk of the GEMV, of the few-row dots (weights and inputs both staged), of the
+    wide prefill tiles."""
+    num_rows = tl.where(word(desc, 16) == 1, num_seqs, num_tokens)
+    prologue = word(desc, 8)
+    if prologue == 1:
+        linear_rows(desc, tile, num_rows, W, ACT, F32, 1, BM, BN, BK, BKM, BMW, BNW, BKD, DOT_F32, STAGES)
+    elif prologue == 2:
+        linear_rows(desc, tile, num_rows, W, ACT, F32, 2, BM, BN, BK, BKM, BMW, BNW, BKD, DOT_F32, STAGES)
+    else:
+        linear_rows(desc, tile, num_rows, W, ACT, F32, 0, BM, BN, BK, BKM, BMW, BNW, BKD, DOT_F32, STAGES)

@@ -55,8 +55,8 @@ def head_partial(desc, head, k_lo, k_hi, rows, row_ok, W, ACT, F32, BK: tl.const
         k_ok = ks < k_hi
         w = tl.load(w_rows + ks[None, :], mask=d_ok[:, None] & k_ok[None, :], other=0.0)
         x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-        nw = tl.load(W + norm_w_off + ks, mask=k_ok & (has_norm == 1), other=0.0).to(tl.float32)
-        x = apply_prologue(x, nw[None, :], inv[:, None], prologue, dt)
+        nw = tl.load(W + norm_w_off + ks, mask=k_ok & (has_norm == 1), other=1.0).to(tl.float32)
+        x = apply_prologue(x, nw[None, :], inv[:, None], 1, dt)  # without a norm: inv = nw = 1
         if rows.shape[0] == 1:
             acc += w.to(tl.float32) * x
         elif DOT_F32:
