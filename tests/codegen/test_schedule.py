@@ -3,6 +3,7 @@ config's own checks, the memory layout, and the rendered kernel source."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 
 import pytest
@@ -186,3 +187,66 @@ def test_rendered_source_stands_alone_and_dispatches_only_used_kinds(preset, has
     calls = _dispatched_calls(source)
     assert {"linear_task", "qkv_task", "attention_task", "embed_task", "sample_task"} <= calls
     assert (MOE_CALLS <= calls) if has_moe else not (MOE_CALLS & calls)
+
+
+def test_task_bodies_defining_one_name_twice_are_rejected(tmp_path, monkeypatch):
+    """Inlined into one source, a second definition would silently replace the first."""
+    import codegen.render as render
+
+    for name in BODY_MODULES:
+        (tmp_path / f"{name}.py").write_text((render.BODIES / f"{name}.py").read_text())
+    (tmp_path / "moe.py").write_text((tmp_path / "moe.py").read_text() + "\n\ndef word(desc, index):\n    pass\n")
+    monkeypatch.setattr(render, "BODIES", tmp_path)
+    with pytest.raises(ValueError, match=r"common and moe both define word\(\)"):
+        render.inline_bodies()
+
+
+# -- prefetch and splits -----------------------------------------------------------------------------------
+def test_projection_tasks_prefetch_the_first_chunks_of_their_own_weight_rows():
+    lw = _lowered("tiny-llama")
+    table = lw.tasks.task_table()
+    assert table.shape[1] == 17
+    (up,) = [n for n in lw.graph.nodes if n.op == "fused_linear" and "layers.0.mlp.gate_up" in n.inputs[1].name]
+    w = up.inputs[1]
+    n, k, bn, size = w.shape[0], w.shape[1], CONFIG.block_n, w.dtype.itemsize
+    tasks = [(i, t) for i, t in enumerate(lw.tasks.tasks)
+             if t.kind == Kind.LINEAR and lw.tasks.descs[t.desc][3] == lw.weight(w)]
+    assert len(tasks) == -(-n // bn)
+    for i, task in tasks:
+        p = task.prefetch
+        assert (p.offset, p.stride, p.rows) == (lw.weight(w) + task.tile * bn * k, k * size, min(bn, n - task.tile * bn))
+        assert 16 <= p.row_bytes <= k * size and p.row_bytes % 16 == 0 and p.rows * p.row_bytes <= 32 << 10
+        assert table[i, 13:].tolist() == [p.offset, p.stride, p.rows, p.row_bytes]
+    # attention reads pages the planner assigns at run time: nothing to prefetch
+    assert all(t.prefetch.rows == 0 for t in lw.tasks.tasks if t.kind == Kind.ATTENTION)
+
+
+def test_qkv_split_tasks_prefetch_their_own_k_range():
+    config = dataclasses.replace(CONFIG, qkv_splits=3, block_k=16)
+    lw = lower(build_graph(resolve_model("tiny-qwen3"), config), config)
+    qkv = next(n for n in lw.graph.nodes if n.op == "qkv_rope_store")  # layer 0's: its tasks come first
+    k, head_dim = qkv.inputs[0].shape[1], qkv.attrs["head_dim"]
+    chunk = -(-(-(-k // 3)) // 16) * 16
+    tasks = [t for t in lw.tasks.tasks if t.kind == Kind.QKV][: 3 * 2]  # layer 0, heads 0 and 1
+    for task in tasks:
+        head, split = divmod(task.tile, 3)
+        lo = min(k, split * chunk)
+        if lo >= k:
+            assert task.prefetch.rows == 0
+            continue
+        assert task.prefetch.offset == lw.weight(qkv.inputs[1]) + head * head_dim * k + lo
+        itemsize = qkv.inputs[1].dtype.itemsize
+        assert task.prefetch.rows == head_dim and task.prefetch.row_bytes <= (min(k, lo + chunk) - lo) * itemsize
+
+
+@pytest.mark.parametrize("max_batch, kv_heads, max_len, expected", [
+    (1, 8, 4096, 32),  # one sequence: split its context 32 ways
+    (8, 8, 4096, 4),  # ~256 tasks per layer
+    (64, 8, 4096, 1),
+    (1, 8, 64, 2),  # never shorter than a key block
+])
+def test_attention_splits_aim_at_about_256_tasks_per_layer(max_batch, kv_heads, max_len, expected):
+    from codegen.lower import attention_splits
+
+    config = CompileConfig(max_batch=max_batch, max_model_len=max_len, max_tokens_per_step=256)
+    assert attention_splits(config, kv_heads) == expected
