@@ -305,11 +305,12 @@ def _paged_attention(lw: Lowering, node: Node) -> None:
     q, cache = node.inputs[0], node.inputs[1]
     a = node.attrs
     layer = int(cache.name.rsplit(".", 1)[1]) if cache.name else _layer_of(lw, cache)
+    splits = attention_splits(lw.config, a["num_kv_heads"])
     desc = lw.tasks.add_desc(ATTENTION_FIELDS, dict(
         q_off=lw.act(q), out_off=lw.act(node.output), num_heads=a["num_heads"], num_kv_heads=a["num_kv_heads"],
-        head_dim=a["head_dim"], layer=layer, scale=float(a["scale"]), splits=attention_splits(lw.config, a["num_kv_heads"]),
+        head_dim=a["head_dim"], layer=layer, scale=float(a["scale"]), splits=splits,
         part_off=lw.layout.offset("attention_parts"), ticket_off=lw.layout.offset(f"tickets:v{node.output.id}")))
-    num_tiles = lw.config.max_batch * a["num_kv_heads"] * attention_splits(lw.config, a["num_kv_heads"])
+    num_tiles = lw.config.max_batch * a["num_kv_heads"] * splits
     lw.ready[node.output.id] = lw.tasks.add_group(Kind.ATTENTION, desc, num_tiles, f"attention.{layer}",
                                                   lw.waits(q, cache))
 

@@ -13,7 +13,7 @@ import triton
 
 from codegen.kernel_abi import KERNEL_NAME
 from codegen.layout import STEP_REGIONS
-from codegen.lower import qkv_block_k, Lowering, sample_splits
+from codegen.lower import Lowering, qkv_block_k, sample_splits
 from codegen.tasks import DESC_WORDS, MAX_WAITS, TASK_WORDS, Kind
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -27,12 +27,13 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     cfg, c, r = lw.config, lw.constants, SimpleNamespace(**{k: lw.layout.offset(k) for k in STEP_REGIONS})
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     bk_small = qkv_block_k(lw)  # qkv and expert tiles are [head_dim or block_n, bk]: keep them in registers
+    bk_rows = max(16, min(256, bk // 2))  # few-row dots stage inputs as large as their weights: smaller chunks
     hdp = _pow2(max(16, c.get("HEAD_DIM_MAX", 16)))
     vocab = lw.graph.outputs["logits"].shape[1]
     sample_block = min(1024, _pow2(-(-vocab // sample_splits(lw))))  # logits per iteration of the argmax
     calls = {
-        Kind.LINEAR: f"linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn}, {bk}, {max(16, min(256, bk // 2))}, {cfg.wide_m}, "
-                     f"{cfg.wide_n}, {cfg.block_k_dot}, {dot_f32}, {cfg.num_stages})",
+        Kind.LINEAR: f"linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn}, {bk}, {bk_rows}, "
+                     f"{cfg.wide_m}, {cfg.wide_n}, {cfg.block_k_dot}, {dot_f32}, {cfg.num_stages})",
         Kind.QKV: f"qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, {r.positions}, {r.slots}, "
                   f"{bm}, {bk_small}, {hdp}, {dot_f32}, {cfg.num_stages})",
         Kind.ATTENTION: f"attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_seqs, {r.seq_starts}, "

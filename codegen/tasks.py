@@ -43,7 +43,7 @@ class Wait:
 
 @dataclass(frozen=True)
 class Prefetch:
-    """`rows` segments of `row_bytes` bytes, `stride` elements apart, from element `offset` of W."""
+    """`rows` segments of `row_bytes` bytes, `stride` bytes apart, from element `offset` of W."""
     offset: int = 0
     stride: int = 0
     rows: int = 0

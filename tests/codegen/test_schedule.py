@@ -214,7 +214,8 @@ def test_projection_tasks_prefetch_the_first_chunks_of_their_own_weight_rows():
     assert len(tasks) == -(-n // bn)
     for i, task in tasks:
         p = task.prefetch
-        assert (p.offset, p.stride, p.rows) == (lw.weight(w) + task.tile * bn * k, k * size, min(bn, n - task.tile * bn))
+        first_row = task.tile * bn
+        assert (p.offset, p.stride, p.rows) == (lw.weight(w) + first_row * k, k * size, min(bn, n - first_row))
         assert 16 <= p.row_bytes <= k * size and p.row_bytes % 16 == 0 and p.rows * p.row_bytes <= 32 << 10
         assert table[i, 13:].tolist() == [p.offset, p.stride, p.rows, p.row_bytes]
     # attention reads pages the planner assigns at run time: nothing to prefetch

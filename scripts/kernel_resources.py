@@ -1,0 +1,61 @@
+"""Registers, spills, shared memory and pipelined loads of the megakernel, with all or some task kinds, on
+the CPU (Triton's bundled ptxas, sm_90): which body sets the kernel's register count, and did Triton's
+pipeliner stage a loop's loads (a loop it gave up on has no `async_copy_global_to_local` in the TTGIR).
+
+    python scripts/kernel_resources.py llama3-8b                  # the whole kernel
+    python scripts/kernel_resources.py llama3-8b --kinds LINEAR   # only the projection bodies
+    python scripts/kernel_resources.py llama3-8b --set block_k=1024 --keep /tmp/k   # also keep ttgir/cubin
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+import codegen.render as render
+from blinkc.compile_model import build_graph
+from codegen.compile import resource_usage
+from codegen.config import CompileConfig
+from codegen.kernel_abi import ARGS, KERNEL_NAME, signature
+from codegen.lower import lower
+from codegen.tasks import Kind
+from models.registry import resolve_model
+from runtime.artifact import import_source
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model")
+    parser.add_argument("--kinds", default="", help="comma-separated task kinds to keep in the dispatch")
+    parser.add_argument("--set", action="append", default=[], help="CompileConfig field=value (integers)")
+    parser.add_argument("--keep", help="directory for the source, TTGIR and cubin")
+    args = parser.parse_args()
+    config = dataclasses.replace(CompileConfig(max_batch=1), **{k: int(v) for k, v in
+                                                                 (s.split("=", 1) for s in args.set)})
+    kinds = {Kind[k] for k in args.kinds.split(",") if k}
+    lowered = lower(build_graph(resolve_model(args.model), config), config)
+    dispatch = render._dispatch
+    render._dispatch = lambda lw, f32: [(k, call) for k, call in dispatch(lw, f32) if not kinds or Kind(k) in kinds]
+    out = Path(args.keep or tempfile.mkdtemp(prefix="blink-resources-"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernel.py").write_text(render.render_kernel(lowered, args.model))
+    fn = getattr(import_source(out / "kernel.py"), KERNEL_NAME)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(ARGS) if name.isupper()}
+    compiled = triton.compile(ASTSource(fn, signature("bf16"), {}, attrs), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": config.num_warps})
+    (out / "kernel.ttgir").write_text(compiled.asm["ttgir"])
+    (out / "kernel.cubin").write_bytes(compiled.asm["cubin"])
+    used = resource_usage(out / "kernel.cubin")
+    staged = compiled.asm["ttgir"].count("async_copy_global_to_local")
+    print(f"{args.model} [{args.kinds or 'all kinds'}]: {used.registers} registers, {used.stack_bytes} B stack "
+          f"(spills), {compiled.metadata.shared} B shared memory (Triton's), {staged} pipelined loads in the "
+          f"TTGIR; files in {out}")
+
+
+if __name__ == "__main__":
+    main()
