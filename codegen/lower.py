@@ -275,6 +275,7 @@ def _qkv_rope_store(lw: Lowering, node: Node) -> None:
         lw.layout.alloc(rope_key, "F32", a["rotary_dim"] // 2)
         lw.rope_tables[rope_key] = (a["rotary_dim"], a["theta"], a["scaling"])
     layer = int(cache.name.rsplit(".", 1)[1])
+    k, splits = x.shape[1], qkv_splits(lw, node)
     desc = lw.tasks.add_desc(QKV_FIELDS, dict(
         x_off=lw.act(x), k=x.shape[1], w_off=lw.weight(w), num_q_heads=a["q_size"] // head_dim,
         num_kv_heads=a["kv_size"] // head_dim, head_dim=head_dim, rotary_dim=a["rotary_dim"],
@@ -284,9 +285,8 @@ def _qkv_rope_store(lw: Lowering, node: Node) -> None:
         q_norm_off=lw.weight(named["q_norm_w"]) if a["has_qk_norm"] else -1,
         k_norm_off=lw.weight(named["k_norm_w"]) if a["has_qk_norm"] else -1, qk_eps=float(a["qk_eps"]),
         q_out_off=lw.act(q), layer=layer, inv_freq_off=lw.layout.offset(rope_key),
-        has_norm=int(a["has_norm"]), has_qk_norm=int(a["has_qk_norm"]), splits=qkv_splits(lw, node),
+        has_norm=int(a["has_norm"]), has_qk_norm=int(a["has_qk_norm"]), splits=splits,
         part_off=lw.layout.offset("qkv_parts"), ticket_off=lw.layout.offset(f"tickets:v{q.id}")))
-    k, splits = x.shape[1], qkv_splits(lw, node)
     chunk = -(-(-(-k // splits)) // qkv_block_k(lw)) * qkv_block_k(lw)  # as the body splits K
 
     def prefetch(tile: int) -> Prefetch:

@@ -40,11 +40,10 @@ def head_partial(desc, head, k_lo, k_hi, rows, row_ok, W, ACT, F32, BK: tl.const
     x_off, K, w_off, HD = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 5)
     stats_off, norm_w_off, eps, has_norm = word(desc, 7), word8(desc, 8), word_f32(desc, 9), word(desc, 17)
     dt: tl.constexpr = W.dtype.element_ty
-    prologue = tl.where(has_norm == 1, 1, 0)
     cols = tl.arange(0, HDP)
     d_ok = cols < HD
     w_rows = W + w_off + (head * HD + cols)[:, None].to(tl.int64) * K
-    inv = row_inv_rms(F32, stats_off, rows, row_ok, K, eps, prologue)
+    inv = row_inv_rms(F32, stats_off, rows, row_ok, K, eps, has_norm)  # prologue code 1 = RMSNorm
     x_rows = ACT + x_off + rows[:, None].to(tl.int64) * K
     if rows.shape[0] == 1:
         acc = tl.zeros((HDP, BK), tl.float32)
