@@ -149,7 +149,8 @@ def _manifest(model: ResolvedModel, config: CompileConfig, lw: Lowering, graph: 
                   "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
                   "eos_token_ids": list(cfg.eos_token_ids), "hf_config": model.hf_config,
                   "logits_region": f"v{graph.outputs['logits'].id}"},
-        "weights": {"source": None, "specs": specs},  # the source is filled in per compile
+        # the source is filled in per compile; transforms: weights placed folded or interleaved (codegen/lower.py)
+        "weights": {"source": None, "specs": specs, "transforms": lw.transforms},
         "tokenizer": None,
         "num_tasks": len(lw.tasks.tasks),
         "layout": lw.layout.to_dict(),

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from codegen.bodies.attention import ATTENTION_FIELDS
-from codegen.bodies.linear import LINEAR_FIELDS, PROLOGUE_CODES
+from codegen.bodies.linear import LINEAR_FIELDS
 from codegen.bodies.moe import COMBINE_FIELDS, EXPERT_FIELDS, GROUP_FIELDS, ROUTE_FIELDS
 from codegen.bodies.qkv import QKV_FIELDS
 from codegen.bodies.rows import ADD_FIELDS, EMBED_FIELDS, GATHER_FIELDS, RMS_NORM_FIELDS
@@ -34,6 +34,8 @@ class Lowering:
     rope_tables: dict[str, tuple] = field(default_factory=dict)  # F32 region -> (rotary_dim, theta, scaling)
     plan_event: int = -1
     sample: Wait | None = None
+    # weights placed in a form other than the checkpoint's (see `placed_weight`), in the order to apply them
+    transforms: list[dict] = field(default_factory=list)
 
     # -- regions -------------------------------------------------------------------------------------------
     def rows(self, value: Value) -> int:
@@ -47,6 +49,27 @@ class Lowering:
 
     def weight(self, value: Value) -> int:
         return self.layout.offset(f"param:{value.name}")
+
+    def placed_weight(self, w: Value, *, scale_columns: Value | None = None, interleave_rows: bool = False) -> int:
+        """The offset of `w` in the form a body reads: its columns multiplied by a norm weight (the RMSNorm of
+        the input folded into the projection, leaving the body a row scale by 1/rms in its epilogue) and/or
+        its two halves' rows interleaved (gate row j next to up row j, so that a tile of a gate/up projection
+        holds both halves of its outputs and applies SiLU-gating in its epilogue). The runtime transforms the
+        weight after loading it, in place unless another op reads the checkpoint's form (a tied embedding)."""
+        if scale_columns is None and not interleave_rows:
+            return self.weight(w)
+        region = f"param:{w.name}"
+        if sum(node.inputs.count(w) for node in self.graph.nodes) > 1:
+            region = f"placed:{w.name}:{scale_columns.name if scale_columns else ''}:{int(interleave_rows)}"
+            if region in self.layout.regions:
+                return self.layout.offset(region)
+            self.layout.alloc(region, "W", self.graph.param(w.name).num_elements)
+        elif any(t["region"] == region for t in self.transforms):
+            raise ValueError(f"weight {w.name} is transformed twice in place")
+        self.transforms.append(dict(region=region, param=w.name,
+                                    scale_columns=scale_columns.name if scale_columns else None,
+                                    interleave_rows=interleave_rows))
+        return self.layout.offset(region)
 
     def waits(self, *values: Value) -> tuple[Wait, ...]:
         found = []
@@ -245,22 +268,22 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
         lw.constants["LOGITS_OFF"] = out_off
     else:
         out_off = lw.act(out)
-    residual = named.get("residual")
+    residual, gated = named.get("residual"), node.attrs["gated"]
+    w_off = lw.placed_weight(w, scale_columns=named.get("norm_w"), interleave_rows=gated)
     desc = lw.tasks.add_desc(LINEAR_FIELDS, dict(
-        x_off=lw.act(x), x_stride=x.shape[1], k=w.shape[1], w_off=lw.weight(w), n=w.shape[0], out_off=out_off,
-        out_stride=out.shape[1], out_f32=int(is_f32), prologue=PROLOGUE_CODES[node.attrs["prologue"]],
+        x_off=lw.act(x), x_stride=x.shape[1], k=w.shape[1], w_off=w_off, n=w.shape[0], out_off=out_off,
+        out_stride=out.shape[1], out_f32=int(is_f32), gated=int(gated),
         stats_off=lw.stats.get(x.id, -1) if node.attrs["prologue"] == "rms_norm" else -1,
-        # 0 when unused: the body's loads of it are masked off, but its address stays 16-byte aligned
-        norm_w_off=lw.weight(named["norm_w"]) if "norm_w" in named else 0, eps=float(node.attrs["eps"]),
-        res_off=lw.act(residual) if residual is not None else -1, res_stride=out.shape[1],
-        bias_off=lw.weight(named["bias"]) if "bias" in named else -1, out_stats_off=lw.out_stats(out),
-        rows_kind=_rows_kind(x)))
+        eps=float(node.attrs["eps"]), res_off=lw.act(residual) if residual is not None else -1,
+        res_stride=out.shape[1],
+        bias_off=lw.placed_weight(named["bias"], interleave_rows=gated) if "bias" in named else -1,
+        out_stats_off=lw.out_stats(out), rows_kind=_rows_kind(x)))
     waits = lw.waits(x, *([residual] if residual is not None else []))
     name = "lm_head" if is_f32 else w.name
     n, k, bn = w.shape[0], w.shape[1], lw.config.block_n
     lw.ready[out.id] = lw.tasks.add_group(
         Kind.LINEAR, desc, lw.column_tiles(n), name, waits,
-        lambda tile: _prefetch_rows(lw.weight(w) + tile * bn * k, k, min(bn, n - tile * bn), k, w.dtype.itemsize))
+        lambda tile: _prefetch_rows(w_off + tile * bn * k, k, min(bn, n - tile * bn), k, w.dtype.itemsize))
 
 
 @lowering("qkv_rope_store")
@@ -276,23 +299,23 @@ def _qkv_rope_store(lw: Lowering, node: Node) -> None:
         lw.rope_tables[rope_key] = (a["rotary_dim"], a["theta"], a["scaling"])
     layer = int(cache.name.rsplit(".", 1)[1])
     k, splits = x.shape[1], qkv_splits(lw, node)
+    w_off = lw.placed_weight(w, scale_columns=named.get("norm_w"))
     desc = lw.tasks.add_desc(QKV_FIELDS, dict(
-        x_off=lw.act(x), k=x.shape[1], w_off=lw.weight(w), num_q_heads=a["q_size"] // head_dim,
+        x_off=lw.act(x), k=x.shape[1], w_off=w_off, num_q_heads=a["q_size"] // head_dim,
         num_kv_heads=a["kv_size"] // head_dim, head_dim=head_dim, rotary_dim=a["rotary_dim"],
-        stats_off=lw.stats.get(x.id, -1) if a["has_norm"] else -1,
-        norm_w_off=lw.weight(named["norm_w"]) if a["has_norm"] else 0, eps=float(a["eps"]),
+        stats_off=lw.stats.get(x.id, -1) if a["has_norm"] else -1, eps=float(a["eps"]),
         bias_off=lw.weight(named["bias"]) if a["has_bias"] else -1,
         q_norm_off=lw.weight(named["q_norm_w"]) if a["has_qk_norm"] else -1,
         k_norm_off=lw.weight(named["k_norm_w"]) if a["has_qk_norm"] else -1, qk_eps=float(a["qk_eps"]),
         q_out_off=lw.act(q), layer=layer, inv_freq_off=lw.layout.offset(rope_key),
-        has_norm=int(a["has_norm"]), has_qk_norm=int(a["has_qk_norm"]), splits=splits,
+        has_qk_norm=int(a["has_qk_norm"]), splits=splits,
         part_off=lw.layout.offset("qkv_parts"), ticket_off=lw.layout.offset(f"tickets:v{q.id}")))
     chunk = -(-(-(-k // splits)) // qkv_block_k(lw)) * qkv_block_k(lw)  # as the body splits K
 
     def prefetch(tile: int) -> Prefetch:
         head, split = divmod(tile, splits)
         lo = min(k, split * chunk)
-        return _prefetch_rows(lw.weight(w) + head * head_dim * k + lo, k, head_dim, min(k, lo + chunk) - lo,
+        return _prefetch_rows(w_off + head * head_dim * k + lo, k, head_dim, min(k, lo + chunk) - lo,
                               w.dtype.itemsize)
 
     done = lw.tasks.add_group(Kind.QKV, desc, _qkv_heads(node) * splits, f"qkv.{layer}", lw.waits(x), prefetch)

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 FORMAT = "blink-megakernel"
-VERSION = 1
+VERSION = 2  # 2: weight transforms (norms folded into projections, gate/up rows interleaved)
 
 
 @dataclass(frozen=True)

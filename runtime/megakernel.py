@@ -23,7 +23,7 @@ import torch
 from runtime.artifact import Artifact, import_source
 from runtime.checkpoint import CheckpointIndex
 from runtime.sampling import SamplingParams
-from runtime.weights import WeightSpec, checkpoint_shapes, place_weights, random_reader
+from runtime.weights import WeightSpec, checkpoint_shapes, place_weights, random_reader, transform_weight
 
 _DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 FINISH_REASONS = {1: "length", 2: "stop"}
@@ -97,8 +97,22 @@ class Megakernel:
         else:
             reader = random_reader(checkpoint_shapes(specs), source["seed"], source["std"], self.dtype, self.device)
         place_weights(specs, reader, self.device, destinations=views)
-        self.weight_views = views
+        for t in self.manifest["weights"]["transforms"]:
+            src = views[t["param"]]
+            offset, size = self.region(t["region"])
+            scale = views[t["scale_columns"]] if t["scale_columns"] else None
+            transform_weight(packed[offset:offset + size].view(src.shape), src, scale, t["interleave_rows"])
+        transformed = {t["param"] for t in self.manifest["weights"]["transforms"] if t["region"] == f"param:{t['param']}"}
+        self.weight_views = {name: view for name, view in views.items() if name not in transformed}
+        self._weight_specs, self._weight_reader = {s.name: s for s in specs}, reader
         return packed
+
+    def checkpoint_weight(self, name: str) -> torch.Tensor:
+        """A weight in its checkpoint form: the placed view, or read again from the weights' source where the
+        kernel holds it transformed (see codegen/lower.py, `placed_weight`)."""
+        if name in self.weight_views:
+            return self.weight_views[name]
+        return place_weights([self._weight_specs[name]], self._weight_reader, self.device)[name]
 
     def _load_kernel(self):
         if self.interpret:

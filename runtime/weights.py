@@ -56,6 +56,26 @@ def place_weights(specs: Iterable[WeightSpec], reader: Reader, device: str | tor
     return out
 
 
+def transform_weight(dst: torch.Tensor, src: torch.Tensor, scale_columns: torch.Tensor | None = None,
+                     interleave_rows: bool = False, chunk_rows: int = 8192) -> None:
+    """Writes `src` into `dst` (the same tensor or a copy's place) in the form a kernel reads it: each
+    column multiplied by `scale_columns` (in fp32, rounded once) and/or the rows of its two halves
+    interleaved (row 2j = row j, row 2j + 1 = row half + j). Works in row chunks: no fp32 copy of the whole."""
+    rows = src.shape[0]
+    order = torch.arange(rows, device=src.device)
+    if interleave_rows:
+        if rows % 2:
+            raise ValueError(f"cannot interleave the halves of {rows} rows")
+        order = order.view(2, rows // 2).t().reshape(-1)
+        if dst.data_ptr() == src.data_ptr():
+            src = src.clone()  # rows move: read them from a copy
+    for start in range(0, rows, chunk_rows):
+        part = src[order[start:start + chunk_rows]]
+        if scale_columns is not None:
+            part = (part.float() * scale_columns.float()).to(dst.dtype)
+        dst[start:start + chunk_rows] = part
+
+
 def _check_exact_cover(spec: WeightSpec) -> None:
     """Every element of the weight is filled by exactly one source (checked on the indexed dims only)."""
     depth = max(len(index) for _, index in spec.sources) if spec.sources else 0

@@ -4,11 +4,11 @@ import triton
 import triton.language as tl
 
 from codegen.bodies.common import round_to, word, word8, word_f32
-from codegen.bodies.linear import apply_prologue, row_inv_rms
+from codegen.bodies.linear import row_inv_rms
 
 QKV_FIELDS = ("x_off", "k", "w_off", "num_q_heads", "num_kv_heads", "head_dim", "rotary_dim", "stats_off",
-              "norm_w_off", "eps", "bias_off", "q_norm_off", "k_norm_off", "qk_eps", "q_out_off", "layer",
-              "inv_freq_off", "has_norm", "has_qk_norm", "splits", "part_off", "ticket_off")
+              "eps", "bias_off", "q_norm_off", "k_norm_off", "qk_eps", "q_out_off", "layer", "inv_freq_off",
+              "has_qk_norm", "splits", "part_off", "ticket_off")
 
 
 @triton.jit
@@ -35,15 +35,14 @@ def head_norm(y, d_ok, W, norm_off, HD, eps, dt: tl.constexpr):
 @triton.jit
 def head_partial(desc, head, k_lo, k_hi, rows, row_ok, W, ACT, F32, BK: tl.constexpr, HDP: tl.constexpr,
                  DOT_F32: tl.constexpr, STAGES: tl.constexpr):
-    """[rows, HDP] fp32 partial projection of one head over input columns k_lo .. k_hi (RMSNorm prologue).
-    One row streams as a GEMV ([HDP, BK] fp32 accumulator, reduced at the end), more on tensor cores."""
+    """[rows, HDP] fp32 partial projection of one head over input columns k_lo .. k_hi, scaled by the rows'
+    1/rms (the norm weight is folded into the placed weight). One row streams as a GEMV ([HDP, BK] fp32
+    accumulator, reduced at the end), more rows on tensor cores."""
     x_off, K, w_off, HD = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 5)
-    stats_off, norm_w_off, eps, has_norm = word(desc, 7), word8(desc, 8), word_f32(desc, 9), word(desc, 17)
-    dt: tl.constexpr = W.dtype.element_ty
+    stats_off, eps = word(desc, 7), word_f32(desc, 8)
     cols = tl.arange(0, HDP)
     d_ok = cols < HD
     w_rows = W + w_off + (head * HD + cols)[:, None].to(tl.int64) * K
-    inv = row_inv_rms(F32, stats_off, rows, row_ok, K, eps, has_norm)  # prologue code 1 = RMSNorm
     x_rows = ACT + x_off + rows[:, None].to(tl.int64) * K
     if rows.shape[0] == 1:
         acc = tl.zeros((HDP, BK), tl.float32)
@@ -53,19 +52,18 @@ def head_partial(desc, head, k_lo, k_hi, rows, row_ok, W, ACT, F32, BK: tl.const
         ks = k0 + tl.arange(0, BK)
         k_ok = ks < k_hi
         w = tl.load(w_rows + ks[None, :], mask=d_ok[:, None] & k_ok[None, :], other=0.0)
-        x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-        nw = tl.load(W + norm_w_off + ks, mask=k_ok & (has_norm == 1), other=1.0).to(tl.float32)
-        x = apply_prologue(x, nw[None, :], inv[:, None], 1, dt)  # without a norm: inv = nw = 1
+        x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         if rows.shape[0] == 1:
-            acc += w.to(tl.float32) * x
+            acc += w.to(tl.float32) * x.to(tl.float32)
         elif DOT_F32:
-            acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
+            acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
         else:
-            acc += tl.dot(x.to(dt), tl.trans(w))
+            acc += tl.dot(x, tl.trans(w))
+    inv = row_inv_rms(F32, stats_off, rows, row_ok, K, eps)
     if rows.shape[0] == 1:
-        return tl.sum(acc, 1)[None, :]
+        return tl.sum(acc, 1)[None, :] * inv[:, None]
     else:
-        return acc
+        return acc * inv[:, None]
 
 
 @triton.jit
@@ -73,8 +71,8 @@ def head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane,
                   SLOTS: tl.constexpr, HDP: tl.constexpr):
     """Bias, per-head q/k norm, rotary, then the q buffer or the paged KV cache."""
     HQ, HKV, HD, RD = word(desc, 3), word(desc, 4), word(desc, 5), word(desc, 6)
-    bias_off, q_norm_off, k_norm_off, qk_eps = word(desc, 10), word(desc, 11), word(desc, 12), word_f32(desc, 13)
-    q_out_off, layer, inv_freq_off, has_qk_norm = word(desc, 14), word(desc, 15), word(desc, 16), word(desc, 18)
+    bias_off, q_norm_off, k_norm_off, qk_eps = word(desc, 9), word(desc, 10), word(desc, 11), word_f32(desc, 12)
+    q_out_off, layer, inv_freq_off, has_qk_norm = word(desc, 13), word(desc, 14), word(desc, 15), word(desc, 16)
     dt: tl.constexpr = W.dtype.element_ty
     cols = tl.arange(0, HDP)
     d_ok = cols < HD
@@ -102,7 +100,7 @@ def split_head(desc, head, split, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, 
                STAGES: tl.constexpr):
     """A decode step's share of one head: K columns split .. of `splits`; the last split to finish (a ticket
     counter the planner zeroes every step) sums the fp32 partials in order and runs the epilogue."""
-    K, splits, part_off, ticket_off = word8(desc, 1), word(desc, 19), word(desc, 20), word(desc, 21)
+    K, splits, part_off, ticket_off = word8(desc, 1), word(desc, 17), word(desc, 18), word(desc, 19)
     chunk = tl.cdiv(tl.cdiv(K, splits), BK) * BK
     k_lo = split * chunk
     k_hi = tl.multiple_of(tl.minimum(K, k_lo + chunk), 8)  # both are: keeps the K mask vector-wide
@@ -128,7 +126,7 @@ def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: 
              STAGES: tl.constexpr):
     """Task (head, split). A decode step (one row block) splits each head's K range over `splits` tasks;
     prefill steps split the head's row blocks instead."""
-    splits = word(desc, 19)
+    splits = word(desc, 17)
     head = tile // splits
     split = tile % splits
     if num_tokens == 1:

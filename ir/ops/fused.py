@@ -1,7 +1,8 @@
 """Fused ops that the megakernel's tasks implement: the lowering-prep passes rewrite graphs into them.
 
-`fused_linear`: an optional prologue on the input (RMSNorm, or SiLU-gating of a [T, 2K] input), the
-projection (+ bias), an optional residual add, and the output dtype (fp32 for logits).
+`fused_linear`: an optional RMSNorm prologue on the input, the projection (+ bias), an optional SiLU-gating
+of the result (`gated`: a [T, 2I] gate/up projection returns silu(gate) * up, [T, I]), an optional
+residual add, and the output dtype (fp32 for logits).
 `qkv_rope_store`: the fused QKV projection whose epilogue applies per-head q/k RMSNorm (Qwen3) and rotary,
 appends k and v to the paged cache and returns the rotated q.
 Inputs are positional, in the order the attributes announce them.
@@ -15,7 +16,7 @@ from ir.ops.attention import _kv_store, _rope
 from ir.ops.dense import rms_norm_reference
 from ir.ops.registry import register_op, require
 
-PROLOGUES = ("none", "rms_norm", "silu_mul")
+PROLOGUES = ("none", "rms_norm")
 
 
 def fused_linear_inputs(attrs) -> list[str]:
@@ -32,9 +33,9 @@ def _fused_linear_type(inputs, attrs):
     names = fused_linear_inputs(attrs)
     require(len(inputs) == len(names), f"fused_linear: expects inputs {names}")
     x, w = inputs[0], inputs[1]
-    width = 2 * w.shape[1] if attrs["prologue"] == "silu_mul" else w.shape[1]
-    require(len(x.shape) == 2 and x.shape[1] == width, f"fused_linear: x must be [T, {width}]")
-    out = ((x.shape[0], w.shape[0]), DType(attrs["out_dtype"]))
+    require(len(x.shape) == 2 and x.shape[1] == w.shape[1], f"fused_linear: x must be [T, {w.shape[1]}]")
+    require(not attrs["gated"] or w.shape[0] % 2 == 0, "fused_linear: a gated projection needs an even width")
+    out = ((x.shape[0], w.shape[0] // 2 if attrs["gated"] else w.shape[0]), DType(attrs["out_dtype"]))
     if attrs["has_residual"]:
         res = inputs[names.index("residual")]
         require(res.shape == out[0], "fused_linear: residual must match the output")
@@ -42,15 +43,16 @@ def _fused_linear_type(inputs, attrs):
 
 
 @register_op("fused_linear", (2, 3, 4, 5), _fused_linear_type)
-def _fused_linear(*inputs, prologue: str, has_bias: bool, has_residual: bool, eps: float, out_dtype: str):
+def _fused_linear(*inputs, prologue: str, gated: bool, has_bias: bool, has_residual: bool, eps: float,
+                  out_dtype: str):
     named = dict(zip(fused_linear_inputs(dict(prologue=prologue, has_bias=has_bias, has_residual=has_residual)), inputs))
     x = named["x"]
     if prologue == "rms_norm":
         x = rms_norm_reference(x, named["norm_w"], eps=eps, group=x.shape[1])
-    elif prologue == "silu_mul":
-        gate, up = x.chunk(2, dim=-1)
-        x = F.silu(gate) * up
     y = F.linear(x, named["w"], named.get("bias"))
+    if gated:
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
     if has_residual:
         y = named["residual"] + y
     return y.to(DType(out_dtype).torch)

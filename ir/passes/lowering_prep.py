@@ -2,8 +2,8 @@
 
 `fuse_qkv_rope_store`: QKV projection -> slices -> [per-head q/k norm] -> rope -> kv_store becomes one
 `qkv_rope_store` (rotary and the cache append in the projection's epilogue).
-`to_fused_linear`: every remaining projection becomes a `fused_linear`, absorbing a SiLU-gating prologue,
-a residual add and a cast to fp32 that follow or precede it.
+`to_fused_linear`: every remaining projection becomes a `fused_linear`, absorbing the SiLU-gating, the
+residual add and the cast to fp32 that follow it.
 """
 from __future__ import annotations
 
@@ -79,31 +79,31 @@ def _emit_qkv(rw: Rewriter, m: dict[str, Node]) -> None:
 
 
 def to_fused_linear(graph: Graph) -> Graph:
-    producer = {v.id: n for n in graph.nodes for v in n.outputs}
     users = graph.consumers()
     rw = Rewriter(graph)
     for node in graph.nodes:
         if node.op not in ("linear", "rms_norm_linear"):
             rw.keep(node)
             continue
-        _emit_fused_linear(rw, node, producer, users)
+        _emit_fused_linear(rw, node, users)
     return eliminate_dead_code(rw.finish())
 
 
-def _emit_fused_linear(rw: Rewriter, node: Node, producer, users) -> None:
-    attrs = dict(prologue="none", has_bias=False, has_residual=False, eps=0.0, out_dtype=node.output.dtype.value)
+def _emit_fused_linear(rw: Rewriter, node: Node, users) -> None:
+    attrs = dict(prologue="none", gated=False, has_bias=False, has_residual=False, eps=0.0,
+                 out_dtype=node.output.dtype.value)
     if node.op == "rms_norm_linear":
         x, norm_w, w, *bias = node.inputs
         attrs.update(prologue="rms_norm", eps=node.attrs["eps"])
     else:
         (x, w, *bias), norm_w = node.inputs, None
-        gate = producer.get(x.id)
-        if gate is not None and gate.op == "silu_mul" and len(users[x.id]) == 1:
-            x = gate.inputs[0]
-            attrs["prologue"] = "silu_mul"
     attrs["has_bias"] = bool(bias)
     result, residual = node.output, None
     after = users[result.id]
+    if len(after) == 1 and after[0].op == "silu_mul":
+        attrs["gated"] = True
+        result = after[0].output
+        after = users[result.id]
     if len(after) == 1 and after[0].op == "add":
         add = after[0]
         residual = add.inputs[0] if add.inputs[1].id == result.id else add.inputs[1]

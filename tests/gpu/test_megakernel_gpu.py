@@ -22,11 +22,17 @@ CASES = [("llama3-8b", 1), ("llama3-8b", 8), ("llama3-8b", 64), ("qwen3-30b-a3b"
          ("qwen3-30b-a3b", 64), ("phi-4", 1), ("qwen3-32b", 1)]
 
 
-class Upcast(dict):
-    """Weights read as fp32 copies, one at a time (the executor looks params up when a node reads them)."""
+class KernelWeights(dict):
+    """The kernel's weights in checkpoint form, one at a time (the executor looks params up when a node
+    reads them), optionally as fp32 copies."""
+
+    def __init__(self, kernel: Megakernel, dtype: DType):
+        super().__init__()
+        self.kernel, self.dtype = kernel, dtype
 
     def get(self, name, default=None):
-        return super().get(name).float() if name in self else default
+        weight = self.kernel.checkpoint_weight(name)
+        return weight.float() if self.dtype == DType.f32 else weight
 
 
 def reference_logits(model, kernel: Megakernel, sequences: list[list[int]], dtype: DType) -> torch.Tensor:
@@ -43,9 +49,8 @@ def reference_logits(model, kernel: Megakernel, sequences: list[list[int]], dtyp
     for i in range(cfg.num_hidden_layers):
         inputs[f"kv_cache.{i}"] = torch.zeros(2, next_page, 16, cfg.num_key_value_heads, cfg.head_dim,
                                               dtype=dtype.torch, device="cuda")
-    views = {p.name: kernel.weight_views[p.name] for p in graph.params}
     with torch.inference_mode():
-        return execute(graph, Upcast(views) if dtype == DType.f32 else views, inputs)["logits"]
+        return execute(graph, KernelWeights(kernel, dtype), inputs)["logits"]
 
 
 def assert_within_bf16_tolerance(kernel: Megakernel, model, sequences: list[list[int]]) -> None:
