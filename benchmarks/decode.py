@@ -25,9 +25,10 @@ from runtime.megakernel import Megakernel
 from runtime.sampling import SamplingParams
 
 
-def load_kernel(preset: str, batch: int, max_len: int, tokens_per_step: int, out: str) -> Megakernel:
+def load_kernel(preset: str, batch: int, max_len: int, tokens_per_step: int, out: str,
+                overrides: dict | None = None) -> Megakernel:
     config = CompileConfig(max_batch=batch, max_tokens_per_step=tokens_per_step, max_model_len=max_len,
-                           max_new_tokens=40)
+                           max_new_tokens=40, **(overrides or {}))
     return Megakernel.load(compile_model(resolve_model(preset), config, out, WeightsSource(seed=0)).path,
                            device="cuda", timeout_s=300)
 
@@ -79,7 +80,10 @@ def main() -> None:
     parser.add_argument("--decode", default="1x512,8x512,64x512", help="batch x context pairs")
     parser.add_argument("--ttft", default="128,512", help="prompt lengths")
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=INT",
+                        help="a CompileConfig field for every kernel of the run (e.g. wide_n=128), repeatable")
     args = parser.parse_args()
+    overrides = {key: int(value) for key, value in (item.split("=", 1) for item in args.set)}
     cfg = resolve_model(args.preset).config
     device = torch.device("cuda")
     bandwidth = baselines.read_bandwidth_tbs(device)
@@ -91,11 +95,13 @@ def main() -> None:
 
     add("device", torch.cuda.get_device_name(), "", "")
     add("read bandwidth TB/s", f"{bandwidth:.2f}", "", "")
+    if overrides:
+        add("config overrides", " ".join(args.set), "", "")
     for pair in filter(None, args.decode.split(",")):
         batch, context = (int(v) for v in pair.split("x"))
         # prefill budget: decode steps do not depend on it, the benchmark's prefill of every prompt does
         kernel = load_kernel(args.preset, batch, context + 48, max(256, min(2048, batch * context)),
-                             artifact_path("decode"))
+                             artifact_path("decode"), overrides)
         ours = tpot_ms(kernel, batch, context, 16)
         task_kernels = task_kernels_graph_ms(kernel, batch, context)
         free(kernel)
@@ -106,7 +112,7 @@ def main() -> None:
             f"roofline {roofline:.2f} ({roofline / ours:.0%} of BW; {torch_ms / ours:.2f}x torch)")
         free()
     for prompt_len in (int(v) for v in filter(None, args.ttft.split(","))):
-        kernel = load_kernel(args.preset, 1, prompt_len + 8, prompt_len, artifact_path("ttft"))
+        kernel = load_kernel(args.preset, 1, prompt_len + 8, prompt_len, artifact_path("ttft"), overrides)
         ours = ttft_ms(kernel, prompt_len)
         free(kernel)
         torch_ms = baselines.torch_prefill_ms(cfg, prompt_len, device)

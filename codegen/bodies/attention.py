@@ -102,7 +102,8 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_seqs, SEQ_STARTS
                 tok, head, q_pos = start + r // rep, g * rep + r % rep, ctx - q_len + r // rep
                 q_ptr = ACT + q_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
                 q = tl.load(q_ptr, mask=r_ok[:, None] & d_ok[None, :], other=0.0)
-                m_i, l_i, acc = attend(q, q_pos, 0, ctx, pages, k_base, v_base, HKV * HD, d, d_ok, scale, PAGE_SIZE,
+                last = tl.minimum(ctx, ctx - q_len + (m0 + BM - 1) // rep + 1)  # causal: no key after the block
+                m_i, l_i, acc = attend(q, q_pos, 0, last, pages, k_base, v_base, HKV * HD, d, d_ok, scale, PAGE_SIZE,
                                        BKV, DOT_F32, STAGES)
                 out_ptr = ACT + out_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
                 tl.store(out_ptr, (acc / l_i[:, None]).to(dt), mask=r_ok[:, None] & d_ok[None, :])

@@ -8,7 +8,8 @@ squares of the stored rows when a norm reads the output.
 
 Three shapes of the same computation, by the number of rows in the step:
 - one row (batch-1 decode): a GEMV streaming [BN, BK] weight chunks into fp32 accumulators;
-- a few rows (batched decode): tensor-core dots over BM-row blocks of this task's BN columns;
+- a few rows (batched decode): one tensor-core dot over all rows (up to BM or BMW) and this task's BN
+  columns, so the weights stream once whatever the batch;
 - many rows (prefill): the group's tasks share the [BMW, BNW] tiles of the whole output, so each weight
   and input chunk feeds a wide tensor-core tile instead of being read once per BN columns.
 Every K loop loads unconditionally (masks only, no branches), so Triton's pipeliner keeps STAGES chunks of
@@ -127,15 +128,17 @@ def dot_block(desc, m0, n0, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
 
 @triton.jit
 def linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr, BKM: tl.constexpr, BMW: tl.constexpr, BNW: tl.constexpr, BKD: tl.constexpr,
-                DOT_F32: tl.constexpr, STAGES: tl.constexpr):
-    """BK, BKM, BKD: the K chunk of the GEMV, of the few-row dots, of the wide prefill tiles."""
+                BK: tl.constexpr, BKM: tl.constexpr, BKB: tl.constexpr, BMW: tl.constexpr, BNW: tl.constexpr,
+                BKD: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+    """BK, BKM, BKB, BKD: the K chunk of the GEMV, of the dots over up to BM rows, over up to BMW rows (one
+    pass over this task's weights whatever the batch), of the wide prefill tiles."""
     num_rows = tl.where(word(desc, 15) == 1, num_seqs, num_tokens)
     if num_rows == 1:
         gemv_row(desc, tile, W, ACT, F32, BN, BK, STAGES)
+    elif num_rows <= BM:
+        dot_block(desc, 0, tile * BN, num_rows, W, ACT, F32, BM, BN, BKM, DOT_F32, STAGES)
     elif num_rows <= BMW:
-        for m0 in range(0, num_rows, BM):
-            dot_block(desc, m0, tile * BN, num_rows, W, ACT, F32, BM, BN, BKM, DOT_F32, STAGES)
+        dot_block(desc, 0, tile * BN, num_rows, W, ACT, F32, BMW, BN, BKB, DOT_F32, STAGES)
     else:  # prefill: this task takes every num_tasks-th wide tile, row blocks innermost (weights shared in L2)
         N = word(desc, 4)
         num_tasks = tl.cdiv(N, BN)

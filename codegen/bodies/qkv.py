@@ -122,10 +122,10 @@ def split_head(desc, head, split, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, 
 
 @triton.jit
 def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: tl.constexpr,
-             SLOTS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, HDP: tl.constexpr, DOT_F32: tl.constexpr,
-             STAGES: tl.constexpr):
+             SLOTS: tl.constexpr, BM: tl.constexpr, BMP: tl.constexpr, BK: tl.constexpr, HDP: tl.constexpr,
+             DOT_F32: tl.constexpr, STAGES: tl.constexpr):
     """Task (head, split). A decode step (one row block) splits each head's K range over `splits` tasks;
-    prefill steps split the head's row blocks instead."""
+    prefill steps split the head's blocks of BMP rows instead."""
     splits = word(desc, 17)
     head = tile // splits
     split = tile % splits
@@ -137,8 +137,8 @@ def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: 
                    kv_plane, POSITIONS, SLOTS, BM, BK, HDP, DOT_F32, STAGES)
     else:  # prefill: the splits share the row blocks instead
         K = word8(desc, 1)
-        for m0 in range(split * BM, num_tokens, splits * BM):
-            rows = m0 + tl.arange(0, BM)
+        for m0 in range(split * BMP, num_tokens, splits * BMP):
+            rows = m0 + tl.arange(0, BMP)
             row_ok = rows < num_tokens
             acc = head_partial(desc, head, 0, K, rows, row_ok, W, ACT, F32, BK, HDP, DOT_F32, STAGES)
             head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP)

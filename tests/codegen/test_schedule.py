@@ -112,6 +112,24 @@ def test_a_lowered_moe_model_passes_the_schedule_check():
     assert lw.sample.count == CONFIG.max_batch
 
 
+def test_norms_fold_into_the_weights_they_feed_and_a_tied_head_gets_its_own_copy():
+    lw = _lowered("tiny-phi")  # tied embeddings: the LM head's weight is the embedding table
+    graph = lw.graph
+    by_param = {t["param"]: t for t in lw.transforms}
+    assert len(by_param) == len(lw.transforms)  # each weight transformed once
+    head = by_param["model.embed_tokens.weight"]
+    assert head["region"].startswith("placed:") and head["scale_columns"] == "model.norm.weight"
+    assert lw.layout.offset(head["region"]) != lw.weight(graph.param("model.embed_tokens.weight").value)
+    gate_up = [t for t in lw.transforms if "gate_up" in t["param"]]
+    assert gate_up and all(t["interleave_rows"] and t["region"] == f"param:{t['param']}" for t in gate_up)
+    assert all(t["scale_columns"].endswith("post_attention_layernorm.weight") for t in gate_up)
+    qkv = [t for t in lw.transforms if "qkv" in t["param"]]
+    assert len(qkv) == resolve_model("tiny-phi").config.num_hidden_layers
+    assert not any(t["interleave_rows"] for t in qkv)
+    linears = [n for n in graph.nodes if n.op == "fused_linear"]
+    assert sum(n.attrs["gated"] for n in linears) == len(gate_up)
+
+
 def test_lowering_without_the_lowering_prep_passes_names_the_unsupported_ops():
     model = resolve_model("tiny-llama")
     graph = run_pipeline(trace_model(model.definition, model.config, page_size=CONFIG.page_size), PIPELINE)

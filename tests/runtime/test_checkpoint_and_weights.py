@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from runtime.checkpoint import INDEX_FILE, SINGLE_FILE, CheckpointIndex
-from runtime.weights import WeightSpec, place_weights
+from runtime.weights import WeightSpec, place_weights, transform_weight
 
 
 def _tensors(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -191,3 +191,24 @@ def test_region_filled_twice_while_another_is_unfilled():
     sources = {"e0": torch.ones(2, 5), "e1": torch.ones(2, 5)}
     with pytest.raises(ValueError, match="weight w"):
         place_weights(specs, _reader(sources, []))
+
+
+# -- transforms: the form the megakernel reads ------------------------------------------------------------
+def test_transform_scales_columns_and_interleaves_halves_in_place():
+    w = torch.arange(24, dtype=torch.float32).view(6, 4)
+    scale = torch.tensor([1.0, 2.0, 0.5, -1.0])
+    expected = torch.stack((w[:3], w[3:]), dim=1).reshape(6, 4) * scale
+    transform_weight(w, w, scale, interleave_rows=True, chunk_rows=4)  # chunks cut across moved rows
+    assert torch.equal(w, expected)
+
+
+def test_transform_into_a_copy_leaves_the_source():
+    src = torch.randn(5, 3).to(torch.bfloat16)
+    scale = torch.randn(3).to(torch.bfloat16)
+    dst = torch.empty_like(src)
+    before = src.clone()
+    transform_weight(dst, src, scale)
+    assert torch.equal(src, before)
+    assert torch.equal(dst, (src.float() * scale.float()).to(torch.bfloat16))  # rounded once
+    with pytest.raises(ValueError, match="cannot interleave the halves of 5 rows"):
+        transform_weight(dst, src, interleave_rows=True)
