@@ -46,8 +46,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--tiles", default="64x64", help="comma-separated block_n x block_k pairs to compare")
+    parser.add_argument("--tiles", default="16x512", help="comma-separated block_n x block_k pairs to compare")
     parser.add_argument("--stages", type=int, default=3)
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=INT",
+                        help="another CompileConfig field (e.g. qkv_block_m=16), repeatable")
     args = parser.parse_args()
     for tile in args.tiles.split(","):
         block_n, block_k = (int(v) for v in tile.split("x"))
@@ -58,7 +60,8 @@ def run(args, block_n: int, block_k: int) -> None:
     model = resolve_model(args.preset)
     config = CompileConfig(max_batch=args.batch, max_tokens_per_step=max(256, args.batch),
                            max_model_len=args.context + args.tokens + 8, max_new_tokens=args.tokens + 2,
-                           block_n=block_n, block_k=block_k, num_stages=args.stages)
+                           block_n=block_n, block_k=block_k, num_stages=args.stages,
+                           **{key: int(value) for key, value in (item.split("=", 1) for item in args.set)})
     t0 = time.perf_counter()
     path = compile_model(model, config, artifact_path("bench"), WeightsSource(seed=0)).path
     kernel = Megakernel.load(path, device="cuda", timeout_s=120)
@@ -68,7 +71,8 @@ def run(args, block_n: int, block_k: int) -> None:
     ms = tpot_ms(kernel, args.batch, args.context, args.tokens)
     read = decode_bytes(build_graph(model, config), args.batch, args.context).total
     roofline = read / (bw * 1e12) * 1e3
-    print(f"{args.preset} batch {args.batch} ctx {args.context} tiles {block_n}x{block_k} stages {args.stages}: TPOT {ms:.2f} ms | roofline {roofline:.2f} ms at "
+    print(f"{args.preset} batch {args.batch} ctx {args.context} tiles {block_n}x{block_k} stages {args.stages} "
+          f"{' '.join(args.set)}: TPOT {ms:.2f} ms | roofline {roofline:.2f} ms at "
           f"{bw:.2f} TB/s measured | {roofline / ms:.0%} of read bandwidth | {args.batch * 1e3 / ms:.0f} tok/s")
 
 

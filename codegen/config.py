@@ -17,7 +17,9 @@ class CompileConfig:
     block_k: int = 512
     expert_block_n: int = 64  # output columns per MoE expert tile (most expert slots are idle at decode)
     block_m: int = 16  # token rows per dot (the minimum tl.dot takes)
-    block_k_dot: int = 64  # input columns per tensor-core chunk (batched decode and prefill)
+    block_k_dot: int = 64  # input columns per tensor-core chunk of the wide prefill tiles
+    block_k_batch: int = 128  # input columns per chunk of a dot over more than block_m decode rows
+    qkv_block_m: int = 32  # token rows per QKV prefill block (a [64, head_dim] rotary epilogue spills)
     wide_m: int = 64  # prefill tiles: token rows x output columns, shared by a group's tasks
     wide_n: int = 64
     block_kv: int = 32  # keys per attention block
@@ -26,6 +28,7 @@ class CompileConfig:
     attention_splits: int = 0  # tasks per (sequence, KV head) at decode; 0: ~256 tasks per layer
     sample_splits: int = 0  # tasks per sequence for greedy sampling; 0: one per ~8192 logits
     qkv_splits: int = 0  # tasks per QKV head at decode (split K, last one runs the epilogue); 0: ~128 KB each
+    prefetch_kb: int = 32  # weights each projection/QKV task asks L2 for before waiting on its inputs
     spin_limit: int = 1 << 26  # spins before a wait is reported as a hang
     profile: bool = False  # record each task's start, end of waits and end in step `profile_step` (GPU only)
     profile_step: int = 2
@@ -34,13 +37,13 @@ class CompileConfig:
         for name in ("max_batch", "max_tokens_per_step", "max_model_len", "max_new_tokens", "page_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("block_n", "expert_block_n", "block_k", "block_k_dot", "block_m", "wide_m", "wide_n", "block_kv",
-                     "page_size"):
+        for name in ("block_n", "expert_block_n", "block_k", "block_k_dot", "block_k_batch", "block_m", "qkv_block_m",
+                     "wide_m", "wide_n", "block_kv", "page_size"):
             value = getattr(self, name)
             if value <= 0 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two, got {value}")
-        if self.block_m < 16:
-            raise ValueError("block_m must be at least 16 (tl.dot)")
+        if min(self.block_m, self.qkv_block_m) < 16:
+            raise ValueError("block_m and qkv_block_m must be at least 16 (tl.dot)")
         if self.max_tokens_per_step < self.max_batch:
             raise ValueError("max_tokens_per_step must be at least max_batch (one decode token each)")
 

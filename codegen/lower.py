@@ -177,19 +177,16 @@ def attention_splits(config: CompileConfig, num_kv_heads: int) -> int:
     return max(1, min(32, 256 // (config.max_batch * num_kv_heads), config.max_model_len // config.block_kv))
 
 
-PREFETCH_BYTES = 32 << 10  # per task: about the first two pipeline stages of a projection tile
-
-
 def qkv_block_k(lw: Lowering) -> int:
     """The QKV body's K chunk (codegen/render.py passes the same)."""
     return min(lw.config.block_k, 64)
 
 
-def _prefetch_rows(offset: int, stride: int, rows: int, row_elems: int, itemsize: int) -> Prefetch:
-    """The first PREFETCH_BYTES of `rows` weight rows of `row_elems` elements, `stride` elements apart."""
+def _prefetch_rows(lw: Lowering, offset: int, stride: int, rows: int, row_elems: int, itemsize: int) -> Prefetch:
+    """The first `prefetch_kb` KB of `rows` weight rows of `row_elems` elements, `stride` elements apart."""
     if rows <= 0 or row_elems <= 0:
         return Prefetch()
-    row_bytes = min(row_elems * itemsize, max(16, PREFETCH_BYTES // rows)) // 16 * 16
+    row_bytes = min(row_elems * itemsize, max(16, (lw.config.prefetch_kb << 10) // rows)) // 16 * 16
     return Prefetch(offset, stride * itemsize, rows, row_bytes) if row_bytes else Prefetch()
 
 
@@ -283,7 +280,7 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
     n, k, bn = w.shape[0], w.shape[1], lw.config.block_n
     lw.ready[out.id] = lw.tasks.add_group(
         Kind.LINEAR, desc, lw.column_tiles(n), name, waits,
-        lambda tile: _prefetch_rows(w_off + tile * bn * k, k, min(bn, n - tile * bn), k, w.dtype.itemsize))
+        lambda tile: _prefetch_rows(lw, w_off + tile * bn * k, k, min(bn, n - tile * bn), k, w.dtype.itemsize))
 
 
 @lowering("qkv_rope_store")
@@ -315,7 +312,7 @@ def _qkv_rope_store(lw: Lowering, node: Node) -> None:
     def prefetch(tile: int) -> Prefetch:
         head, split = divmod(tile, splits)
         lo = min(k, split * chunk)
-        return _prefetch_rows(w_off + head * head_dim * k + lo, k, head_dim, min(k, lo + chunk) - lo,
+        return _prefetch_rows(lw, w_off + head * head_dim * k + lo, k, head_dim, min(k, lo + chunk) - lo,
                               w.dtype.itemsize)
 
     done = lw.tasks.add_group(Kind.QKV, desc, _qkv_heads(node) * splits, f"qkv.{layer}", lw.waits(x), prefetch)

@@ -28,16 +28,14 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     bk_small = qkv_block_k(lw)  # qkv and expert tiles are [head_dim or block_n, bk]: keep them in registers
     bk_rows = max(16, min(256, bk // 2))  # few-row dots stage inputs as large as their weights: smaller chunks
-    bk_batch = max(16, bk_rows // 2)  # up to wide_m rows stage inputs several times their weights
-    qkv_rows = min(32, cfg.wide_m)  # QKV prefill blocks: a [64, head_dim] rotary epilogue spills ~1.5 KB
     hdp = _pow2(max(16, c.get("HEAD_DIM_MAX", 16)))
     vocab = lw.graph.outputs["logits"].shape[1]
     sample_block = min(1024, _pow2(-(-vocab // sample_splits(lw))))  # logits per iteration of the argmax
     calls = {
-        Kind.LINEAR: f"linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn}, {bk}, {bk_rows}, {bk_batch}, "
+        Kind.LINEAR: f"linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn}, {bk}, {bk_rows}, {cfg.block_k_batch}, "
                      f"{cfg.wide_m}, {cfg.wide_n}, {cfg.block_k_dot}, {dot_f32}, {cfg.num_stages})",
         Kind.QKV: f"qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, {r.positions}, {r.slots}, "
-                  f"{bm}, {qkv_rows}, {bk_small}, {hdp}, {dot_f32}, {cfg.num_stages})",
+                  f"{bm}, {cfg.qkv_block_m}, {bk_small}, {hdp}, {dot_f32}, {cfg.num_stages})",
         Kind.ATTENTION: f"attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_seqs, {r.seq_starts}, "
                         f"{r.context_lens}, {r.seq_req}, {r.req_pages}, {cfg.max_pages_per_seq}, {cfg.page_size}, "
                         f"{bm}, {cfg.block_kv}, {hdp}, {dot_f32}, {cfg.num_stages})",

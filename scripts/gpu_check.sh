@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|all]
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=/tmp/blink-cache
 OUT=${OUT:-/tmp/blink-out}; mkdir -p "$OUT"
@@ -31,4 +31,14 @@ fi
 if [[ $mode == final ]]; then
   step 150 python -m pytest -q -x -s -m gpu tests/gpu -k "llama3-8b-1]" -p no:cacheprovider
   step 150 python -m benchmarks.profile_step --context 512
+fi
+if [[ $mode == variants ]]; then  # VARIANTS="1: 1:qkv_block_m=16 64:block_k_batch=64,prefetch_kb=64"
+  for variant in ${VARIANTS:-1:}; do  # batch:CompileConfig fields, each timed at context 512
+    args=(); for field in $(tr , ' ' <<< "${variant#*:}"); do args+=(--set "$field"); done
+    step "${VARIANT_LIMIT:-120}" python -m benchmarks.megakernel_tpot --batch "${variant%%:*}" --context 512 "${args[@]}"
+  done
+  for variant in ${TTFT_VARIANTS:-}; do  # prompt length:fields, e.g. "512: 512:wide_n=128"
+    args=(); for field in $(tr , ' ' <<< "${variant#*:}"); do args+=(--set "$field"); done
+    step 150 python -m benchmarks.decode --decode "" --ttft "${variant%%:*}" "${args[@]}"
+  done
 fi

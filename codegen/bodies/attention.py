@@ -93,7 +93,7 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_seqs, SEQ_STARTS
                 arrived = tl.atomic_add(F32 + ticket_off + group, 1.0, sem="acq_rel")
                 tl.debug_barrier()
                 if arrived == splits - 1:
-                    out = _merge_parts(part, splits, BM, HDP)
+                    out = _merge_parts(part, splits, r_ok, BM, HDP, STAGES)
                     tl.store(out_ptr, out.to(dt), mask=r_ok[:, None] & d_ok[None, :])
         else:  # prefill: the splits share the query row blocks instead
             for m0 in range(split * BM, q_len * rep, splits * BM):
@@ -118,17 +118,23 @@ def _store_part(part, m_i, l_i, acc, BM: tl.constexpr, HDP: tl.constexpr):
 
 
 @triton.jit
-def _merge_parts(part, splits, BM: tl.constexpr, HDP: tl.constexpr):
-    """Merges the splits' partial softmaxes in order: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M)."""
+def _merge_parts(part, splits, r_ok, BM: tl.constexpr, HDP: tl.constexpr, STAGES: tl.constexpr):
+    """Merges the splits' partial softmaxes in one pass with a running maximum (as flash attention merges
+    key blocks): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M). The loads of every split are
+    independent of the running values, so the loop is pipelined; rows past the group's queries are not read."""
     rows = tl.arange(0, BM)
     size = BM * (HDP + 2)
-    m_max = tl.full((BM,), NEG, tl.float32)
-    for s in range(0, splits):
-        m_max = tl.maximum(m_max, tl.load(part + s * size + rows))
+    m_run = tl.full((BM,), NEG, tl.float32)
     total = tl.zeros((BM,), tl.float32)
     acc = tl.zeros((BM, HDP), tl.float32)
-    for s in range(0, splits):
-        scale = tl.exp(tl.load(part + s * size + rows) - m_max)
-        total += tl.load(part + s * size + BM + rows) * scale
-        acc += tl.load(part + s * size + 2 * BM + rows[:, None] * HDP + tl.arange(0, HDP)[None, :]) * scale[:, None]
+    for s in tl.range(0, splits, num_stages=STAGES):
+        m_s = tl.load(part + s * size + rows, mask=r_ok, other=NEG)
+        l_s = tl.load(part + s * size + BM + rows, mask=r_ok, other=0.0)
+        acc_s = tl.load(part + s * size + 2 * BM + rows[:, None] * HDP + tl.arange(0, HDP)[None, :],
+                        mask=r_ok[:, None], other=0.0)
+        m_new = tl.maximum(m_run, m_s)
+        keep, add = tl.exp(m_run - m_new), tl.exp(m_s - m_new)
+        total = total * keep + l_s * add
+        acc = acc * keep[:, None] + acc_s * add[:, None]
+        m_run = m_new
     return acc / total[:, None]
