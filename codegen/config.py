@@ -18,7 +18,7 @@ class CompileConfig:
     expert_block_n: int = 64  # output columns per MoE expert tile (most expert slots are idle at decode)
     block_m: int = 16  # token rows per dot (the minimum tl.dot takes)
     block_k_dot: int = 64  # input columns per tensor-core chunk of the wide prefill tiles
-    block_k_batch: int = 128  # input columns per chunk of a dot over more than block_m decode rows
+    block_k_batch: int = 64  # input columns per chunk of a dot over up to wide_m rows (keep shared memory <= 48 KB)
     qkv_block_m: int = 32  # token rows per QKV prefill block (a [64, head_dim] rotary epilogue spills)
     wide_m: int = 64  # prefill tiles: token rows x output columns, shared by a group's tasks
     wide_n: int = 64
@@ -27,14 +27,16 @@ class CompileConfig:
     moe_slots: int = 0  # expert slots per MoE layer; 0: min(experts, max_batch * top_k)
     attention_splits: int = 0  # tasks per (sequence, KV head) at decode; 0: ~256 tasks per layer
     sample_splits: int = 0  # tasks per sequence for greedy sampling; 0: one per ~8192 logits
-    qkv_splits: int = 0  # tasks per QKV head at decode (split K, last one runs the epilogue); 0: ~128 KB each
+    qkv_splits: int = 0  # tasks per QKV head at decode (split K, last one runs the epilogue); 0: ~one wave
+    target_programs: int = 264  # programs the kernel is expected to run on (2 per SM of a 132-SM H100/H200)
     prefetch_kb: int = 32  # weights each projection/QKV task asks L2 for before waiting on its inputs
     spin_limit: int = 1 << 26  # spins before a wait is reported as a hang
     profile: bool = False  # record each task's start, end of waits and end in step `profile_step` (GPU only)
     profile_step: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("max_batch", "max_tokens_per_step", "max_model_len", "max_new_tokens", "page_size"):
+        for name in ("max_batch", "max_tokens_per_step", "max_model_len", "max_new_tokens", "page_size",
+                     "target_programs"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("block_n", "expert_block_n", "block_k", "block_k_dot", "block_k_batch", "block_m", "qkv_block_m",
