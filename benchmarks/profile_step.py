@@ -1,5 +1,6 @@
-"""Where a decode step's time goes inside the megakernel: each task's start, end of its waits and end
-(global timer, compiled with `profile`), summed per group and per task kind. GPU only."""
+"""Where a step's time goes inside the megakernel: each task's start, end of its waits and end (global
+timer, compiled with `profile`), summed per group and per task kind. The first decode step by default,
+`--prefill` the step that prefills the whole batch's prompts. GPU only."""
 from __future__ import annotations
 
 import argparse
@@ -49,13 +50,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", default="llama3-8b")
     parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--prefill", action="store_true", help="profile the step that prefills every prompt")
     args = parser.parse_args()
-    config = CompileConfig(max_batch=1, max_tokens_per_step=256, max_model_len=args.context + 64, max_new_tokens=40,
-                           profile=True, profile_step=-(-args.context // 256))  # the first decode step
+    prompt_tokens = args.batch * args.context
+    per_step = prompt_tokens if args.prefill else max(256, args.batch)
+    config = CompileConfig(max_batch=args.batch, max_tokens_per_step=per_step, max_model_len=args.context + 64,
+                           max_new_tokens=40, profile=True,
+                           profile_step=0 if args.prefill else -(-prompt_tokens // per_step))
     path = compile_model(resolve_model(args.preset), config, artifact_path("profile"), WeightsSource(seed=0)).path
     kernel = Megakernel.load(path, device="cuda", timeout_s=120)
-    print(f"TPOT {tpot_ms(kernel, 1, args.context, 16):.2f} ms (profiling build)")
-    kernel.generate([torch.randint(0, 1000, (args.context,)).tolist()],
+    print(f"TPOT {tpot_ms(kernel, args.batch, args.context, 16):.2f} ms (profiling build)")
+    kernel.generate([torch.randint(0, 1000, (args.context,)).tolist() for _ in range(args.batch)],
                     SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     print("\n".join(summarize(kernel)))
 
