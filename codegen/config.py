@@ -19,7 +19,8 @@ class CompileConfig:
     block_m: int = 16  # token rows per dot (the minimum tl.dot takes)
     block_k_dot: int = 64  # input columns per tensor-core chunk of the wide prefill tiles
     block_k_batch: int = 64  # input columns per chunk of a dot over up to wide_m rows (keep shared memory <= 48 KB)
-    qkv_block_m: int = 32  # token rows per QKV prefill block (a [64, head_dim] rotary epilogue spills)
+    qkv_block_m: int = 32  # token rows per QKV prefill block
+    attention_block_m: int = 16  # query rows (tokens x heads of a KV group) per prefill attention block
     wide_m: int = 64  # prefill tiles: token rows x output columns, shared by a group's tasks
     wide_n: int = 64
     block_kv: int = 32  # keys per attention block
@@ -40,12 +41,12 @@ class CompileConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("block_n", "expert_block_n", "block_k", "block_k_dot", "block_k_batch", "block_m", "qkv_block_m",
-                     "wide_m", "wide_n", "block_kv", "page_size"):
+                     "attention_block_m", "wide_m", "wide_n", "block_kv", "page_size"):
             value = getattr(self, name)
             if value <= 0 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two, got {value}")
-        if min(self.block_m, self.qkv_block_m) < 16:
-            raise ValueError("block_m and qkv_block_m must be at least 16 (tl.dot)")
+        if min(self.block_m, self.qkv_block_m, self.attention_block_m) < 16:
+            raise ValueError("block_m, qkv_block_m and attention_block_m must be at least 16 (tl.dot)")
         if self.max_tokens_per_step < self.max_batch:
             raise ValueError("max_tokens_per_step must be at least max_batch (one decode token each)")
 

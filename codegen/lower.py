@@ -318,6 +318,7 @@ def _qkv_rope_store(lw: Lowering, node: Node) -> None:
     done = lw.tasks.add_group(Kind.QKV, desc, _qkv_heads(node) * splits, f"qkv.{layer}", lw.waits(x), prefetch)
     lw.ready[q.id] = lw.ready[new_cache.id] = done
     lw.constants["HEAD_DIM_MAX"] = max(lw.constants.get("HEAD_DIM_MAX", 0), head_dim)
+    lw.constants["PARTIAL_ROTARY"] = lw.constants.get("PARTIAL_ROTARY", 0) | int(a["rotary_dim"] != head_dim)
 
 
 @lowering("paged_attention")

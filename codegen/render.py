@@ -29,16 +29,19 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     bk_small = qkv_block_k(lw)  # qkv and expert tiles are [head_dim or block_n, bk]: keep them in registers
     bk_rows = max(16, min(256, bk // 2))  # few-row dots stage inputs as large as their weights: smaller chunks
     hdp = _pow2(max(16, c.get("HEAD_DIM_MAX", 16)))
+    qkv_prefill_bk = max(16, min(bk_small, 2048 // cfg.qkv_block_m))  # [rows + head_dim, chunk] staged: <= 48 KB
+    full_rotary = hdp == c.get("HEAD_DIM_MAX") and not c.get("PARTIAL_ROTARY")  # rotary over the whole padded head
     vocab = lw.graph.outputs["logits"].shape[1]
     sample_block = min(1024, _pow2(-(-vocab // sample_splits(lw))))  # logits per iteration of the argmax
     calls = {
         Kind.LINEAR: f"linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn}, {bk}, {bk_rows}, {cfg.block_k_batch}, "
                      f"{cfg.wide_m}, {cfg.wide_n}, {cfg.block_k_dot}, {dot_f32}, {cfg.num_stages})",
         Kind.QKV: f"qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, {r.positions}, {r.slots}, "
-                  f"{bm}, {cfg.qkv_block_m}, {bk_small}, {hdp}, {dot_f32}, {cfg.num_stages})",
+                  f"{bm}, {cfg.qkv_block_m}, {bk_small}, {qkv_prefill_bk}, {hdp}, {dot_f32}, {cfg.num_stages}, "
+                  f"{full_rotary})",
         Kind.ATTENTION: f"attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_seqs, {r.seq_starts}, "
                         f"{r.context_lens}, {r.seq_req}, {r.req_pages}, {cfg.max_pages_per_seq}, {cfg.page_size}, "
-                        f"{bm}, {cfg.block_kv}, {hdp}, {dot_f32}, {cfg.num_stages})",
+                        f"{bm}, {cfg.attention_block_m}, {cfg.block_kv}, {hdp}, {dot_f32}, {cfg.num_stages})",
         Kind.EMBED: f"embed_task(desc, tile, W, ACT, F32, I32, num_tokens, {r.input_ids}, {bm}, {bn})",
         Kind.GATHER: f"gather_task(desc, tile, ACT, F32, I32, num_seqs, {r.logits_rows}, {bm}, {bn})",
         Kind.RMS_NORM: f"rms_norm_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn})",

@@ -53,8 +53,9 @@ def attend(q, q_pos, j_lo, j_hi, pages, k_base, v_base, row_stride, d, d_ok, sca
 @triton.jit
 def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_seqs, SEQ_STARTS: tl.constexpr,
                    CONTEXT_LENS: tl.constexpr, SEQ_REQ: tl.constexpr, REQ_PAGES: tl.constexpr,
-                   PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, BM: tl.constexpr, BKV: tl.constexpr,
-                   HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+                   PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, BM: tl.constexpr, BMP: tl.constexpr,
+                   BKV: tl.constexpr, HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+    """BM query rows (tokens x the group's heads) at decode, BMP per prefill block."""
     q_off, out_off, H, HKV = word8(desc, 0), word8(desc, 1), word(desc, 2), word(desc, 3)
     HD, layer, scale = word8(desc, 4), word(desc, 5), word_f32(desc, 6)
     splits, part_off, ticket_off = word(desc, 7), word(desc, 8), word(desc, 9)
@@ -96,13 +97,13 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_seqs, SEQ_STARTS
                     out = _merge_parts(part, splits, r_ok, BM, HDP, STAGES)
                     tl.store(out_ptr, out.to(dt), mask=r_ok[:, None] & d_ok[None, :])
         else:  # prefill: the splits share the query row blocks instead
-            for m0 in range(split * BM, q_len * rep, splits * BM):
-                r = m0 + tl.arange(0, BM)
+            for m0 in range(split * BMP, q_len * rep, splits * BMP):
+                r = m0 + tl.arange(0, BMP)
                 r_ok = r < q_len * rep
                 tok, head, q_pos = start + r // rep, g * rep + r % rep, ctx - q_len + r // rep
                 q_ptr = ACT + q_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
                 q = tl.load(q_ptr, mask=r_ok[:, None] & d_ok[None, :], other=0.0)
-                last = tl.minimum(ctx, ctx - q_len + (m0 + BM - 1) // rep + 1)  # causal: no key after the block
+                last = tl.minimum(ctx, ctx - q_len + (m0 + BMP - 1) // rep + 1)  # causal: no key after the block
                 m_i, l_i, acc = attend(q, q_pos, 0, last, pages, k_base, v_base, HKV * HD, d, d_ok, scale, PAGE_SIZE,
                                        BKV, DOT_F32, STAGES)
                 out_ptr = ACT + out_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]

@@ -12,17 +12,29 @@ QKV_FIELDS = ("x_off", "k", "w_off", "num_q_heads", "num_kv_heads", "head_dim", 
 
 
 @triton.jit
-def rotate(y, cols, pos, F32, inv_freq_off, RD, dt: tl.constexpr):
-    """HF's rotate_half rotary on the first RD columns of each row of y [BM, HDP]."""
-    half = RD // 2
-    partner = tl.where(cols < half, cols + half, tl.where(cols < RD, cols - half, cols))
-    sign = tl.where(cols < half, -1.0, 1.0)
-    rotated = tl.gather(y, tl.broadcast_to(partner[None, :], y.shape), 1) * sign[None, :]
-    freq = tl.load(F32 + inv_freq_off + tl.where(cols < half, cols, cols - half), mask=cols < RD, other=0.0)
-    angle = pos.to(tl.float32)[:, None] * freq[None, :]
-    cos, sin = round_to(tl.cos(angle), dt), round_to(tl.sin(angle), dt)
-    out = round_to(round_to(y * cos, dt) + round_to(rotated * sin, dt), dt)
-    return tl.where(cols[None, :] < RD, out, y)
+def rotate(y, cols, pos, F32, inv_freq_off, RD, dt: tl.constexpr, FULL: tl.constexpr):
+    """HF's rotate_half rotary on the first RD columns of each row of y [BM, HDP]. FULL: RD is the whole
+    padded head, so the halves are split apart in registers instead of gathered (a gather of a [64, 128]
+    tile goes through shared memory and spills)."""
+    if FULL:
+        HALF: tl.constexpr = y.shape[1] // 2
+        lo, hi = tl.split(tl.permute(tl.reshape(y, (y.shape[0], 2, HALF)), (0, 2, 1)))
+        freq = tl.load(F32 + inv_freq_off + tl.arange(0, HALF))
+        angle = pos.to(tl.float32)[:, None] * freq[None, :]
+        cos, sin = round_to(tl.cos(angle), dt), round_to(tl.sin(angle), dt)
+        out_lo = round_to(round_to(lo * cos, dt) + round_to(-hi * sin, dt), dt)
+        out_hi = round_to(round_to(hi * cos, dt) + round_to(lo * sin, dt), dt)
+        return tl.reshape(tl.permute(tl.join(out_lo, out_hi), (0, 2, 1)), y.shape)
+    else:
+        half = RD // 2
+        partner = tl.where(cols < half, cols + half, tl.where(cols < RD, cols - half, cols))
+        sign = tl.where(cols < half, -1.0, 1.0)
+        rotated = tl.gather(y, tl.broadcast_to(partner[None, :], y.shape), 1) * sign[None, :]
+        freq = tl.load(F32 + inv_freq_off + tl.where(cols < half, cols, cols - half), mask=cols < RD, other=0.0)
+        angle = pos.to(tl.float32)[:, None] * freq[None, :]
+        cos, sin = round_to(tl.cos(angle), dt), round_to(tl.sin(angle), dt)
+        out = round_to(round_to(y * cos, dt) + round_to(rotated * sin, dt), dt)
+        return tl.where(cols[None, :] < RD, out, y)
 
 
 @triton.jit
@@ -68,7 +80,7 @@ def head_partial(desc, head, k_lo, k_hi, rows, row_ok, W, ACT, F32, BK: tl.const
 
 @triton.jit
 def head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS: tl.constexpr,
-                  SLOTS: tl.constexpr, HDP: tl.constexpr):
+                  SLOTS: tl.constexpr, HDP: tl.constexpr, FULL_ROTARY: tl.constexpr):
     """Bias, per-head q/k norm, rotary, then the q buffer or the paged KV cache."""
     HQ, HKV, HD, RD = word(desc, 3), word(desc, 4), word(desc, 5), word(desc, 6)
     bias_off, q_norm_off, k_norm_off, qk_eps = word(desc, 9), word(desc, 10), word(desc, 11), word_f32(desc, 12)
@@ -82,7 +94,7 @@ def head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane,
         if has_qk_norm == 1:
             y = head_norm(y, d_ok, W, tl.where(head < HQ, q_norm_off, k_norm_off), HD, qk_eps, dt)
         pos = tl.load(I32 + POSITIONS + rows, mask=row_ok, other=0)
-        y = rotate(y, cols, pos, F32, inv_freq_off, RD, dt)
+        y = rotate(y, cols, pos, F32, inv_freq_off, RD, dt, FULL_ROTARY)
     mask = row_ok[:, None] & d_ok[None, :]
     if head < HQ:
         tl.store(ACT + q_out_off + rows[:, None] * (HQ * HD) + head * HD + cols[None, :], y.to(dt), mask=mask)
@@ -97,7 +109,7 @@ def head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane,
 @triton.jit
 def split_head(desc, head, split, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS: tl.constexpr,
                SLOTS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, HDP: tl.constexpr, DOT_F32: tl.constexpr,
-               STAGES: tl.constexpr):
+               STAGES: tl.constexpr, FULL_ROTARY: tl.constexpr):
     """A decode step's share of one head: K columns split .. of `splits`; the last split to finish (a ticket
     counter the planner zeroes every step) sums the fp32 partials in order and runs the epilogue."""
     K, splits, part_off, ticket_off = word8(desc, 1), word(desc, 17), word(desc, 18), word(desc, 19)
@@ -106,7 +118,8 @@ def split_head(desc, head, split, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, 
     k_hi = tl.multiple_of(tl.minimum(K, k_lo + chunk), 8)  # both are: keeps the K mask vector-wide
     acc = head_partial(desc, head, k_lo, k_hi, rows, row_ok, W, ACT, F32, BK, HDP, DOT_F32, STAGES)
     if splits == 1:
-        head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP)
+        head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP,
+                      FULL_ROTARY)
     else:
         parts = F32 + part_off + (head * splits) * (BM * HDP) + rows[:, None] * HDP + tl.arange(0, HDP)[None, :]
         tl.store(parts + split * (BM * HDP), acc)
@@ -117,28 +130,30 @@ def split_head(desc, head, split, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, 
             total = tl.zeros(acc.shape, tl.float32)
             for s in range(0, splits):
                 total += tl.load(parts + s * (BM * HDP))
-            head_epilogue(desc, head, total, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP)
+            head_epilogue(desc, head, total, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP,
+                          FULL_ROTARY)
 
 
 @triton.jit
 def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: tl.constexpr,
-             SLOTS: tl.constexpr, BM: tl.constexpr, BMP: tl.constexpr, BK: tl.constexpr, HDP: tl.constexpr,
-             DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+             SLOTS: tl.constexpr, BM: tl.constexpr, BMP: tl.constexpr, BK: tl.constexpr, BKP: tl.constexpr,
+             HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, FULL_ROTARY: tl.constexpr):
     """Task (head, split). A decode step (one row block) splits each head's K range over `splits` tasks;
-    prefill steps split the head's blocks of BMP rows instead."""
+    prefill steps split the head's blocks of BMP rows instead (K chunks of BKP)."""
     splits = word(desc, 17)
     head = tile // splits
     split = tile % splits
     if num_tokens == 1:
         split_head(desc, head, split, tl.arange(0, 1), tl.arange(0, 1) < 1, W, ACT, F32, I32, KV, kv_plane,
-                   POSITIONS, SLOTS, BM, BK, HDP, DOT_F32, STAGES)
+                   POSITIONS, SLOTS, BM, BK, HDP, DOT_F32, STAGES, FULL_ROTARY)
     elif num_tokens <= BM:
         split_head(desc, head, split, tl.arange(0, BM), tl.arange(0, BM) < num_tokens, W, ACT, F32, I32, KV,
-                   kv_plane, POSITIONS, SLOTS, BM, BK, HDP, DOT_F32, STAGES)
+                   kv_plane, POSITIONS, SLOTS, BM, BK, HDP, DOT_F32, STAGES, FULL_ROTARY)
     else:  # prefill: the splits share the row blocks instead
         K = word8(desc, 1)
         for m0 in range(split * BMP, num_tokens, splits * BMP):
             rows = m0 + tl.arange(0, BMP)
             row_ok = rows < num_tokens
-            acc = head_partial(desc, head, 0, K, rows, row_ok, W, ACT, F32, BK, HDP, DOT_F32, STAGES)
-            head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP)
+            acc = head_partial(desc, head, 0, K, rows, row_ok, W, ACT, F32, BKP, HDP, DOT_F32, STAGES)
+            head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP,
+                          FULL_ROTARY)

@@ -143,7 +143,7 @@ def test_lowering_without_the_lowering_prep_passes_names_the_unsupported_ops():
     (dict(block_k=384), "block_k must be a power of two, got 384"),
     (dict(block_kv=48), "block_kv must be a power of two, got 48"),
     (dict(page_size=12), "page_size must be a power of two, got 12"),
-    (dict(block_m=8), "block_m and qkv_block_m must be at least 16"),
+    (dict(block_m=8), "block_m, qkv_block_m and attention_block_m must be at least 16"),
     (dict(max_batch=8, max_tokens_per_step=7), "max_tokens_per_step must be at least max_batch"),
     (dict(max_model_len=0), "max_model_len must be positive, got 0"),
     (dict(block_n=0), "block_n must be a power of two, got 0"),
