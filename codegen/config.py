@@ -20,7 +20,7 @@ class CompileConfig:
     block_k_dot: int = 64  # input columns per tensor-core chunk of the wide prefill tiles
     block_k_batch: int = 64  # input columns per chunk of a dot over up to wide_m rows (keep shared memory <= 48 KB)
     qkv_block_m: int = 32  # token rows per QKV prefill block
-    attention_block_m: int = 16  # query rows (tokens x heads of a KV group) per prefill attention block
+    attention_block_m: int = 64  # query rows (tokens x heads of a KV group) per prefill attention block
     wide_m: int = 64  # prefill tiles: token rows x output columns, shared by a group's tasks
     wide_n: int = 64
     block_kv: int = 32  # keys per attention block
@@ -30,6 +30,7 @@ class CompileConfig:
     sample_splits: int = 0  # tasks per sequence for greedy sampling; 0: one per ~8192 logits
     qkv_splits: int = 0  # tasks per QKV head at decode (split K, last one runs the epilogue); 0: ~one wave
     target_programs: int = 264  # programs the kernel is expected to run on (2 per SM of a 132-SM H100/H200)
+    dynamic_tasks: bool = True  # programs take the next task from a ticket counter (False: task i on program i % P)
     prefetch_kb: int = 32  # weights each projection/QKV task asks L2 for before waiting on its inputs
     spin_limit: int = 1 << 26  # spins before a wait is reported as a hang
     profile: bool = False  # record each task's start, end of waits and end in step `profile_step` (GPU only)
