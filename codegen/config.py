@@ -30,7 +30,9 @@ class CompileConfig:
     sample_splits: int = 0  # tasks per sequence for greedy sampling; 0: one per ~8192 logits
     qkv_splits: int = 0  # tasks per QKV head at decode (split K, last one runs the epilogue); 0: ~one wave
     target_programs: int = 264  # programs the kernel is expected to run on (2 per SM of a 132-SM H100/H200)
-    dynamic_tasks: bool = True  # programs take the next task from a ticket counter (False: task i on program i % P)
+    # programs take the next task from one ticket counter instead of task i on program i % P: slower on the
+    # H100 (b1 7.22 -> 8.46 ms, b8 9.38 -> 12.72 ms: every task waits on a contended atomic for its successor)
+    dynamic_tasks: bool = False
     prefetch_kb: int = 32  # weights each projection/QKV task asks L2 for before waiting on its inputs
     spin_limit: int = 1 << 26  # spins before a wait is reported as a hang
     profile: bool = False  # record each task's start, end of waits and end in step `profile_step` (GPU only)

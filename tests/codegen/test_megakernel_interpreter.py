@@ -117,13 +117,14 @@ def test_bad_requests_are_clear_errors(compiled):
 def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path):
     """Decode steps split each QKV head's K range, each sequence's context and its greedy argmax over
     tasks; the last to finish merges the parts in order. Prefill splits row blocks instead, and the
-    projections' tasks share wide [16, 32] tiles (25 prompt tokens in the first step: two row blocks)."""
+    projections' tasks share wide [16, 32] tiles (25 prompt tokens in the first step: two row blocks).
+    Tasks are taken from the ticket counter (dynamic_tasks), carried over from step to step."""
     directory = checkpoint("tiny-qwen3")
     model = fp32_model(directory)
     # K = 64: QKV parts [0, 32), [32, 64), empty; contexts up to 11 tokens: attention parts of 16 keys
     config = dataclasses.replace(CONFIG, qkv_splits=3, block_k=16, attention_splits=3, block_kv=16,
                                  sample_splits=3,  # greedy argmax over three vocabulary chunks
-                                 max_tokens_per_step=32, wide_m=16, wide_n=32)
+                                 max_tokens_per_step=32, wide_m=16, wide_n=32, dynamic_tasks=True)
     out = compile_model(model, config, tmp_path / "split.cubin", WeightsSource(directory), dtype=DType.f32).path
     kernel = Megakernel.load(out, device="cpu")
     graph = trace_model(model.definition, model.config, page_size=4)
