@@ -16,7 +16,7 @@ import time
 import torch
 
 from benchmarks import baselines
-from benchmarks.megakernel_tpot import artifact_path, tpot_ms
+from benchmarks.megakernel_tpot import artifact_path, decode_tokens, tpot_ms
 from blinkc.compile_model import WeightsSource, compile_model
 from codegen.config import CompileConfig
 from models.registry import resolve_model
@@ -26,9 +26,9 @@ from runtime.sampling import SamplingParams
 
 
 def load_kernel(preset: str, batch: int, max_len: int, tokens_per_step: int, out: str,
-                overrides: dict | None = None) -> Megakernel:
+                overrides: dict | None = None, max_new_tokens: int = 40) -> Megakernel:
     config = CompileConfig(max_batch=batch, max_tokens_per_step=tokens_per_step, max_model_len=max_len,
-                           max_new_tokens=40, **(overrides or {}))
+                           max_new_tokens=max_new_tokens, **(overrides or {}))
     return Megakernel.load(compile_model(resolve_model(preset), config, out, WeightsSource(seed=0)).path,
                            device="cuda", timeout_s=300)
 
@@ -100,8 +100,10 @@ def main() -> None:
     for pair in filter(None, args.decode.split(",")):
         batch, context = (int(v) for v in pair.split("x"))
         # prefill budget: decode steps do not depend on it, the benchmark's prefill of every prompt does
-        kernel = load_kernel(args.preset, batch, context + 48, max(256, min(2048, batch * context)),
-                             artifact_path("decode"), overrides)
+        per_step = max(256, min(2048, batch * context))
+        new_tokens = decode_tokens(batch, context, per_step, 16)
+        kernel = load_kernel(args.preset, batch, context + new_tokens + 8, per_step, artifact_path("decode"),
+                             overrides, max_new_tokens=max(new_tokens, 40))
         ours = tpot_ms(kernel, batch, context, 16)
         task_kernels = task_kernels_graph_ms(kernel, batch, context)
         free(kernel)

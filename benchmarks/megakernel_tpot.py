@@ -1,6 +1,6 @@
-"""Time per output token of the megakernel: (launch with n+1 tokens - launch with 1 token) / n, so the
-prefill and the launch are subtracted out. Prints the roofline share against the read bandwidth measured
-in the same run."""
+"""Time per output token of the megakernel: the median length of the steps in which every sequence of the
+batch decodes (one token each, no prefill chunk), from the step log the kernel keeps (the global timer at
+each step's planning). Prints the roofline share against the read bandwidth measured in the same run."""
 from __future__ import annotations
 
 import argparse
@@ -24,20 +24,24 @@ def artifact_path(name: str) -> Path:
     return Path(tempfile.mkdtemp(prefix="blink-bench-")) / f"{name}.cubin"
 
 
+def decode_tokens(batch: int, context: int, tokens_per_step: int, num_tokens: int) -> int:
+    """Tokens to generate so that at least `num_tokens` steps decode the whole batch: sequences that finish
+    their prefill early decode alongside the others' prefill chunks, and finish early too."""
+    return num_tokens + -(-batch * context // tokens_per_step) + 1
+
+
 def tpot_ms(kernel: Megakernel, batch: int, context: int, num_tokens: int) -> float:
     prompts = [torch.randint(0, 1000, (context,)).tolist() for _ in range(batch)]
-    one = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-    many = SamplingParams(max_tokens=num_tokens + 1, temperature=0, ignore_eos=True)
-    kernel.generate(prompts, one)  # warm up
-    times = {}
-    repeats = 1 if batch * context > 8192 else 2  # each launch prefills the whole batch again
-    for name, params in (("one", one), ("many", many)) * repeats:
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        kernel.generate(prompts, params)
-        torch.cuda.synchronize()
-        times.setdefault(name, []).append(time.perf_counter() - t0)
-    return (min(times["many"]) - min(times["one"])) / num_tokens * 1e3
+    params = SamplingParams(max_tokens=decode_tokens(batch, context, kernel.config.max_tokens_per_step, num_tokens),
+                            temperature=0, ignore_eos=True)
+    kernel.generate(prompts, params)  # warm up
+    kernel.generate(prompts, params)
+    steps = kernel.step_log()
+    full = sorted(end - start for (start, tokens, seqs), (end, _, _) in zip(steps, steps[1:])
+                  if tokens == seqs == batch)
+    if not full:
+        raise RuntimeError(f"no step decoded all {batch} sequences (steps: {[s[1:] for s in steps]})")
+    return full[len(full) // 2] / 1e6
 
 
 def main() -> None:
@@ -58,8 +62,10 @@ def main() -> None:
 
 def run(args, block_n: int, block_k: int) -> None:
     model = resolve_model(args.preset)
-    config = CompileConfig(max_batch=args.batch, max_tokens_per_step=max(256, args.batch),
-                           max_model_len=args.context + args.tokens + 8, max_new_tokens=args.tokens + 2,
+    per_step = max(256, min(2048, args.batch * args.context))
+    new_tokens = decode_tokens(args.batch, args.context, per_step, args.tokens)
+    config = CompileConfig(max_batch=args.batch, max_tokens_per_step=per_step,
+                           max_model_len=args.context + new_tokens + 8, max_new_tokens=new_tokens,
                            block_n=block_n, block_k=block_k, num_stages=args.stages,
                            **{key: int(value) for key, value in (item.split("=", 1) for item in args.set)})
     t0 = time.perf_counter()

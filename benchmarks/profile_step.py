@@ -8,7 +8,7 @@ from collections import defaultdict
 
 import torch
 
-from benchmarks.megakernel_tpot import artifact_path, tpot_ms
+from benchmarks.megakernel_tpot import artifact_path, decode_tokens, tpot_ms
 from blinkc.compile_model import WeightsSource, compile_model
 from codegen.config import CompileConfig
 from codegen.tasks import Kind
@@ -54,15 +54,16 @@ def main() -> None:
     parser.add_argument("--prefill", action="store_true", help="profile the step that prefills every prompt")
     args = parser.parse_args()
     prompt_tokens = args.batch * args.context
-    per_step = prompt_tokens if args.prefill else max(256, args.batch)
-    config = CompileConfig(max_batch=args.batch, max_tokens_per_step=per_step, max_model_len=args.context + 64,
-                           max_new_tokens=40, profile=True,
-                           profile_step=0 if args.prefill else -(-prompt_tokens // per_step))
+    per_step = prompt_tokens if args.prefill else max(256, min(2048, prompt_tokens))
+    new_tokens = decode_tokens(args.batch, args.context, per_step, 16)
+    config = CompileConfig(max_batch=args.batch, max_tokens_per_step=per_step,
+                           max_model_len=args.context + new_tokens + 8, max_new_tokens=new_tokens, profile=True,
+                           profile_step=0 if args.prefill else -(-prompt_tokens // per_step))  # all decoding
     path = compile_model(resolve_model(args.preset), config, artifact_path("profile"), WeightsSource(seed=0)).path
     kernel = Megakernel.load(path, device="cuda", timeout_s=120)
     print(f"TPOT {tpot_ms(kernel, args.batch, args.context, 16):.2f} ms (profiling build)")
     kernel.generate([torch.randint(0, 1000, (args.context,)).tolist() for _ in range(args.batch)],
-                    SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+                    SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True))
     print("\n".join(summarize(kernel)))
 
 

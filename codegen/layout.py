@@ -59,13 +59,16 @@ STEP_REGIONS = {  # name -> size: T tokens, B sequences, R requests, P pages, M 
     "req_prompt_off": "R", "req_prompt_len": "R", "req_cached": "R", "req_num_out": "R",
     "req_max_tokens": "R", "req_finished": "R", "req_last": "R", "req_seed": "R", "req_top_k": "R",
     "req_ignore_eos": "R", "req_pages": "R*P", "prompts": "R*M", "out_tokens": "R*O", "eos_ids": "8",
+    "step_log": "LOG",  # per step (mod STEP_LOG): global timer when planned (low, high word), tokens, sequences
 }
+STEP_LOG = 4096
 
 
 def add_step_regions(layout: Layout, *, T: int, B: int, R: int, P: int, M: int, O: int) -> None:
     """The control words and the step/request regions of the I32 arena, and sampling floats in F32."""
     layout.alloc("control", "I32", len(CONTROL_FIELDS))
-    sizes = {"T": T, "B": B, "B+1": B + 1, "R": R, "R*P": R * P, "R*M": R * M, "R*O": R * O, "8": 8}
+    sizes = {"T": T, "B": B, "B+1": B + 1, "R": R, "R*P": R * P, "R*M": R * M, "R*O": R * O, "8": 8,
+             "LOG": STEP_LOG * 4}
     for name, size in STEP_REGIONS.items():
         layout.alloc(name, "I32", sizes[size])
     layout.alloc("req_temperature", "F32", R)

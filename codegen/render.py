@@ -12,7 +12,7 @@ import jinja2
 import triton
 
 from codegen.kernel_abi import KERNEL_NAME
-from codegen.layout import CONTROL_FIELDS, STEP_REGIONS
+from codegen.layout import CONTROL_FIELDS, STEP_LOG, STEP_REGIONS
 from codegen.lower import Lowering, qkv_block_k, sample_splits
 from codegen.tasks import DESC_WORDS, MAX_WAITS, TASK_WORDS, Kind
 
@@ -97,6 +97,7 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
         stats_size=lw.constants["STATS_SIZE"], chunk=128, task_words=TASK_WORDS, desc_words=DESC_WORDS,
         max_waits=MAX_WAITS, profile=cfg.profile and not cfg.interpret, profile_step=cfg.profile_step,
         prefetch=not cfg.interpret,  # inline PTX: the interpreter cannot run it
-        dynamic=cfg.dynamic_tasks, tickets_word=CONTROL_FIELDS.index("task_tickets"),
+        timer=not cfg.interpret,  # the global timer is inline PTX too: GPU builds log each step's start
+        step_log=STEP_LOG, dynamic=cfg.dynamic_tasks, tickets_word=CONTROL_FIELDS.index("task_tickets"),
     )
     return env.get_template("megakernel.py.j2").render(**context)

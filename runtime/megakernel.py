@@ -107,6 +107,14 @@ class Megakernel:
         self._weight_specs, self._weight_reader = {s.name: s for s in specs}, reader
         return packed
 
+    def step_log(self) -> list[tuple[int, int, int]]:
+        """(global timer in ns when the step was planned, its tokens, its sequences) for each step of the
+        last launch, from the log GPU builds keep (the first STEP_LOG steps; empty in the interpreter)."""
+        offset, size = self.region("step_log")
+        log = self.i32[offset:offset + size].view(-1, 4).cpu().to(torch.int64)
+        clock = (log[:, 1] << 32) | (log[:, 0] & 0xFFFFFFFF)
+        return [(int(clock[s]), int(log[s, 2]), int(log[s, 3])) for s in range(log.shape[0]) if clock[s] != 0]
+
     def checkpoint_weight(self, name: str) -> torch.Tensor:
         """A weight in its checkpoint form: the placed view, or read again from the weights' source where the
         kernel holds it transformed (see codegen/lower.py, `placed_weight`)."""
