@@ -36,11 +36,16 @@ def tpot_ms(kernel: Megakernel, batch: int, context: int, num_tokens: int) -> fl
                             temperature=0, ignore_eos=True)
     kernel.generate(prompts, params)  # warm up
     kernel.generate(prompts, params)
-    steps = kernel.step_log()
+    return full_batch_step_ms(kernel.step_log(), batch)
+
+
+def full_batch_step_ms(steps: list[tuple[int, int, int]], batch: int) -> float:
+    """Median length in ms of the logged steps (timer ns, tokens, sequences) that decode all `batch`
+    sequences and nothing else; a step lasts until the next one is planned."""
     full = sorted(end - start for (start, tokens, seqs), (end, _, _) in zip(steps, steps[1:])
                   if tokens == seqs == batch)
     if not full:
-        raise RuntimeError(f"no step decoded all {batch} sequences (steps: {[s[1:] for s in steps]})")
+        raise RuntimeError(f"no step decoded all {batch} sequences (tokens, sequences: {[s[1:] for s in steps]})")
     return full[len(full) // 2] / 1e6
 
 

@@ -39,6 +39,14 @@ class Completion:
     finish_reason: str
 
 
+def parse_step_log(words: torch.Tensor) -> list[tuple[int, int, int]]:
+    """The step log's int32 words, 4 per step (timer low and high word, tokens, sequences) -> (timer ns,
+    tokens, sequences) of each step that ran (a launch starts from zeroed words)."""
+    log = words.view(-1, 4).to(torch.int64)
+    clock = (log[:, 1] << 32) | (log[:, 0] & 0xFFFFFFFF)
+    return [(int(clock[s]), int(log[s, 2]), int(log[s, 3])) for s in range(log.shape[0]) if clock[s] != 0]
+
+
 class Megakernel:
     def __init__(self, artifact: Artifact, device: str | torch.device, checkpoint_dir: Path | None = None,
                  timeout_s: float = 600.0) -> None:
@@ -111,9 +119,7 @@ class Megakernel:
         """(global timer in ns when the step was planned, its tokens, its sequences) for each step of the
         last launch, from the log GPU builds keep (the first STEP_LOG steps; empty in the interpreter)."""
         offset, size = self.region("step_log")
-        log = self.i32[offset:offset + size].view(-1, 4).cpu().to(torch.int64)
-        clock = (log[:, 1] << 32) | (log[:, 0] & 0xFFFFFFFF)
-        return [(int(clock[s]), int(log[s, 2]), int(log[s, 3])) for s in range(log.shape[0]) if clock[s] != 0]
+        return parse_step_log(self.i32[offset:offset + size].cpu())
 
     def checkpoint_weight(self, name: str) -> torch.Tensor:
         """A weight in its checkpoint form: the placed view, or read again from the weights' source where the
