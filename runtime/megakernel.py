@@ -105,19 +105,21 @@ class Megakernel:
         else:
             reader = random_reader(checkpoint_shapes(specs), source["seed"], source["std"], self.dtype, self.device)
         place_weights(specs, reader, self.device, destinations=views)
-        for t in self.manifest["weights"]["transforms"]:
+        transforms = self.manifest["weights"]["transforms"]  # codegen/lower.py, Lowering.placed_weight
+        for t in transforms:
             src = views[t["param"]]
             offset, size = self.region(t["region"])
             scale = views[t["scale_columns"]] if t["scale_columns"] else None
             transform_weight(packed[offset:offset + size].view(src.shape), src, scale, t["interleave_rows"])
-        transformed = {t["param"] for t in self.manifest["weights"]["transforms"] if t["region"] == f"param:{t['param']}"}
+        transformed = {t["param"] for t in transforms if t["region"] == f"param:{t['param']}"}  # in place
         self.weight_views = {name: view for name, view in views.items() if name not in transformed}
         self._weight_specs, self._weight_reader = {s.name: s for s in specs}, reader
         return packed
 
     def step_log(self) -> list[tuple[int, int, int]]:
         """(global timer in ns when the step was planned, its tokens, its sequences) for each step of the
-        last launch, from the log GPU builds keep (the first STEP_LOG steps; empty in the interpreter)."""
+        last launch, from the log GPU builds keep (empty in the interpreter). The log is a ring of STEP_LOG
+        entries: in a launch of more steps the latest overwrite the oldest."""
         offset, size = self.region("step_log")
         return parse_step_log(self.i32[offset:offset + size].cpu())
 
