@@ -19,7 +19,7 @@ class CompileConfig:
     block_m: int = 16  # token rows per dot (the minimum tl.dot takes)
     block_k_dot: int = 64  # input columns per tensor-core chunk of the wide prefill tiles
     block_k_batch: int = 64  # input columns per chunk of a dot over up to wide_m rows (keep shared memory <= 48 KB)
-    qkv_block_m: int = 32  # token rows per QKV prefill block
+    qkv_block_m: int = 64  # token rows per QKV block: up to this many, heads split K; beyond, row blocks
     attention_block_m: int = 64  # query rows (tokens x heads of a KV group) per prefill attention block
     wide_m: int = 64  # prefill tiles: token rows x output columns, shared by a group's tasks
     wide_n: int = 64

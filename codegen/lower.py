@@ -151,8 +151,9 @@ def _allocate(lw: Lowering) -> None:
             n.attrs["num_kv_heads"] * attention_splits(cfg, n.attrs["num_kv_heads"]) for n in attention_nodes)
             * cfg.block_m * (head_dim + 2))
     if qkv_nodes:  # one scratch for every layer: layer l + 1's QKV starts after layer l's is done
+        head_dim = _pow2(max(16, max(n.attrs["head_dim"] for n in qkv_nodes)))
         lw.layout.alloc("qkv_parts", "F32", max(_qkv_heads(n) * qkv_splits(lw, n) for n in qkv_nodes)
-                        * cfg.block_m * _pow2(max(16, max(n.attrs["head_dim"] for n in qkv_nodes))))
+                        * max(cfg.block_m, cfg.qkv_block_m) * head_dim)
 
 
 def _pow2(n: int) -> int:

@@ -138,8 +138,9 @@ def split_head(desc, head, split, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, 
 def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: tl.constexpr,
              SLOTS: tl.constexpr, BM: tl.constexpr, BMP: tl.constexpr, BK: tl.constexpr, BKP: tl.constexpr,
              HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, FULL_ROTARY: tl.constexpr):
-    """Task (head, split). A decode step (one row block) splits each head's K range over `splits` tasks;
-    prefill steps split the head's blocks of BMP rows instead (K chunks of BKP)."""
+    """Task (head, split). A step of up to BMP rows (decode, batched decode) splits each head's K range over
+    `splits` tasks; longer (prefill) steps split the head's blocks of BMP rows instead. K chunks of BKP
+    wherever BMP rows are staged."""
     splits = word(desc, 17)
     head = tile // splits
     split = tile % splits
@@ -149,6 +150,9 @@ def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: 
     elif num_tokens <= BM:
         split_head(desc, head, split, tl.arange(0, BM), tl.arange(0, BM) < num_tokens, W, ACT, F32, I32, KV,
                    kv_plane, POSITIONS, SLOTS, BM, BK, HDP, DOT_F32, STAGES, FULL_ROTARY)
+    elif num_tokens <= BMP:
+        split_head(desc, head, split, tl.arange(0, BMP), tl.arange(0, BMP) < num_tokens, W, ACT, F32, I32, KV,
+                   kv_plane, POSITIONS, SLOTS, BMP, BKP, HDP, DOT_F32, STAGES, FULL_ROTARY)
     else:  # prefill: the splits share the row blocks instead
         K = word8(desc, 1)
         for m0 in range(split * BMP, num_tokens, splits * BMP):

@@ -114,17 +114,20 @@ def test_bad_requests_are_clear_errors(compiled):
         kernel.generate([[10**6]], SamplingParams(max_tokens=2))
 
 
-def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path):
+@pytest.mark.parametrize("qkv_block_m", [16, 32])
+def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_m):
     """Decode steps split each QKV head's K range, each sequence's context and its greedy argmax over
     tasks; the last to finish merges the parts in order. Prefill splits row blocks instead, and the
     projections' tasks share wide [16, 32] tiles (25 prompt tokens in the first step: two row blocks).
-    Tasks are taken from the ticket counter (dynamic_tasks), carried over from step to step."""
+    The QKV heads of that step split K too when they fit one block of qkv_block_m rows (32), or take two
+    row blocks (16). Tasks are taken from the ticket counter (dynamic_tasks), carried over from step to step."""
     directory = checkpoint("tiny-qwen3")
     model = fp32_model(directory)
     # K = 64: QKV parts [0, 32), [32, 64), empty; contexts up to 11 tokens: attention parts of 16 keys
     config = dataclasses.replace(CONFIG, qkv_splits=3, block_k=16, attention_splits=3, block_kv=16,
                                  sample_splits=3,  # greedy argmax over three vocabulary chunks
-                                 max_tokens_per_step=32, wide_m=16, wide_n=32, dynamic_tasks=True)
+                                 max_tokens_per_step=32, wide_m=16, wide_n=32, dynamic_tasks=True,
+                                 qkv_block_m=qkv_block_m)
     out = compile_model(model, config, tmp_path / "split.cubin", WeightsSource(directory), dtype=DType.f32).path
     kernel = Megakernel.load(out, device="cpu")
     graph = trace_model(model.definition, model.config, page_size=4)
