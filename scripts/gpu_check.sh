@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|verify|all]
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=/tmp/blink-cache
 OUT=${OUT:-/tmp/blink-out}; mkdir -p "$OUT"
@@ -41,4 +41,9 @@ if [[ $mode == variants ]]; then  # VARIANTS="1: 1:qkv_block_m=16 64:block_k_bat
     args=(); for field in $(tr , ' ' <<< "${variant#*:}"); do args+=(--set "$field"); done
     step 150 python -m benchmarks.decode --decode "" --ttft "${variant%%:*}" "${args[@]}"
   done
+fi
+
+if [[ $mode == verify ]]; then  # one ~8-minute call: correctness at every batch, then the decode table
+  step 170 python -m pytest -q -x -s -m gpu tests/gpu -k "${CASES:-llama3-8b}" -p no:cacheprovider
+  step "${BENCH_LIMIT:-400}" python -m benchmarks.decode --decode "${DECODE:-1x512,8x512,64x512}" --ttft "${TTFT:-512}" --json "$OUT/decode.json"
 fi
