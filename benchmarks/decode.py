@@ -16,7 +16,7 @@ import time
 import torch
 
 from benchmarks import baselines
-from benchmarks.megakernel_tpot import artifact_path, decode_tokens, tpot_ms
+from benchmarks.megakernel_tpot import artifact_path, decode_tokens, prefill_budget, tpot_ms
 from blinkc.compile_model import WeightsSource, compile_model
 from codegen.config import CompileConfig
 from models.registry import resolve_model
@@ -99,8 +99,7 @@ def main() -> None:
         add("config overrides", " ".join(args.set), "", "")
     for pair in filter(None, args.decode.split(",")):
         batch, context = (int(v) for v in pair.split("x"))
-        # prefill budget: decode steps do not depend on it, the benchmark's prefill of every prompt does
-        per_step = max(256, min(2048, batch * context))
+        per_step = prefill_budget(batch, context)
         new_tokens = decode_tokens(batch, context, per_step, 16)
         kernel = load_kernel(args.preset, batch, context + new_tokens + 8, per_step, artifact_path("decode"),
                              overrides, max_new_tokens=max(new_tokens, 40))

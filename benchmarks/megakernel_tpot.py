@@ -24,6 +24,12 @@ def artifact_path(name: str) -> Path:
     return Path(tempfile.mkdtemp(prefix="blink-bench-")) / f"{name}.cubin"
 
 
+def prefill_budget(batch: int, context: int) -> int:
+    """The prefill budget the decode benchmarks compile with: decode steps do not depend on it, the
+    benchmark's prefill of every prompt does (larger chunks, fewer steps; activations grow with it)."""
+    return max(256, min(2048, batch * context))
+
+
 def decode_tokens(batch: int, context: int, tokens_per_step: int, num_tokens: int) -> int:
     """Tokens to generate so that at least `num_tokens` steps decode the whole batch: sequences that finish
     their prefill early decode alongside the others' prefill chunks, and finish early too."""
@@ -67,7 +73,7 @@ def main() -> None:
 
 def run(args, block_n: int, block_k: int) -> None:
     model = resolve_model(args.preset)
-    per_step = max(256, min(2048, args.batch * args.context))
+    per_step = prefill_budget(args.batch, args.context)
     new_tokens = decode_tokens(args.batch, args.context, per_step, args.tokens)
     config = CompileConfig(max_batch=args.batch, max_tokens_per_step=per_step,
                            max_model_len=args.context + new_tokens + 8, max_new_tokens=new_tokens,

@@ -8,7 +8,7 @@ from collections import defaultdict
 
 import torch
 
-from benchmarks.megakernel_tpot import artifact_path, decode_tokens, tpot_ms
+from benchmarks.megakernel_tpot import artifact_path, decode_tokens, prefill_budget, tpot_ms
 from blinkc.compile_model import WeightsSource, compile_model
 from codegen.config import CompileConfig
 from codegen.tasks import Kind
@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--prefill", action="store_true", help="profile the step that prefills every prompt")
     args = parser.parse_args()
     prompt_tokens = args.batch * args.context
-    per_step = prompt_tokens if args.prefill else max(256, min(2048, prompt_tokens))
+    per_step = prompt_tokens if args.prefill else prefill_budget(args.batch, args.context)
     new_tokens = decode_tokens(args.batch, args.context, per_step, 16)
     config = CompileConfig(max_batch=args.batch, max_tokens_per_step=per_step,
                            max_model_len=args.context + new_tokens + 8, max_new_tokens=new_tokens, profile=True,
