@@ -33,7 +33,10 @@ def load_kernel(preset: str, batch: int, max_len: int, tokens_per_step: int, out
                            device="cuda", timeout_s=300)
 
 
-def task_kernels_graph_ms(kernel: Megakernel, batch: int, context: int, num_replays: int = 20) -> float:
+GRAPH_REPLAYS = 20
+
+
+def task_kernels_graph_ms(kernel: Megakernel, batch: int, context: int, num_replays: int = GRAPH_REPLAYS) -> float:
     """Baseline (c): one decode step of the same task bodies, one kernel per task group, replayed from
     one CUDA graph (median ms per replay)."""
     driver = HostDriven(kernel)
@@ -101,7 +104,8 @@ def main() -> None:
         batch, context = (int(v) for v in pair.split("x"))
         per_step = prefill_budget(batch, context)
         new_tokens = decode_tokens(batch, context, per_step, 16)
-        kernel = load_kernel(args.preset, batch, context + new_tokens + 8, per_step, artifact_path("decode"),
+        max_len = context + max(new_tokens, GRAPH_REPLAYS + 8) + 8  # (c) decodes GRAPH_REPLAYS + 8 tokens too
+        kernel = load_kernel(args.preset, batch, max_len, per_step, artifact_path("decode"),
                              overrides, max_new_tokens=max(new_tokens, 40))
         ours = tpot_ms(kernel, batch, context, 16)
         task_kernels = task_kernels_graph_ms(kernel, batch, context)
