@@ -17,11 +17,12 @@ class CompileConfig:
     block_k: int = 512
     expert_block_n: int = 64  # output columns per MoE expert tile (most expert slots are idle at decode)
     block_m: int = 16  # token rows per dot (the minimum tl.dot takes)
-    block_k_dot: int = 64  # input columns per tensor-core chunk of the wide prefill tiles
-    block_k_batch: int = 64  # input columns per chunk of a dot over up to wide_m rows (keep shared memory <= 48 KB)
+    block_k_dot: int = 64  # input columns per tensor-core chunk of the [wide_m, wide_n] tiles
     qkv_block_m: int = 64  # token rows per QKV block: up to this many, heads split K; beyond, row blocks
     attention_block_m: int = 64  # query rows (tokens x heads of a KV group) per prefill attention block
-    wide_m: int = 64  # prefill tiles: token rows x output columns, shared by a group's tasks
+    # token rows x output columns of the projections' tensor-core tiles beyond block_m rows: prefill tiles
+    # shared by a group's tasks, batched decode blocks split over wide_n // block_n tasks (K split)
+    wide_m: int = 64
     wide_n: int = 64
     block_kv: int = 32  # keys per attention block
     num_stages: int = 3  # software pipelining depth of the projections' K loops
@@ -43,7 +44,7 @@ class CompileConfig:
                      "target_programs"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("block_n", "expert_block_n", "block_k", "block_k_dot", "block_k_batch", "block_m", "qkv_block_m",
+        for name in ("block_n", "expert_block_n", "block_k", "block_k_dot", "block_m", "qkv_block_m",
                      "attention_block_m", "wide_m", "wide_n", "block_kv", "page_size"):
             value = getattr(self, name)
             if value <= 0 or value & (value - 1):

@@ -33,6 +33,7 @@ class Lowering:
     constants: dict[str, int] = field(default_factory=dict)  # compile-time numbers the template needs
     rope_tables: dict[str, tuple] = field(default_factory=dict)  # F32 region -> (rotary_dim, theta, scaling)
     plan_event: int = -1
+    split_linear_event: int = -1  # the last projection group that used the shared `linear_parts` scratch
     sample: Wait | None = None
     # weights placed in a form other than the checkpoint's (see `placed_weight`), in the order to apply them
     transforms: list[dict] = field(default_factory=list)
@@ -132,7 +133,7 @@ def _allocate(lw: Lowering) -> None:
         lw.layout.alloc(f"param:{p.name}", "W", p.num_elements)
     add_step_regions(lw.layout, T=cfg.max_tokens_per_step, B=cfg.max_batch, R=cfg.max_batch,
                      P=cfg.max_pages_per_seq, M=cfg.max_model_len, O=cfg.max_new_tokens)
-    # Everything the planner zeroes each step, contiguous: the norms' sums of squares, the QKV tickets.
+    # Everything the planner zeroes each step, contiguous: the norms' sums of squares, the split tasks' tickets.
     lw.constants["STATS_OFF"] = lw.layout.sizes["F32"]
     for value in _values_read_by_norms(lw.graph):
         lw.stats[value.id] = lw.layout.alloc(f"stats:v{value.id}", "F32", lw.rows(value))
@@ -143,6 +144,11 @@ def _allocate(lw: Lowering) -> None:
     for node in attention_nodes:
         lw.layout.alloc(f"tickets:v{node.output.id}", "F32", cfg.max_batch * node.attrs["num_kv_heads"])
     lw.layout.alloc("tickets:sample", "F32", cfg.max_batch)
+    split_linears = [(n.output, n.inputs[fused_linear_inputs(n.attrs).index("w")].shape[0])
+                     for n in lw.graph.nodes if n.op == "fused_linear"]
+    split_linears = [(out, n) for out, n in split_linears if linear_splits(cfg, n) > 1]
+    for out, n in split_linears:
+        lw.layout.alloc(f"tickets:v{out.id}", "F32", n // cfg.wide_n)
     lw.constants["STATS_SIZE"] = lw.layout.sizes["F32"] - lw.constants["STATS_OFF"]
     lw.layout.alloc("sample_parts", "F32", cfg.max_batch * sample_splits(lw) * 2)
     if attention_nodes:  # one scratch for every layer, as for the QKV parts
@@ -150,6 +156,9 @@ def _allocate(lw: Lowering) -> None:
         lw.layout.alloc("attention_parts", "F32", cfg.max_batch * max(
             n.attrs["num_kv_heads"] * attention_splits(cfg, n.attrs["num_kv_heads"]) for n in attention_nodes)
             * cfg.block_m * (head_dim + 2))
+    if split_linears:  # one scratch for every split projection: each starts after the previous is done
+        lw.layout.alloc("linear_parts", "F32", max(n * linear_splits(cfg, n) for _, n in split_linears)
+                        * cfg.wide_m)
     if qkv_nodes:  # one scratch for every layer: layer l + 1's QKV starts after layer l's is done
         head_dim = _pow2(max(16, max(n.attrs["head_dim"] for n in qkv_nodes)))
         lw.layout.alloc("qkv_parts", "F32", max(_qkv_heads(n) * qkv_splits(lw, n) for n in qkv_nodes)
@@ -176,6 +185,17 @@ def attention_splits(config: CompileConfig, num_kv_heads: int) -> int:
     if config.attention_splits:
         return config.attention_splits
     return max(1, min(32, 256 // (config.max_batch * num_kv_heads), config.max_model_len // config.block_kv))
+
+
+def linear_splits(config: CompileConfig, n: int) -> int:
+    """Tasks per block of wide_n output columns when a step has more than block_m rows (batched decode):
+    the group's tasks split each block's K range (wide_n // block_n of them), unless the blocks alone are
+    several waves of tasks (an LM head) or do not divide the columns; then a task owns a whole block."""
+    splits = config.wide_n // config.block_n
+    if config.wide_m <= config.block_m or splits <= 1 or n % config.wide_n or \
+            n // config.wide_n >= 4 * config.target_programs:
+        return 1
+    return splits
 
 
 def qkv_block_k(lw: Lowering) -> int:
@@ -268,6 +288,7 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
         out_off = lw.act(out)
     residual, gated = named.get("residual"), node.attrs["gated"]
     w_off = lw.placed_weight(w, scale_columns=named.get("norm_w"), interleave_rows=gated)
+    splits = linear_splits(lw.config, w.shape[0])
     desc = lw.tasks.add_desc(LINEAR_FIELDS, dict(
         x_off=lw.act(x), x_stride=x.shape[1], k=w.shape[1], w_off=w_off, n=w.shape[0], out_off=out_off,
         out_stride=out.shape[1], out_f32=int(is_f32), gated=int(gated),
@@ -275,13 +296,23 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
         eps=float(node.attrs["eps"]), res_off=lw.act(residual) if residual is not None else -1,
         res_stride=out.shape[1],
         bias_off=lw.placed_weight(named["bias"], interleave_rows=gated) if "bias" in named else -1,
-        out_stats_off=lw.out_stats(out), rows_kind=_rows_kind(x)))
+        out_stats_off=lw.out_stats(out), rows_kind=_rows_kind(x), splits=splits,
+        part_off=lw.layout.offset("linear_parts") if splits > 1 else -1,
+        ticket_off=lw.layout.offset(f"tickets:v{out.id}") if splits > 1 else -1))
     waits = lw.waits(x, *([residual] if residual is not None else []))
     name = "lm_head" if is_f32 else w.name
+    if splits > 1 and lw.split_linear_event >= 0 and not lw.tasks.follows(waits, lw.split_linear_event):
+        raise ValueError(f"{name} may run beside {lw.tasks.event_names[lw.split_linear_event]}: they would share "
+                         f"the split projections' scratch")
+    # The prefetch is batch 1's (a task's BN weight rows); a batched step's split of a wider block reads
+    # weights that a neighbouring task of the same group asked for.
     n, k, bn = w.shape[0], w.shape[1], lw.config.block_n
-    lw.ready[out.id] = lw.tasks.add_group(
+    done = lw.tasks.add_group(
         Kind.LINEAR, desc, lw.column_tiles(n), name, waits,
         lambda tile: _prefetch_rows(lw, w_off + tile * bn * k, k, min(bn, n - tile * bn), k, w.dtype.itemsize))
+    if splits > 1:
+        lw.split_linear_event = done.event
+    lw.ready[out.id] = done
 
 
 @lowering("qkv_rope_store")

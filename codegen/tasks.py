@@ -73,6 +73,7 @@ class TaskGraph:
     tasks: list[Task] = field(default_factory=list)
     descs: list[list[int]] = field(default_factory=list)
     event_names: list[str] = field(default_factory=list)
+    event_waits: dict[int, tuple[Wait, ...]] = field(default_factory=dict)  # event -> its group's waits
 
     def new_event(self, name: str) -> int:
         self.event_names.append(name)
@@ -94,9 +95,23 @@ class TaskGraph:
         if len(waits) > MAX_WAITS:
             raise ValueError(f"{name}: {len(waits)} waits, at most {MAX_WAITS}")
         event = self.new_event(name)
+        self.event_waits[event] = waits
         self.tasks += [Task(kind, desc, tile, event, waits, prefetch(tile) if prefetch else Prefetch())
                        for tile in range(num_tiles)]
         return Wait(event, num_tiles)
+
+    def follows(self, waits: tuple[Wait, ...], event: int) -> bool:
+        """Whether a group with these waits starts, within a step, only after every task signalling `event`
+        is done: some chain of same-step waits leads from it to `event`."""
+        seen, todo = set(), [w.event for w in waits if w.lag == 0]
+        while todo:
+            e = todo.pop()
+            if e == event:
+                return True
+            if e not in seen:
+                seen.add(e)
+                todo += [w.event for w in self.event_waits.get(e, ()) if w.lag == 0]
+        return False
 
     def task_table(self) -> torch.Tensor:
         rows = []

@@ -8,8 +8,10 @@ squares of the stored rows when a norm reads the output.
 
 Three shapes of the same computation, by the number of rows in the step:
 - one row (batch-1 decode): a GEMV streaming [BN, BK] weight chunks into fp32 accumulators;
-- a few rows (batched decode): one tensor-core dot over all rows (up to BM or BMW) and this task's BN
-  columns, so the weights stream once whatever the batch;
+- a few rows (batched decode): one tensor-core dot over all rows and this task's columns, so the weights
+  stream once whatever the batch. Up to BM rows, the task's BN columns; up to BMW rows, the task's share
+  of a block of BNW columns: its split of the K range (the last split to finish sums the fp32 partials
+  in order and runs the epilogue), so that no task reads more input than weights;
 - many rows (prefill): the group's tasks share the [BMW, BNW] tiles of the whole output, so each weight
   and input chunk feeds a wide tensor-core tile instead of being read once per BN columns.
 Every K loop loads unconditionally (masks only, no branches), so Triton's pipeliner keeps STAGES chunks of
@@ -21,7 +23,7 @@ import triton.language as tl
 from codegen.bodies.common import round_to, word, word8, word_f32
 
 LINEAR_FIELDS = ("x_off", "x_stride", "k", "w_off", "n", "out_off", "out_stride", "out_f32", "gated",
-                 "stats_off", "eps", "res_off", "res_stride", "bias_off", "out_stats_off", "rows_kind")
+                 "stats_off", "eps", "res_off", "res_stride", "bias_off", "out_stats_off", "rows_kind", "splits", "part_off", "ticket_off")
 
 
 @triton.jit
@@ -102,9 +104,10 @@ def gemv_row(desc, tile, W, ACT, F32, BN: tl.constexpr, BK: tl.constexpr, STAGES
 
 
 @triton.jit
-def dot_block(desc, m0, n0, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-              DOT_F32: tl.constexpr, STAGES: tl.constexpr):
-    """Rows m0 .. m0 + BM times weight rows n0 .. n0 + BN on tensor cores, with the epilogue."""
+def dot_product(desc, m0, n0, k_lo, k_hi, num_rows, W, ACT, BM: tl.constexpr, BN: tl.constexpr,
+                BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+    """fp32 [BM, BN] product of rows m0 .. m0 + BM and weight rows n0 .. n0 + BN over input columns
+    k_lo .. k_hi, on tensor cores."""
     x_off, x_stride, K = word8(desc, 0), word8(desc, 1), word8(desc, 2)
     w_off, N = word8(desc, 3), word(desc, 4)
     cols = n0 + tl.arange(0, BN)
@@ -114,31 +117,72 @@ def dot_block(desc, m0, n0, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
     x_rows = ACT + x_off + rows[:, None].to(tl.int64) * x_stride
     w_rows = W + w_off + cols[:, None].to(tl.int64) * K
     acc = tl.zeros((BM, BN), tl.float32)
-    for k0 in tl.range(0, K, BK, num_stages=STAGES):
+    for k0 in tl.range(k_lo, k_hi, BK, num_stages=STAGES):
         ks = k0 + tl.arange(0, BK)
-        k_ok = ks < K
+        k_ok = ks < k_hi
         w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         if DOT_F32:
             acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
         else:
             acc += tl.dot(x, tl.trans(w))
-    linear_epilogue(desc, acc, rows, row_ok, n0, W, ACT, F32)
+    return acc
+
+
+@triton.jit
+def dot_block(desc, m0, n0, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+              DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+    """Rows m0 .. m0 + BM times weight rows n0 .. n0 + BN over all of K, with the epilogue."""
+    acc = dot_product(desc, m0, n0, 0, word8(desc, 2), num_rows, W, ACT, BM, BN, BK, DOT_F32, STAGES)
+    rows = m0 + tl.arange(0, BM)
+    linear_epilogue(desc, acc, rows, rows < num_rows, n0, W, ACT, F32)
+
+
+@triton.jit
+def split_block(desc, tile, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+    """Up to BM rows times a block of BN columns. With `splits` > 1 the task is split `tile % splits` of
+    the K range of block `tile // splits`, and the last split to finish (a ticket counter the planner
+    zeroes every step) sums the fp32 partials in order and runs the epilogue; with one, task `tile` owns
+    block `tile` whole (the group has more tasks than blocks: the rest are idle)."""
+    K, N = word8(desc, 2), word(desc, 4)
+    splits, part_off, ticket_off = word(desc, 16), word(desc, 17), word(desc, 18)
+    rows = tl.arange(0, BM)
+    row_ok = rows < num_rows
+    if splits == 1:
+        if tile * BN < N:
+            dot_block(desc, 0, tile * BN, num_rows, W, ACT, F32, BM, BN, BK, DOT_F32, STAGES)
+    else:
+        block = tile // splits
+        split = tile % splits
+        chunk = tl.cdiv(tl.cdiv(K, splits), BK) * BK
+        k_lo = split * chunk
+        k_hi = tl.multiple_of(tl.minimum(K, k_lo + chunk), 8)  # both are: keeps the K mask vector-wide
+        acc = dot_product(desc, 0, block * BN, k_lo, k_hi, num_rows, W, ACT, BM, BN, BK, DOT_F32, STAGES)
+        parts = F32 + part_off + block * splits * (BM * BN) + rows[:, None] * BN + tl.arange(0, BN)[None, :]
+        tl.store(parts + split * (BM * BN), acc)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(F32 + ticket_off + block, 1.0, sem="acq_rel")
+        tl.debug_barrier()
+        if arrived == splits - 1:
+            total = tl.zeros(acc.shape, tl.float32)
+            for s in range(0, splits):
+                total += tl.load(parts + s * (BM * BN))
+            linear_epilogue(desc, total, rows, row_ok, block * BN, W, ACT, F32)
 
 
 @triton.jit
 def linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr, BKM: tl.constexpr, BKB: tl.constexpr, BMW: tl.constexpr, BNW: tl.constexpr,
-                BKD: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr):
-    """BK, BKM, BKB, BKD: the K chunk of the GEMV, of the dots over up to BM rows, over up to BMW rows (one
-    pass over this task's weights whatever the batch), of the wide prefill tiles."""
+                BK: tl.constexpr, BKM: tl.constexpr, BMW: tl.constexpr, BNW: tl.constexpr, BKD: tl.constexpr,
+                DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+    """BK, BKM, BKD: the K chunk of the GEMV, of the dots over up to BM rows, of the [BMW, BNW] tiles."""
     num_rows = tl.where(word(desc, 15) == 1, num_seqs, num_tokens)
     if num_rows == 1:
         gemv_row(desc, tile, W, ACT, F32, BN, BK, STAGES)
     elif num_rows <= BM:
         dot_block(desc, 0, tile * BN, num_rows, W, ACT, F32, BM, BN, BKM, DOT_F32, STAGES)
-    elif num_rows <= BMW:
-        dot_block(desc, 0, tile * BN, num_rows, W, ACT, F32, BMW, BN, BKB, DOT_F32, STAGES)
+    elif num_rows <= BMW:  # batched decode: BNW columns per dot, so that inputs are read no more than weights
+        split_block(desc, tile, num_rows, W, ACT, F32, BMW, BNW, BKD, DOT_F32, STAGES)
     else:  # prefill: this task takes every num_tasks-th wide tile, row blocks innermost (weights shared in L2)
         N = word(desc, 4)
         num_tasks = tl.cdiv(N, BN)

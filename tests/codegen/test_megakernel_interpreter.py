@@ -114,20 +114,22 @@ def test_bad_requests_are_clear_errors(compiled):
         kernel.generate([[10**6]], SamplingParams(max_tokens=2))
 
 
-@pytest.mark.parametrize("qkv_block_m", [16, 32])
-def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_m):
+@pytest.mark.parametrize("qkv_block_m, wide_m, block_n", [(16, 16, 64), (32, 32, 16)])
+def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_m, wide_m, block_n):
     """Decode steps split each QKV head's K range, each sequence's context and its greedy argmax over
-    tasks; the last to finish merges the parts in order. Prefill splits row blocks instead, and the
-    projections' tasks share wide [16, 32] tiles (25 prompt tokens in the first step: two row blocks).
-    The QKV heads of that step split K too when they fit one block of qkv_block_m rows (32), or take two
-    row blocks (16). Tasks are taken from the ticket counter (dynamic_tasks), carried over from step to step."""
+    tasks; the last to finish merges the parts in order. The first step (25 prompt tokens) either takes
+    two row blocks of 16 (projections on wide [16, 32] tiles shared by a group's tasks, QKV heads split
+    over row blocks), or fits one block of 32 rows: QKV heads split K, and so do projections whose
+    columns divide into blocks of 32 (each block's K over two tasks of 16 columns); the others' tasks own
+    whole blocks (gate/up: 272 columns; the LM head). Tasks are taken from the ticket counter
+    (dynamic_tasks), carried over from step to step."""
     directory = checkpoint("tiny-qwen3")
     model = fp32_model(directory)
     # K = 64: QKV parts [0, 32), [32, 64), empty; contexts up to 11 tokens: attention parts of 16 keys
     config = dataclasses.replace(CONFIG, qkv_splits=3, block_k=16, attention_splits=3, block_kv=16,
                                  sample_splits=3,  # greedy argmax over three vocabulary chunks
-                                 max_tokens_per_step=32, wide_m=16, wide_n=32, dynamic_tasks=True,
-                                 qkv_block_m=qkv_block_m)
+                                 max_tokens_per_step=32, wide_m=wide_m, wide_n=32, dynamic_tasks=True,
+                                 qkv_block_m=qkv_block_m, block_n=block_n)
     out = compile_model(model, config, tmp_path / "split.cubin", WeightsSource(directory), dtype=DType.f32).path
     kernel = Megakernel.load(out, device="cpu")
     graph = trace_model(model.definition, model.config, page_size=4)

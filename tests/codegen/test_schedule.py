@@ -269,3 +269,34 @@ def test_attention_splits_aim_at_about_256_tasks_per_layer(max_batch, kv_heads, 
 
     config = CompileConfig(max_batch=max_batch, max_model_len=max_len, max_tokens_per_step=256)
     assert attention_splits(config, kv_heads) == expected
+
+
+def test_batched_projections_split_blocks_that_divide_and_are_few():
+    from codegen.bodies.linear import LINEAR_FIELDS
+    from codegen.lower import linear_splits
+
+    config = CompileConfig(block_n=16, wide_m=64, wide_n=64, target_programs=264)
+    assert linear_splits(config, 28672) == 4  # 448 blocks of 64 columns, each K over 4 tasks
+    assert linear_splits(config, 128256) == 1  # 2004 blocks: several waves already
+    assert linear_splits(config, 272) == 1  # 64 does not divide the columns
+    assert linear_splits(dataclasses.replace(config, wide_m=16), 4096) == 1  # no step reaches a wider block
+    config = dataclasses.replace(CONFIG, block_n=16, wide_m=32, wide_n=32)
+    lw = lower(build_graph(resolve_model("tiny-qwen3"), config), config)
+    field = {name: i for i, name in enumerate(LINEAR_FIELDS)}
+    descs = {lw.tasks.descs[t.desc][field["n"]]: lw.tasks.descs[t.desc] for t in lw.tasks.tasks
+             if t.kind == Kind.LINEAR}
+    assert descs[64][field["splits"]] == 2 and descs[64][field["part_off"]] == lw.layout.offset("linear_parts")
+    assert descs[272][field["splits"]] == 1 and descs[272][field["ticket_off"]] == -1
+    # every split projection's tickets lie in the region the planner zeroes each step
+    stats = range(lw.constants["STATS_OFF"], lw.constants["STATS_OFF"] + lw.constants["STATS_SIZE"])
+    assert all(d[field["ticket_off"]] in stats for d in descs.values() if d[field["splits"]] > 1)
+
+
+def test_follows_sees_chains_of_same_step_waits_only():
+    graph, desc = _graph()
+    embed, linear = _chain(graph, desc)
+    later = graph.add_group(Kind.ADD, desc, 1, "add", (linear,))
+    beside = graph.add_group(Kind.ADD, desc, 1, "beside", (embed,))
+    assert graph.follows((later,), embed.event) and graph.follows((later,), linear.event)
+    assert not graph.follows((beside,), linear.event)
+    assert not graph.follows((Wait(linear.event, linear.count, lag=1),), linear.event)
