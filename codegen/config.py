@@ -35,6 +35,9 @@ class CompileConfig:
     # H100 (b1 7.22 -> 8.46 ms, b8 9.38 -> 12.72 ms: every task waits on a contended atomic for its successor)
     dynamic_tasks: bool = False
     prefetch_kb: int = 32  # weights each projection/QKV task asks L2 for before waiting on its inputs
+    # ... and each task of a projection of attention's output: attention reads little (a decode step's keys
+    # and values), so the projection's weights can come into L2 meanwhile
+    prefetch_attention_kb: int = 128
     spin_limit: int = 1 << 26  # spins before a wait is reported as a hang
     profile: bool = False  # record each task's start, end of waits and end in step `profile_step` (GPU only)
     profile_step: int = 2

@@ -203,11 +203,14 @@ def qkv_block_k(lw: Lowering) -> int:
     return min(lw.config.block_k, 64)
 
 
-def _prefetch_rows(lw: Lowering, offset: int, stride: int, rows: int, row_elems: int, itemsize: int) -> Prefetch:
-    """The first `prefetch_kb` KB of `rows` weight rows of `row_elems` elements, `stride` elements apart."""
+def _prefetch_rows(lw: Lowering, offset: int, stride: int, rows: int, row_elems: int, itemsize: int,
+                   kb: int | None = None) -> Prefetch:
+    """The first `kb` (default `prefetch_kb`) KB of `rows` weight rows of `row_elems` elements, `stride`
+    elements apart."""
     if rows <= 0 or row_elems <= 0:
         return Prefetch()
-    row_bytes = min(row_elems * itemsize, max(16, (lw.config.prefetch_kb << 10) // rows)) // 16 * 16
+    kb = lw.config.prefetch_kb if kb is None else kb
+    row_bytes = min(row_elems * itemsize, max(16, (kb << 10) // rows)) // 16 * 16
     return Prefetch(offset, stride * itemsize, rows, row_bytes) if row_bytes else Prefetch()
 
 
@@ -307,9 +310,11 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
     # The prefetch is batch 1's (a task's BN weight rows); a batched step's split of a wider block reads
     # weights that a neighbouring task of the same group asked for.
     n, k, bn = w.shape[0], w.shape[1], lw.config.block_n
+    after_attention = any(node.op == "paged_attention" and node.output.id == x.id for node in lw.graph.nodes)
+    kb = lw.config.prefetch_attention_kb if after_attention else lw.config.prefetch_kb
     done = lw.tasks.add_group(
         Kind.LINEAR, desc, lw.column_tiles(n), name, waits,
-        lambda tile: _prefetch_rows(lw, w_off + tile * bn * k, k, min(bn, n - tile * bn), k, w.dtype.itemsize))
+        lambda tile: _prefetch_rows(lw, w_off + tile * bn * k, k, min(bn, n - tile * bn), k, w.dtype.itemsize, kb))
     if splits > 1:
         lw.split_linear_event = done.event
     lw.ready[out.id] = done

@@ -300,3 +300,12 @@ def test_follows_sees_chains_of_same_step_waits_only():
     assert graph.follows((later,), embed.event) and graph.follows((later,), linear.event)
     assert not graph.follows((beside,), linear.event)
     assert not graph.follows((Wait(linear.event, linear.count, lag=1),), linear.event)
+
+
+def test_the_projection_of_attention_prefetches_more_of_its_weights():
+    config = dataclasses.replace(CONFIG, prefetch_kb=1, prefetch_attention_kb=128)
+    lw = lower(build_graph(resolve_model("tiny-llama"), config), config)
+    for task in (t for t in lw.tasks.tasks if t.kind == Kind.LINEAR and t.prefetch.rows):
+        k = lw.tasks.descs[task.desc][2]
+        reads_attention = lw.tasks.event_names[task.waits[0].event].startswith("attention.")
+        assert task.prefetch.row_bytes == (k * 2 if reads_attention else (1 << 10) // task.prefetch.rows // 16 * 16)
