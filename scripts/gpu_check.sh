@@ -45,5 +45,5 @@ fi
 
 if [[ $mode == verify ]]; then  # one ~8-minute call: correctness at every batch, then the decode table
   step 170 python -m pytest -q -x -s -m gpu tests/gpu -k "${CASES:-llama3-8b}" -p no:cacheprovider
-  step "${BENCH_LIMIT:-400}" python -m benchmarks.decode --decode "${DECODE:-1x512,8x512,64x512}" --ttft "${TTFT:-512}" --json "$OUT/decode.json"
+  step "${BENCH_LIMIT:-400}" python -m benchmarks.decode --decode "${DECODE:-1x512,8x512,64x512}" --ttft "${TTFT-512}" --json "$OUT/decode.json"
 fi
