@@ -58,7 +58,9 @@ def main() -> None:
     new_tokens = decode_tokens(args.batch, args.context, per_step, 16)
     config = CompileConfig(max_batch=args.batch, max_tokens_per_step=per_step,
                            max_model_len=args.context + new_tokens + 8, max_new_tokens=new_tokens, profile=True,
-                           profile_step=0 if args.prefill else -(-prompt_tokens // per_step))  # all decoding
+                           # decode: a step well after the prefill (sequences that finish their prefill early
+                           # decode beside the others' chunks, so the first steps after it are mixed)
+                           profile_step=0 if args.prefill else -(-prompt_tokens // per_step) + 8)
     path = compile_model(resolve_model(args.preset), config, artifact_path("profile"), WeightsSource(seed=0)).path
     kernel = Megakernel.load(path, device="cuda", timeout_s=120)
     print(f"TPOT {tpot_ms(kernel, args.batch, args.context, 16):.2f} ms (profiling build)")
