@@ -26,6 +26,7 @@ class CompileConfig:
     wide_n: int = 64
     block_kv: int = 32  # keys per attention block
     num_stages: int = 3  # software pipelining depth of the projections' K loops
+    attention_stages: int = 3  # ... and of attention's key loop (K and V blocks of block_kv keys staged)
     moe_slots: int = 0  # expert slots per MoE layer; 0: min(experts, max_batch * top_k)
     attention_splits: int = 0  # tasks per (sequence, KV head) at decode; 0: ~256 tasks per layer
     sample_splits: int = 0  # tasks per sequence for greedy sampling; 0: one per ~8192 logits
@@ -44,7 +45,7 @@ class CompileConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_tokens_per_step", "max_model_len", "max_new_tokens", "page_size",
-                     "target_programs"):
+                     "target_programs", "num_stages", "attention_stages"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("block_n", "expert_block_n", "block_k", "block_k_dot", "block_m", "qkv_block_m",

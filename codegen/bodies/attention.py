@@ -59,7 +59,6 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_seqs, SEQ_STARTS
     q_off, out_off, H, HKV = word8(desc, 0), word8(desc, 1), word(desc, 2), word(desc, 3)
     HD, layer, scale = word8(desc, 4), word(desc, 5), word_f32(desc, 6)
     splits, part_off, ticket_off = word(desc, 7), word(desc, 8), word(desc, 9)
-    kv_plane = tl.multiple_of(kv_plane, 8)
     dt: tl.constexpr = ACT.dtype.element_ty
     group = tile // splits  # = sequence * HKV + kv head
     split = tile % splits
@@ -73,8 +72,10 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_seqs, SEQ_STARTS
         rep = H // HKV
         d = tl.arange(0, HDP)
         d_ok = d < HD
-        k_base = KV + (layer * 2) * kv_plane + g * HD
-        v_base = k_base + kv_plane
+        # multiple_of on the products (a hint on the scalar argument itself does not reach them): rows then
+        # load 16 bytes at a time instead of 2
+        k_base = KV + tl.multiple_of((layer * 2) * kv_plane, 8) + g * HD
+        v_base = KV + tl.multiple_of((layer * 2 + 1) * kv_plane, 8) + g * HD
         if q_len * rep <= BM:
             r = tl.arange(0, BM)
             r_ok = r < q_len * rep
