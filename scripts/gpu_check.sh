@@ -32,7 +32,7 @@ if [[ $mode == final ]]; then
   step 150 python -m pytest -q -x -s -m gpu tests/gpu -k "llama3-8b-1]" -p no:cacheprovider
   step 150 python -m benchmarks.profile_step --context 512
 fi
-if [[ $mode == variants ]]; then  # VARIANTS="1: 1:qkv_block_m=16 64:block_k_batch=64,prefetch_kb=64"
+if [[ $mode == variants ]]; then  # VARIANTS="1: 1:qkv_block_m=16 64:block_kv=64,prefetch_kb=64"
   for variant in ${VARIANTS:-1:}; do  # batch:CompileConfig fields, each timed at context 512
     args=(); for field in $(tr , ' ' <<< "${variant#*:}"); do args+=(--set "$field"); done
     step "${VARIANT_LIMIT:-120}" python -m benchmarks.megakernel_tpot --batch "${variant%%:*}" --context 512 "${args[@]}"
