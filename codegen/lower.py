@@ -367,7 +367,8 @@ def _paged_attention(lw: Lowering, node: Node) -> None:
     desc = lw.tasks.add_desc(ATTENTION_FIELDS, dict(
         q_off=lw.act(q), out_off=lw.act(node.output), num_heads=a["num_heads"], num_kv_heads=a["num_kv_heads"],
         head_dim=a["head_dim"], layer=layer, scale=float(a["scale"]), splits=splits,
-        part_off=lw.layout.offset("attention_parts"), ticket_off=lw.layout.offset(f"tickets:v{node.output.id}")))
+        part_off=lw.layout.offset("attention_parts"), ticket_off=lw.layout.offset(f"tickets:v{node.output.id}"),
+        num_tasks=lw.config.max_batch * a["num_kv_heads"] * splits))
     num_tiles = lw.config.max_batch * a["num_kv_heads"] * splits
     lw.ready[node.output.id] = lw.tasks.add_group(Kind.ATTENTION, desc, num_tiles, f"attention.{layer}",
                                                   lw.waits(q, cache))

@@ -3,7 +3,7 @@ token of the step): flash-attention's online softmax over the sequence's pages.
 
 At decode (the group's query rows fit one block) the context is split over `splits` tasks; each stores
 its partial (running max, sum, unnormalised output) and the last to finish merges them in order. At
-prefill the splits share the query row blocks.
+prefill every task of the group shares the step's query row blocks.
 """
 import triton
 import triton.language as tl
@@ -11,7 +11,7 @@ import triton.language as tl
 from codegen.bodies.common import round_to, word, word8, word_f32
 
 ATTENTION_FIELDS = ("q_off", "out_off", "num_heads", "num_kv_heads", "head_dim", "layer", "scale", "splits",
-                    "part_off", "ticket_off")
+                    "part_off", "ticket_off", "num_tasks")
 NEG = tl.constexpr(-1.0e30)
 
 
@@ -51,64 +51,118 @@ def attend(q, q_pos, j_lo, j_hi, pages, k_base, v_base, row_stride, d, d_ok, sca
 
 
 @triton.jit
-def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_seqs, SEQ_STARTS: tl.constexpr,
+def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs, SEQ_STARTS: tl.constexpr,
                    CONTEXT_LENS: tl.constexpr, SEQ_REQ: tl.constexpr, REQ_PAGES: tl.constexpr,
-                   PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, BM: tl.constexpr, BMP: tl.constexpr,
-                   BKV: tl.constexpr, HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr):
-    """BM query rows (tokens x the group's heads) at decode, BMP per prefill block."""
+                   PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, MAX_SEQS: tl.constexpr,
+                   BM: tl.constexpr, BMP: tl.constexpr, BKV: tl.constexpr, HDP: tl.constexpr,
+                   DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+    """Task (sequence, KV head, split) of the group's `num_tasks` (MAX_SEQS: the most sequences a step has,
+    rounded up to a power of two). A sequence whose query rows (its tokens x the group's heads) fit BM
+    decodes: the task takes its split of the context. Longer ones (prefill) come in blocks of BMP rows, and
+    every task of the group shares the step's blocks, whichever sequence they belong to (the tasks of one
+    sequence alone would leave most of the group idle when a step prefills a few of many sequences)."""
+    H, HKV, splits, num_tasks = word(desc, 2), word(desc, 3), word(desc, 7), word(desc, 10)
+    rep = H // HKV
+    group = tile // splits  # = sequence * HKV + kv head
+    b = group // HKV
+    if b < num_seqs:
+        q_len = tl.load(I32 + SEQ_STARTS + b + 1) - tl.load(I32 + SEQ_STARTS + b)
+        if q_len * rep <= BM:
+            decode_rows(desc, b, group % HKV, tile % splits, ACT, F32, I32, KV, kv_plane, SEQ_STARTS,
+                        CONTEXT_LENS, SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ, PAGE_SIZE, BM, BKV, HDP, DOT_F32, STAGES)
+    if num_tokens > num_seqs:  # some sequence has more than one token: prefill blocks, numbered over the step
+        seqs = tl.arange(0, MAX_SEQS)
+        live = seqs < num_seqs
+        starts = tl.load(I32 + SEQ_STARTS + seqs, mask=live, other=0)
+        rows = (tl.load(I32 + SEQ_STARTS + seqs + 1, mask=live, other=0) - starts) * rep
+        items = tl.where(rows > BM, tl.cdiv(rows, BMP), 0) * HKV  # (block, KV head) items per sequence
+        ends = tl.cumsum(items, 0)
+        for item in range(tile, tl.sum(items), num_tasks):
+            seq = tl.sum((ends <= item).to(tl.int32))
+            local = item - tl.sum(tl.where(seqs == seq, ends - items, 0))
+            prefill_rows(desc, seq, local % HKV, (local // HKV) * BMP, ACT, I32, KV, kv_plane, SEQ_STARTS,
+                         CONTEXT_LENS, SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ, PAGE_SIZE, BMP, BKV, HDP, DOT_F32,
+                         STAGES)
+
+
+@triton.jit
+def kv_head(desc, b, g, I32, KV, kv_plane, SEQ_STARTS: tl.constexpr, CONTEXT_LENS: tl.constexpr,
+            SEQ_REQ: tl.constexpr, REQ_PAGES: tl.constexpr, PAGES_PER_SEQ: tl.constexpr):
+    """Sequence b's first token, token count, context length and page table, and KV head g's K and V bases."""
+    HD, layer = word8(desc, 4), word(desc, 5)
+    start = tl.load(I32 + SEQ_STARTS + b)
+    q_len = tl.load(I32 + SEQ_STARTS + b + 1) - start
+    ctx = tl.load(I32 + CONTEXT_LENS + b)
+    pages = I32 + REQ_PAGES + tl.load(I32 + SEQ_REQ + b) * PAGES_PER_SEQ
+    # multiple_of on the products (a hint on the scalar argument itself does not reach them): rows then
+    # load 16 bytes at a time instead of 2
+    k_base = KV + tl.multiple_of((layer * 2) * kv_plane, 8) + g * HD
+    v_base = KV + tl.multiple_of((layer * 2 + 1) * kv_plane, 8) + g * HD
+    return start, q_len, ctx, pages, k_base, v_base
+
+
+@triton.jit
+def decode_rows(desc, b, g, split, ACT, F32, I32, KV, kv_plane, SEQ_STARTS: tl.constexpr,
+                CONTEXT_LENS: tl.constexpr, SEQ_REQ: tl.constexpr, REQ_PAGES: tl.constexpr,
+                PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, BM: tl.constexpr, BKV: tl.constexpr,
+                HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+    """Split `split` of sequence b's context for KV head g's query rows; the last split merges."""
     q_off, out_off, H, HKV = word8(desc, 0), word8(desc, 1), word(desc, 2), word(desc, 3)
-    HD, layer, scale = word8(desc, 4), word(desc, 5), word_f32(desc, 6)
+    HD, scale = word8(desc, 4), word_f32(desc, 6)
     splits, part_off, ticket_off = word(desc, 7), word(desc, 8), word(desc, 9)
     dt: tl.constexpr = ACT.dtype.element_ty
-    group = tile // splits  # = sequence * HKV + kv head
-    split = tile % splits
-    b = group // HKV
-    g = group % HKV
-    if b < num_seqs:
-        start = tl.load(I32 + SEQ_STARTS + b)
-        q_len = tl.load(I32 + SEQ_STARTS + b + 1) - start
-        ctx = tl.load(I32 + CONTEXT_LENS + b)
-        pages = I32 + REQ_PAGES + tl.load(I32 + SEQ_REQ + b) * PAGES_PER_SEQ
-        rep = H // HKV
-        d = tl.arange(0, HDP)
-        d_ok = d < HD
-        # multiple_of on the products (a hint on the scalar argument itself does not reach them): rows then
-        # load 16 bytes at a time instead of 2
-        k_base = KV + tl.multiple_of((layer * 2) * kv_plane, 8) + g * HD
-        v_base = KV + tl.multiple_of((layer * 2 + 1) * kv_plane, 8) + g * HD
-        if q_len * rep <= BM:
-            r = tl.arange(0, BM)
-            r_ok = r < q_len * rep
-            tok, head, q_pos = start + r // rep, g * rep + r % rep, ctx - q_len + r // rep
-            q = tl.load(ACT + q_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :],
-                        mask=r_ok[:, None] & d_ok[None, :], other=0.0)
-            chunk = tl.cdiv(tl.cdiv(ctx, splits), BKV) * BKV
-            m_i, l_i, acc = attend(q, q_pos, split * chunk, tl.minimum(ctx, (split + 1) * chunk), pages, k_base,
-                                   v_base, HKV * HD, d, d_ok, scale, PAGE_SIZE, BKV, DOT_F32, STAGES)
-            out_ptr = ACT + out_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
-            if splits == 1:
-                tl.store(out_ptr, (acc / l_i[:, None]).to(dt), mask=r_ok[:, None] & d_ok[None, :])
-            else:
-                part = F32 + part_off + group * splits * (BM * (HDP + 2))
-                _store_part(part + split * (BM * (HDP + 2)), m_i, l_i, acc, BM, HDP)
-                tl.debug_barrier()
-                arrived = tl.atomic_add(F32 + ticket_off + group, 1.0, sem="acq_rel")
-                tl.debug_barrier()
-                if arrived == splits - 1:
-                    out = _merge_parts(part, splits, r_ok, BM, HDP, STAGES)
-                    tl.store(out_ptr, out.to(dt), mask=r_ok[:, None] & d_ok[None, :])
-        else:  # prefill: the splits share the query row blocks instead
-            for m0 in range(split * BMP, q_len * rep, splits * BMP):
-                r = m0 + tl.arange(0, BMP)
-                r_ok = r < q_len * rep
-                tok, head, q_pos = start + r // rep, g * rep + r % rep, ctx - q_len + r // rep
-                q_ptr = ACT + q_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
-                q = tl.load(q_ptr, mask=r_ok[:, None] & d_ok[None, :], other=0.0)
-                last = tl.minimum(ctx, ctx - q_len + (m0 + BMP - 1) // rep + 1)  # causal: no key after the block
-                m_i, l_i, acc = attend(q, q_pos, 0, last, pages, k_base, v_base, HKV * HD, d, d_ok, scale, PAGE_SIZE,
-                                       BKV, DOT_F32, STAGES)
-                out_ptr = ACT + out_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
-                tl.store(out_ptr, (acc / l_i[:, None]).to(dt), mask=r_ok[:, None] & d_ok[None, :])
+    start, q_len, ctx, pages, k_base, v_base = kv_head(desc, b, g, I32, KV, kv_plane, SEQ_STARTS, CONTEXT_LENS,
+                                                       SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ)
+    rep = H // HKV
+    d = tl.arange(0, HDP)
+    d_ok = d < HD
+    r = tl.arange(0, BM)
+    r_ok = r < q_len * rep
+    tok, head, q_pos = start + r // rep, g * rep + r % rep, ctx - q_len + r // rep
+    q = tl.load(ACT + q_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :],
+                mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+    chunk = tl.cdiv(tl.cdiv(ctx, splits), BKV) * BKV
+    m_i, l_i, acc = attend(q, q_pos, split * chunk, tl.minimum(ctx, (split + 1) * chunk), pages, k_base, v_base,
+                           HKV * HD, d, d_ok, scale, PAGE_SIZE, BKV, DOT_F32, STAGES)
+    out_ptr = ACT + out_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
+    if splits == 1:
+        tl.store(out_ptr, (acc / l_i[:, None]).to(dt), mask=r_ok[:, None] & d_ok[None, :])
+    else:
+        group = b * HKV + g
+        part = F32 + part_off + group * splits * (BM * (HDP + 2))
+        _store_part(part + split * (BM * (HDP + 2)), m_i, l_i, acc, BM, HDP)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(F32 + ticket_off + group, 1.0, sem="acq_rel")
+        tl.debug_barrier()
+        if arrived == splits - 1:
+            out = _merge_parts(part, splits, r_ok, BM, HDP, STAGES)
+            tl.store(out_ptr, out.to(dt), mask=r_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def prefill_rows(desc, b, g, m0, ACT, I32, KV, kv_plane, SEQ_STARTS: tl.constexpr, CONTEXT_LENS: tl.constexpr,
+                 SEQ_REQ: tl.constexpr, REQ_PAGES: tl.constexpr, PAGES_PER_SEQ: tl.constexpr,
+                 PAGE_SIZE: tl.constexpr, BMP: tl.constexpr, BKV: tl.constexpr, HDP: tl.constexpr,
+                 DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+    """Query rows m0 .. m0 + BMP of sequence b and KV head g, causal: no key after the block's last token."""
+    q_off, out_off, H, HKV = word8(desc, 0), word8(desc, 1), word(desc, 2), word(desc, 3)
+    HD, scale = word8(desc, 4), word_f32(desc, 6)
+    dt: tl.constexpr = ACT.dtype.element_ty
+    start, q_len, ctx, pages, k_base, v_base = kv_head(desc, b, g, I32, KV, kv_plane, SEQ_STARTS, CONTEXT_LENS,
+                                                       SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ)
+    rep = H // HKV
+    d = tl.arange(0, HDP)
+    d_ok = d < HD
+    r = m0 + tl.arange(0, BMP)
+    r_ok = r < q_len * rep
+    tok, head, q_pos = start + r // rep, g * rep + r % rep, ctx - q_len + r // rep
+    q_ptr = ACT + q_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
+    q = tl.load(q_ptr, mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+    last = tl.minimum(ctx, ctx - q_len + (m0 + BMP - 1) // rep + 1)
+    m_i, l_i, acc = attend(q, q_pos, 0, last, pages, k_base, v_base, HKV * HD, d, d_ok, scale, PAGE_SIZE, BKV,
+                           DOT_F32, STAGES)
+    out_ptr = ACT + out_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
+    tl.store(out_ptr, (acc / l_i[:, None]).to(dt), mask=r_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit

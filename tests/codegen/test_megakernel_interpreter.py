@@ -117,7 +117,8 @@ def test_bad_requests_are_clear_errors(compiled):
 @pytest.mark.parametrize("qkv_block_m, wide_m, block_n", [(16, 16, 64), (32, 32, 16)])
 def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_m, wide_m, block_n):
     """Decode steps split each QKV head's K range, each sequence's context and its greedy argmax over
-    tasks; the last to finish merges the parts in order. The first step (25 prompt tokens) either takes
+    tasks; the last to finish merges the parts in order. The first step (31 prompt tokens; two prompts
+    have attention blocks of prefill rows, which all of the group's tasks share) either takes
     two row blocks of 16 (projections on wide [16, 32] tiles shared by a group's tasks, QKV heads split
     over row blocks), or fits one block of 32 rows: QKV heads split K, and so do projections whose
     columns divide into blocks of 32 (each block's K over two tasks of 16 columns); the others' tasks own
@@ -135,8 +136,9 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
     graph = trace_model(model.definition, model.config, page_size=4)
     engine = ReferenceEngine(graph, load_weights(graph, directory), config=EngineConfig(num_pages=64))
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
-    ours = kernel.generate(PROMPTS, params)  # the 19-token prompt's context reaches 30: two attention parts
-    for prompt, completion in zip(PROMPTS, ours):
+    prompts = [PROMPTS[0], [44, 55, 66, 77, 88, 99, 10, 20, 30], PROMPTS[2]]
+    ours = kernel.generate(prompts, params)  # the 19-token prompt's context reaches 30: two attention parts
+    for prompt, completion in zip(prompts, ours):
         (expected,) = engine.generate([prompt], params)
         assert completion.tokens == expected, f"first differing token at {first_difference(completion.tokens, expected)}"
 
