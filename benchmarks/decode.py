@@ -11,7 +11,12 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import multiprocessing
+import os
+import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import torch
 
@@ -25,27 +30,50 @@ from runtime.megakernel import Megakernel
 from runtime.sampling import SamplingParams
 
 
-def load_kernel(preset: str, batch: int, max_len: int, tokens_per_step: int, out: str,
-                overrides: dict | None = None, max_new_tokens: int = 40) -> Megakernel:
-    config = CompileConfig(max_batch=batch, max_tokens_per_step=tokens_per_step, max_model_len=max_len,
-                           max_new_tokens=max_new_tokens, **(overrides or {}))
+GRAPH_REPLAYS = 20
+
+
+def decode_config(batch: int, context: int, overrides: dict) -> CompileConfig:
+    per_step = prefill_budget(batch, context)
+    new_tokens = decode_tokens(batch, context, per_step, GRAPH_REPLAYS + 2)  # (c)'s; the megakernel's are fewer
+    return CompileConfig(max_batch=batch, max_tokens_per_step=per_step, max_model_len=context + new_tokens + 8,
+                         max_new_tokens=max(new_tokens, 40), **overrides)
+
+
+def ttft_config(prompt_len: int, overrides: dict) -> CompileConfig:
+    return CompileConfig(max_batch=1, max_tokens_per_step=prompt_len, max_model_len=prompt_len + 8,
+                         max_new_tokens=40, **overrides)
+
+
+def load_kernel(preset: str, config: CompileConfig, out) -> Megakernel:
     return Megakernel.load(compile_model(resolve_model(preset), config, out, WeightsSource(seed=0)).path,
                            device="cuda", timeout_s=300)
 
 
-GRAPH_REPLAYS = 20
+def _compile(preset: str, config: CompileConfig) -> None:
+    with tempfile.TemporaryDirectory() as out:
+        compile_model(resolve_model(preset), config, Path(out) / "model.cubin", WeightsSource(seed=0))
+
+
+def precompile(preset: str, configs: list[CompileConfig]) -> None:
+    """Compiles every kernel of the run side by side into the artifact cache, where the timed rows then find
+    them: one compile is a minute of single-threaded ptxas, and a run of the whole table needs a dozen."""
+    workers = min(len(configs), os.cpu_count() or 1)
+    start = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_compile, [preset] * len(configs), configs))
+    print(f"compiled {len(configs)} kernels in {time.perf_counter() - start:.0f} s ({workers} processes)", flush=True)
 
 
 def task_kernels_graph_ms(kernel: Megakernel, batch: int, context: int, num_replays: int = GRAPH_REPLAYS) -> float:
     """Baseline (c): one decode step of the same task bodies, one kernel per task group, replayed from
-    one CUDA graph (median ms per replay)."""
+    one CUDA graph (median ms per replay), once every sequence decodes (sequences that finish their prefill
+    early decode beside the others' chunks: those steps are larger)."""
     driver = HostDriven(kernel)
     prompts = [torch.randint(0, 1000, (context,)).tolist() for _ in range(batch)]
-    kernel.prepare(prompts, SamplingParams(max_tokens=num_replays + 8, temperature=0, ignore_eos=True))
-    prefill_steps = -(-batch * context // kernel.config.max_tokens_per_step)
-    for step in range(prefill_steps + 1):
-        driver.step(step)
-    graph = capture_step(driver, prefill_steps + 1)
+    max_tokens = decode_tokens(batch, context, kernel.config.max_tokens_per_step, num_replays + 2)
+    num_steps = kernel.prepare(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+    graph = capture_step(driver, steps_until_all_decode(driver, batch, num_steps))
     times = []
     for _ in range(num_replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -54,7 +82,19 @@ def task_kernels_graph_ms(kernel: Megakernel, batch: int, context: int, num_repl
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
+    if kernel.last_step_size() != (batch, batch):
+        raise RuntimeError(f"(c): a sequence finished before the last of {num_replays} replays")
     return sorted(times)[len(times) // 2]
+
+
+def steps_until_all_decode(driver: HostDriven, batch: int, num_steps: int) -> int:
+    """Runs prepared requests step by step until a step decodes all `batch` sequences and nothing else;
+    returns the next step's number."""
+    for step in range(num_steps):
+        driver.step(step)
+        if driver.kernel.last_step_size() == (batch, batch):
+            return step + 1
+    raise RuntimeError(f"no step decoded all {batch} sequences in {num_steps} steps")
 
 
 def ttft_ms(kernel: Megakernel, prompt_len: int) -> float:
@@ -85,8 +125,14 @@ def main() -> None:
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=INT",
                         help="a CompileConfig field for every kernel of the run (e.g. wide_n=128), repeatable")
+    parser.add_argument("--no-precompile", action="store_true", help="compile each kernel when its row runs")
     args = parser.parse_args()
     overrides = {key: int(value) for key, value in (item.split("=", 1) for item in args.set)}
+    pairs = [tuple(int(v) for v in pair.split("x")) for pair in filter(None, args.decode.split(","))]
+    prompt_lens = [int(v) for v in filter(None, args.ttft.split(","))]
+    if not args.no_precompile:
+        precompile(args.preset, [decode_config(b, c, overrides) for b, c in pairs] +
+                   [ttft_config(n, overrides) for n in prompt_lens])
     cfg = resolve_model(args.preset).config
     device = torch.device("cuda")
     bandwidth = baselines.read_bandwidth_tbs(device)
@@ -100,13 +146,8 @@ def main() -> None:
     add("read bandwidth TB/s", f"{bandwidth:.2f}", "", "")
     if overrides:
         add("config overrides", " ".join(args.set), "", "")
-    for pair in filter(None, args.decode.split(",")):
-        batch, context = (int(v) for v in pair.split("x"))
-        per_step = prefill_budget(batch, context)
-        new_tokens = decode_tokens(batch, context, per_step, 16)
-        max_len = context + max(new_tokens, GRAPH_REPLAYS + 8) + 8  # (c) decodes GRAPH_REPLAYS + 8 tokens too
-        kernel = load_kernel(args.preset, batch, max_len, per_step, artifact_path("decode"),
-                             overrides, max_new_tokens=max(new_tokens, 40))
+    for batch, context in pairs:
+        kernel = load_kernel(args.preset, decode_config(batch, context, overrides), artifact_path("decode"))
         ours = tpot_ms(kernel, batch, context, 16)
         task_kernels = task_kernels_graph_ms(kernel, batch, context)
         free(kernel)
@@ -116,8 +157,8 @@ def main() -> None:
             f"task kernels graph {task_kernels:.2f}",
             f"roofline {roofline:.2f} ({roofline / ours:.0%} of BW; {torch_ms / ours:.2f}x torch)")
         free()
-    for prompt_len in (int(v) for v in filter(None, args.ttft.split(","))):
-        kernel = load_kernel(args.preset, 1, prompt_len + 8, prompt_len, artifact_path("ttft"), overrides)
+    for prompt_len in prompt_lens:
+        kernel = load_kernel(args.preset, ttft_config(prompt_len, overrides), artifact_path("ttft"))
         ours = ttft_ms(kernel, prompt_len)
         free(kernel)
         torch_ms = baselines.torch_prefill_ms(cfg, prompt_len, device)

@@ -123,6 +123,12 @@ class Megakernel:
         offset, size = self.region("step_log")
         return parse_step_log(self.i32[offset:offset + size].cpu())
 
+    def last_step_size(self) -> tuple[int, int]:
+        """(tokens, sequences) of the step planned last."""
+        control = self.region("control")[0]
+        tokens, seqs = self.i32[control:control + 2].tolist()
+        return tokens, seqs
+
     def checkpoint_weight(self, name: str) -> torch.Tensor:
         """A weight in its checkpoint form: the placed view, or read again from the weights' source where the
         kernel holds it transformed (see codegen/lower.py, `placed_weight`)."""

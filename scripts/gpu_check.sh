@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|verify|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|verify|matrix|all]
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=/tmp/blink-cache
 OUT=${OUT:-/tmp/blink-out}; mkdir -p "$OUT"
@@ -41,6 +41,16 @@ if [[ $mode == variants ]]; then  # VARIANTS="1: 1:qkv_block_m=16 64:block_kv=64
     args=(); for field in $(tr , ' ' <<< "${variant#*:}"); do args+=(--set "$field"); done
     step 150 python -m benchmarks.decode --decode "" --ttft "${variant%%:*}" "${args[@]}"
   done
+fi
+
+if [[ $mode == matrix ]]; then  # the issue's whole decode table, one model per call: MATRIX=llama or MATRIX=moe
+  if [[ ${MATRIX:-llama} == llama ]]; then
+    step "${BENCH_LIMIT:-580}" python -m benchmarks.decode --decode "${DECODE:-1x512,8x512,32x512,64x512,1x4096,8x4096,32x4096,64x4096}" \
+      --ttft "${TTFT-128,512,2048}" --json "$OUT/matrix-llama.json"
+  else
+    step "${BENCH_LIMIT:-580}" python -m benchmarks.decode --preset qwen3-30b-a3b --decode "${DECODE:-1x512,8x512}" \
+      --ttft "${TTFT-}" --json "$OUT/matrix-moe.json"
+  fi
 fi
 
 if [[ $mode == verify ]]; then  # one ~8-minute call: correctness at every batch, then the decode table

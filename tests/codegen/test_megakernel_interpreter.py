@@ -152,3 +152,16 @@ def test_host_driven_task_kernels_match_the_persistent_kernel(compiled):
     persistent = kernel.generate(PROMPTS, params)
     host_driven = HostDriven(kernel).generate(PROMPTS, params)
     assert [c.tokens for c in host_driven] == [c.tokens for c in persistent]
+
+
+def test_baseline_c_is_timed_on_a_step_that_decodes_every_sequence(compiled):
+    """The decode benchmark's baseline (c) replays a step only after the prefill chunks are done (sequences
+    that finish their prefill early decode beside the others' chunks: those steps are larger)."""
+    from benchmarks.decode import steps_until_all_decode
+    from runtime.host_driven import HostDriven
+
+    kernel, _ = compiled("tiny-llama")
+    num_steps = kernel.prepare(PROMPTS, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    next_step = steps_until_all_decode(HostDriven(kernel), len(PROMPTS), num_steps)
+    assert kernel.last_step_size() == (3, 3)
+    assert next_step == 3  # steps 0 and 1 carry the 25 prompt tokens (at most 16 a step), step 2 decodes all
