@@ -23,7 +23,8 @@ import triton.language as tl
 from codegen.bodies.common import round_to, word, word8, word_f32
 
 LINEAR_FIELDS = ("x_off", "x_stride", "k", "w_off", "n", "out_off", "out_stride", "out_f32", "gated",
-                 "stats_off", "eps", "res_off", "res_stride", "bias_off", "out_stats_off", "rows_kind", "splits", "part_off", "ticket_off")
+                 "stats_off", "eps", "res_off", "res_stride", "bias_off", "out_stats_off", "rows_kind", "splits",
+                 "part_off", "ticket_off")
 
 
 @triton.jit
