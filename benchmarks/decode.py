@@ -11,18 +11,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import multiprocessing
-import os
-import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 import torch
 
 from benchmarks import baselines
 from benchmarks.megakernel_tpot import artifact_path, decode_tokens, prefill_budget, tpot_ms
-from blinkc.compile_model import WeightsSource, compile_model
+from blinkc.compile_model import WeightsSource, compile_many, compile_model
 from codegen.config import CompileConfig
 from models.registry import resolve_model
 from runtime.host_driven import HostDriven, capture_step
@@ -48,21 +43,6 @@ def ttft_config(prompt_len: int, overrides: dict) -> CompileConfig:
 def load_kernel(preset: str, config: CompileConfig, out) -> Megakernel:
     return Megakernel.load(compile_model(resolve_model(preset), config, out, WeightsSource(seed=0)).path,
                            device="cuda", timeout_s=300)
-
-
-def _compile(preset: str, config: CompileConfig) -> None:
-    with tempfile.TemporaryDirectory() as out:
-        compile_model(resolve_model(preset), config, Path(out) / "model.cubin", WeightsSource(seed=0))
-
-
-def precompile(preset: str, configs: list[CompileConfig]) -> None:
-    """Compiles every kernel of the run side by side into the artifact cache, where the timed rows then find
-    them: one compile is a minute of single-threaded ptxas, and a run of the whole table needs a dozen."""
-    workers = min(len(configs), os.cpu_count() or 1)
-    start = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(_compile, [preset] * len(configs), configs))
-    print(f"compiled {len(configs)} kernels in {time.perf_counter() - start:.0f} s ({workers} processes)", flush=True)
 
 
 def task_kernels_graph_ms(kernel: Megakernel, batch: int, context: int, num_replays: int = GRAPH_REPLAYS) -> float:
@@ -130,9 +110,10 @@ def main() -> None:
     overrides = {key: int(value) for key, value in (item.split("=", 1) for item in args.set)}
     pairs = [tuple(int(v) for v in pair.split("x")) for pair in filter(None, args.decode.split(","))]
     prompt_lens = [int(v) for v in filter(None, args.ttft.split(","))]
-    if not args.no_precompile:
-        precompile(args.preset, [decode_config(b, c, overrides) for b, c in pairs] +
-                   [ttft_config(n, overrides) for n in prompt_lens])
+    if not args.no_precompile:  # the run's kernels side by side, before anything is timed
+        configs = [decode_config(b, c, overrides) for b, c in pairs] + [ttft_config(n, overrides) for n in prompt_lens]
+        seconds = compile_many([(args.preset, config) for config in configs])
+        print(f"compiled {len(configs)} kernels side by side in {seconds:.0f} s", flush=True)
     cfg = resolve_model(args.preset).config
     device = torch.device("cuda")
     bandwidth = baselines.read_bandwidth_tbs(device)

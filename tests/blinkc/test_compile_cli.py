@@ -129,3 +129,16 @@ def test_compile_and_run_with_random_weights_made_at_load_time(capsys, cache, tm
     assert code == 0, err
     ids = json.loads(stdout)
     assert len(ids) == 2 and all(0 <= i < manifest["model"]["vocab_size"] for i in ids)
+
+
+def test_kernels_compiled_side_by_side_are_found_in_the_cache(cache, tmp_path):
+    from blinkc.compile_model import WeightsSource, compile_many, compile_model
+    from codegen.config import CompileConfig
+    from models.registry import resolve_model
+
+    configs = [CompileConfig(max_batch=b, max_tokens_per_step=16, max_model_len=48, max_new_tokens=8, page_size=4,
+                             interpret=True) for b in (1, 2)]
+    compile_many([("tiny-llama", config) for config in configs])  # worker processes inherit BLINK_CACHE_DIR
+    for i, config in enumerate(configs):
+        result = compile_model(resolve_model("tiny-llama"), config, tmp_path / f"{i}.cubin", WeightsSource(seed=3))
+        assert result.cached and _manifest(result.path)["weights"]["source"] == WeightsSource(seed=3).to_dict()

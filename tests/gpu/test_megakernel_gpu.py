@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blinkc.compile_model import WeightsSource, build_graph, compile_model
+from blinkc.compile_model import WeightsSource, build_graph, compile_many, compile_model
 from codegen.config import CompileConfig
 from ir.executor import execute
 from models.registry import resolve_model
@@ -65,15 +65,28 @@ def assert_within_bf16_tolerance(kernel: Megakernel, model, sequences: list[list
     assert ours_err <= 1.5 * bf16_err + 2e-3, f"megakernel {ours_err:.4f} vs bf16 reference {bf16_err:.4f}"
 
 
+def case_config(batch: int) -> CompileConfig:
+    return CompileConfig(max_batch=batch, max_tokens_per_step=max(256, 40 * batch), max_model_len=512,
+                         max_new_tokens=8)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def precompiled(request):
+    """The kernels of every selected case, compiled side by side before the first runs (runs only when some
+    case does: skipped tests set up no fixtures)."""
+    params = [item.callspec.params for item in request.session.items
+              if item.module is request.module and hasattr(item, "callspec")]
+    seconds = compile_many([(p["preset"], case_config(p["batch"])) for p in params])
+    print(f"\ncompiled {len(params)} kernels side by side in {seconds:.0f} s")
+
+
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("preset,batch", CASES)
 def test_megakernel_matches_reference_on_gpu(preset, batch, tmp_path):
     model = resolve_model(preset)
-    config = CompileConfig(max_batch=batch, max_tokens_per_step=max(256, 40 * batch), max_model_len=512,
-                           max_new_tokens=8)
-    out = compile_model(model, config, tmp_path / "model.cubin", WeightsSource(seed=1)).path
+    out = compile_model(model, case_config(batch), tmp_path / "model.cubin", WeightsSource(seed=1)).path
     kernel = Megakernel.load(out, device="cuda", timeout_s=300)
     g = torch.Generator().manual_seed(batch)
     prompts = [torch.randint(0, model.config.vocab_size, (int(n),), generator=g).tolist()
