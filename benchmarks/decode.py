@@ -16,7 +16,7 @@ import time
 import torch
 
 from benchmarks import baselines
-from benchmarks.megakernel_tpot import artifact_path, decode_tokens, prefill_budget, tpot_ms
+from benchmarks.megakernel_tpot import artifact_path, decode_config, decode_tokens, tpot_ms
 from blinkc.compile_model import WeightsSource, compile_many, compile_model
 from codegen.config import CompileConfig
 from models.registry import resolve_model
@@ -26,13 +26,6 @@ from runtime.sampling import SamplingParams
 
 
 GRAPH_REPLAYS = 20
-
-
-def decode_config(batch: int, context: int, overrides: dict) -> CompileConfig:
-    per_step = prefill_budget(batch, context)
-    new_tokens = decode_tokens(batch, context, per_step, GRAPH_REPLAYS + 2)  # (c)'s; the megakernel's are fewer
-    return CompileConfig(max_batch=batch, max_tokens_per_step=per_step, max_model_len=context + new_tokens + 8,
-                         max_new_tokens=max(new_tokens, 40), **overrides)
 
 
 def ttft_config(prompt_len: int, overrides: dict) -> CompileConfig:
@@ -110,8 +103,10 @@ def main() -> None:
     overrides = {key: int(value) for key, value in (item.split("=", 1) for item in args.set)}
     pairs = [tuple(int(v) for v in pair.split("x")) for pair in filter(None, args.decode.split(","))]
     prompt_lens = [int(v) for v in filter(None, args.ttft.split(","))]
+    # room for (c)'s steps, which need more than the megakernel's `tpot_ms`
+    decode_configs = {(b, c): decode_config(b, c, GRAPH_REPLAYS + 2, **overrides) for b, c in pairs}
     if not args.no_precompile:  # the run's kernels side by side, before anything is timed
-        configs = [decode_config(b, c, overrides) for b, c in pairs] + [ttft_config(n, overrides) for n in prompt_lens]
+        configs = list(decode_configs.values()) + [ttft_config(n, overrides) for n in prompt_lens]
         seconds = compile_many([(args.preset, config) for config in configs])
         print(f"compiled {len(configs)} kernels side by side in {seconds:.0f} s", flush=True)
     cfg = resolve_model(args.preset).config
@@ -128,7 +123,7 @@ def main() -> None:
     if overrides:
         add("config overrides", " ".join(args.set), "", "")
     for batch, context in pairs:
-        kernel = load_kernel(args.preset, decode_config(batch, context, overrides), artifact_path("decode"))
+        kernel = load_kernel(args.preset, decode_configs[batch, context], artifact_path("decode"))
         ours = tpot_ms(kernel, batch, context, 16)
         task_kernels = task_kernels_graph_ms(kernel, batch, context)
         free(kernel)

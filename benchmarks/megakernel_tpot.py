@@ -36,6 +36,15 @@ def decode_tokens(batch: int, context: int, tokens_per_step: int, num_tokens: in
     return num_tokens + -(-batch * context // tokens_per_step) + 1
 
 
+def decode_config(batch: int, context: int, num_tokens: int, **fields) -> CompileConfig:
+    """The kernel a decode benchmark compiles: prompts of `context` tokens, and room for at least `num_tokens`
+    steps that decode the whole batch."""
+    per_step = prefill_budget(batch, context)
+    new_tokens = decode_tokens(batch, context, per_step, num_tokens)
+    return CompileConfig(max_batch=batch, max_tokens_per_step=per_step, max_model_len=context + new_tokens + 8,
+                         max_new_tokens=new_tokens, **fields)
+
+
 def tpot_ms(kernel: Megakernel, batch: int, context: int, num_tokens: int) -> float:
     prompts = [torch.randint(0, 1000, (context,)).tolist() for _ in range(batch)]
     params = SamplingParams(max_tokens=decode_tokens(batch, context, kernel.config.max_tokens_per_step, num_tokens),
@@ -73,11 +82,8 @@ def main() -> None:
 
 def run(args, block_n: int, block_k: int) -> None:
     model = resolve_model(args.preset)
-    per_step = prefill_budget(args.batch, args.context)
-    new_tokens = decode_tokens(args.batch, args.context, per_step, args.tokens)
-    config = CompileConfig(max_batch=args.batch, max_tokens_per_step=per_step,
-                           max_model_len=args.context + new_tokens + 8, max_new_tokens=new_tokens,
-                           block_n=block_n, block_k=block_k, num_stages=args.stages,
+    config = decode_config(args.batch, args.context, args.tokens, block_n=block_n, block_k=block_k,
+                           num_stages=args.stages,
                            **{key: int(value) for key, value in (item.split("=", 1) for item in args.set)})
     t0 = time.perf_counter()
     path = compile_model(model, config, artifact_path("bench"), WeightsSource(seed=0)).path

@@ -26,3 +26,22 @@ def word_f32(desc, index: tl.constexpr):
 def round_to(x, dtype: tl.constexpr):
     """Rounds fp32 values to `dtype` and back, as storing them would."""
     return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def sum_of_splits(F32, part_off, ticket_off, block, split, splits, acc, rows, ROWS: tl.constexpr):
+    """Split-K: stores split `split` of block `block`'s fp32 partial acc [rows, C] (each block holds `splits`
+    parts of ROWS x C) and takes a ticket (a counter the planner zeroes every step). Returns whether this
+    split arrived last and, if so, every split's partial summed in order (zeros otherwise)."""
+    C: tl.constexpr = acc.shape[1]
+    parts = F32 + part_off + block * splits * (ROWS * C) + rows[:, None] * C + tl.arange(0, C)[None, :]
+    tl.store(parts + split * (ROWS * C), acc)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(F32 + ticket_off + block, 1.0, sem="acq_rel")
+    tl.debug_barrier()
+    last = arrived == splits - 1
+    total = tl.zeros(acc.shape, tl.float32)
+    if last:
+        for s in range(0, splits):
+            total += tl.load(parts + s * (ROWS * C))
+    return last, total

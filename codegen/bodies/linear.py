@@ -20,7 +20,7 @@ weights and inputs in flight through shared memory.
 import triton
 import triton.language as tl
 
-from codegen.bodies.common import round_to, word, word8, word_f32
+from codegen.bodies.common import round_to, sum_of_splits, word, word8, word_f32
 
 LINEAR_FIELDS = ("x_off", "x_stride", "k", "w_off", "n", "out_off", "out_stride", "out_f32", "gated",
                  "stats_off", "eps", "res_off", "res_stride", "bias_off", "out_stats_off", "rows_kind", "splits",
@@ -160,15 +160,8 @@ def split_block(desc, tile, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
         k_lo = split * chunk
         k_hi = tl.multiple_of(tl.minimum(K, k_lo + chunk), 8)  # both are: keeps the K mask vector-wide
         acc = dot_product(desc, 0, block * BN, k_lo, k_hi, num_rows, W, ACT, BM, BN, BK, DOT_F32, STAGES)
-        parts = F32 + part_off + block * splits * (BM * BN) + rows[:, None] * BN + tl.arange(0, BN)[None, :]
-        tl.store(parts + split * (BM * BN), acc)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(F32 + ticket_off + block, 1.0, sem="acq_rel")
-        tl.debug_barrier()
-        if arrived == splits - 1:
-            total = tl.zeros(acc.shape, tl.float32)
-            for s in range(0, splits):
-                total += tl.load(parts + s * (BM * BN))
+        last, total = sum_of_splits(F32, part_off, ticket_off, block, split, splits, acc, rows, BM)
+        if last:
             linear_epilogue(desc, total, rows, row_ok, block * BN, W, ACT, F32)
 
 

@@ -3,7 +3,7 @@ of k and v to the paged cache. q heads go to the activation buffer the attention
 import triton
 import triton.language as tl
 
-from codegen.bodies.common import round_to, word, word8, word_f32
+from codegen.bodies.common import round_to, sum_of_splits, word, word8, word_f32
 from codegen.bodies.linear import row_inv_rms
 
 QKV_FIELDS = ("x_off", "k", "w_off", "num_q_heads", "num_kv_heads", "head_dim", "rotary_dim", "stats_off",
@@ -121,15 +121,8 @@ def split_head(desc, head, split, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, 
         head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP,
                       FULL_ROTARY)
     else:
-        parts = F32 + part_off + (head * splits) * (BM * HDP) + rows[:, None] * HDP + tl.arange(0, HDP)[None, :]
-        tl.store(parts + split * (BM * HDP), acc)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(F32 + ticket_off + head, 1.0, sem="acq_rel")
-        tl.debug_barrier()
-        if arrived == splits - 1:
-            total = tl.zeros(acc.shape, tl.float32)
-            for s in range(0, splits):
-                total += tl.load(parts + s * (BM * HDP))
+        last, total = sum_of_splits(F32, part_off, ticket_off, head, split, splits, acc, rows, BM)
+        if last:
             head_epilogue(desc, head, total, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP,
                           FULL_ROTARY)
 
