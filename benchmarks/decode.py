@@ -16,7 +16,7 @@ import time
 import torch
 
 from benchmarks import baselines
-from benchmarks.megakernel_tpot import artifact_path, decode_config, decode_tokens, tpot_ms
+from benchmarks.megakernel_tpot import artifact_path, decode_config, decode_tokens, tpot_ms, ttft_config, ttft_ms
 from blinkc.compile_model import WeightsSource, compile_many, compile_model
 from codegen.config import CompileConfig
 from models.registry import resolve_model
@@ -26,11 +26,6 @@ from runtime.sampling import SamplingParams
 
 
 GRAPH_REPLAYS = 20
-
-
-def ttft_config(prompt_len: int, overrides: dict) -> CompileConfig:
-    return CompileConfig(max_batch=1, max_tokens_per_step=prompt_len, max_model_len=prompt_len + 8,
-                         max_new_tokens=40, **overrides)
 
 
 def load_kernel(preset: str, config: CompileConfig, out) -> Megakernel:
@@ -70,20 +65,6 @@ def steps_until_all_decode(driver: HostDriven, batch: int, num_steps: int) -> in
     raise RuntimeError(f"no step decoded all {batch} sequences in {num_steps} steps")
 
 
-def ttft_ms(kernel: Megakernel, prompt_len: int) -> float:
-    prompt = [torch.randint(0, 1000, (prompt_len,)).tolist()]
-    once = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-    kernel.generate(prompt, once)
-    times = []
-    for _ in range(3):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        kernel.generate(prompt, once)
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1e3)
-    return min(times)
-
-
 def free(*objects) -> None:
     del objects
     gc.collect()
@@ -106,7 +87,7 @@ def main() -> None:
     # room for (c)'s steps, which need more than the megakernel's `tpot_ms`
     decode_configs = {(b, c): decode_config(b, c, GRAPH_REPLAYS + 2, **overrides) for b, c in pairs}
     if not args.no_precompile:  # the run's kernels side by side, before anything is timed
-        configs = list(decode_configs.values()) + [ttft_config(n, overrides) for n in prompt_lens]
+        configs = list(decode_configs.values()) + [ttft_config(n, **overrides) for n in prompt_lens]
         seconds = compile_many([(args.preset, config) for config in configs])
         print(f"compiled {len(configs)} kernels side by side in {seconds:.0f} s", flush=True)
     cfg = resolve_model(args.preset).config
@@ -123,6 +104,7 @@ def main() -> None:
     if overrides:
         add("config overrides", " ".join(args.set), "", "")
     for batch, context in pairs:
+        started = time.perf_counter()
         kernel = load_kernel(args.preset, decode_configs[batch, context], artifact_path("decode"))
         ours = tpot_ms(kernel, batch, context, 16)
         task_kernels = task_kernels_graph_ms(kernel, batch, context)
@@ -133,14 +115,17 @@ def main() -> None:
             f"task kernels graph {task_kernels:.2f}",
             f"roofline {roofline:.2f} ({roofline / ours:.0%} of BW; {torch_ms / ours:.2f}x torch)")
         free()
+        print(f"  (row took {time.perf_counter() - started:.0f} s)", flush=True)
     for prompt_len in prompt_lens:
-        kernel = load_kernel(args.preset, ttft_config(prompt_len, overrides), artifact_path("ttft"))
+        started = time.perf_counter()
+        kernel = load_kernel(args.preset, ttft_config(prompt_len, **overrides), artifact_path("ttft"))
         ours = ttft_ms(kernel, prompt_len)
         free(kernel)
         torch_ms = baselines.torch_prefill_ms(cfg, prompt_len, device)
         add(f"TTFT {prompt_len} tokens ms", f"{ours:.2f}", f"torch prefill {torch_ms:.2f}",
             f"{torch_ms / ours:.2f}x torch")
         free()
+        print(f"  (row took {time.perf_counter() - started:.0f} s)", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

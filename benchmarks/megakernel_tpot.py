@@ -1,17 +1,20 @@
 """Time per output token of the megakernel: the median length of the steps in which every sequence of the
 batch decodes (one token each, no prefill chunk), from the step log the kernel keeps (the global timer at
-each step's planning). Prints the roofline share against the read bandwidth measured in the same run."""
+each step's planning), and its time to first token. As a script, times each of a list of kernel variants
+(compiled side by side first) and prints the roofline share against the read bandwidth measured in the
+same run: `python -m benchmarks.megakernel_tpot 1x512 1x512:attention_stages=3 ttft512:wide_n=128`."""
 from __future__ import annotations
 
 import argparse
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from benchmarks.baselines import read_bandwidth_tbs
-from blinkc.compile_model import WeightsSource, build_graph, compile_model
+from blinkc.compile_model import WeightsSource, build_graph, compile_many, compile_model
 from codegen.config import CompileConfig
 from ir.analysis import decode_bytes
 from models.registry import resolve_model
@@ -64,39 +67,83 @@ def full_batch_step_ms(steps: list[tuple[int, int, int]], batch: int) -> float:
     return full[len(full) // 2] / 1e6
 
 
+def ttft_config(prompt_len: int, **fields) -> CompileConfig:
+    """The kernel a time-to-first-token benchmark compiles: one prompt of `prompt_len` tokens in one chunk."""
+    return CompileConfig(max_batch=1, max_tokens_per_step=prompt_len, max_model_len=prompt_len + 8,
+                         max_new_tokens=40, **fields)
+
+
+def ttft_ms(kernel: Megakernel, prompt_len: int) -> float:
+    """Best of three launches that prefill one prompt and sample its first token, host to host."""
+    prompt = [torch.randint(0, 1000, (prompt_len,)).tolist()]
+    once = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    kernel.generate(prompt, once)
+    times = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        kernel.generate(prompt, once)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return min(times)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One kernel to time: `BATCHxCONTEXT[:field=v,...]` (decode TPOT) or `ttftN[:field=v,...]`."""
+    spec: str
+    batch: int
+    context: int  # the prompt length for a TTFT variant
+    is_ttft: bool
+    fields: dict
+
+    @classmethod
+    def parse(cls, spec: str) -> Variant:
+        shape, _, rest = spec.partition(":")
+        fields = {key: int(value) for key, value in (item.split("=", 1) for item in filter(None, rest.split(",")))}
+        if shape.startswith("ttft"):
+            return cls(spec, 1, int(shape[4:]), True, fields)
+        batch, context = (int(v) for v in shape.split("x"))
+        return cls(spec, batch, context, False, fields)
+
+    def config(self, num_tokens: int) -> CompileConfig:
+        if self.is_ttft:
+            return ttft_config(self.context, **self.fields)
+        return decode_config(self.batch, self.context, num_tokens, **self.fields)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description="Megakernel TPOT / TTFT of each variant, compiled side by side first")
+    parser.add_argument("variants", nargs="+", metavar="VARIANT",
+                        help="BATCHxCONTEXT or ttftPROMPT, then optional :field=value,... CompileConfig fields "
+                             "(e.g. 1x512 1x512:attention_stages=3 ttft512:wide_n=128)")
     parser.add_argument("--preset", default="llama3-8b")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--context", type=int, default=512)
-    parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--tiles", default="16x512", help="comma-separated block_n x block_k pairs to compare")
-    parser.add_argument("--stages", type=int, default=3)
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=INT",
-                        help="another CompileConfig field (e.g. qkv_block_m=16), repeatable")
+    parser.add_argument("--tokens", type=int, default=32, help="full-batch decode steps to take the median of")
     args = parser.parse_args()
-    for tile in args.tiles.split(","):
-        block_n, block_k = (int(v) for v in tile.split("x"))
-        run(args, block_n, block_k)
-
-
-def run(args, block_n: int, block_k: int) -> None:
+    variants = [Variant.parse(spec) for spec in args.variants]
     model = resolve_model(args.preset)
-    config = decode_config(args.batch, args.context, args.tokens, block_n=block_n, block_k=block_k,
-                           num_stages=args.stages,
-                           **{key: int(value) for key, value in (item.split("=", 1) for item in args.set)})
-    t0 = time.perf_counter()
+    seconds = compile_many([(args.preset, v.config(args.tokens)) for v in variants])
+    print(f"compiled {len(variants)} kernels side by side in {seconds:.0f} s", flush=True)
+    bandwidth = read_bandwidth_tbs("cuda")
+    for variant in variants:
+        run(args.preset, model, variant, args.tokens, bandwidth)
+
+
+def run(preset: str, model, variant: Variant, num_tokens: int, bandwidth: float) -> None:
+    config = variant.config(num_tokens)
     path = compile_model(model, config, artifact_path("bench"), WeightsSource(seed=0)).path
     kernel = Megakernel.load(path, device="cuda", timeout_s=120)
-    print(f"compile+load {time.perf_counter() - t0:.1f} s, grid {kernel.kernel.grid}, regs {kernel.kernel.n_regs}, "
-          f"spills {kernel.kernel.n_spills}")
-    bw = read_bandwidth_tbs("cuda")
-    ms = tpot_ms(kernel, args.batch, args.context, args.tokens)
-    read = decode_bytes(build_graph(model, config), args.batch, args.context).total
-    roofline = read / (bw * 1e12) * 1e3
-    print(f"{args.preset} batch {args.batch} ctx {args.context} tiles {block_n}x{block_k} stages {args.stages} "
-          f"{' '.join(args.set)}: TPOT {ms:.2f} ms | roofline {roofline:.2f} ms at "
-          f"{bw:.2f} TB/s measured | {roofline / ms:.0%} of read bandwidth | {args.batch * 1e3 / ms:.0f} tok/s")
+    launcher = kernel.kernel
+    resources = f"grid {launcher.grid[0]}, {launcher.n_regs} registers, {launcher.n_spills} spilled"
+    if variant.is_ttft:
+        print(f"{preset} {variant.spec}: TTFT {ttft_ms(kernel, variant.context):.2f} ms | {resources}", flush=True)
+    else:
+        ms = tpot_ms(kernel, variant.batch, variant.context, num_tokens)
+        roofline = decode_bytes(build_graph(model, config), variant.batch, variant.context).total / (bandwidth * 1e12) * 1e3
+        print(f"{preset} {variant.spec}: TPOT {ms:.2f} ms | roofline {roofline:.2f} ms at {bandwidth:.2f} TB/s "
+              f"({roofline / ms:.0%}) | {variant.batch * 1e3 / ms:.0f} tok/s | {resources}", flush=True)
+    del kernel
+    torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

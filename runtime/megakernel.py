@@ -2,7 +2,8 @@
 
 No model definition and no recompilation: the manifest says how to lay out memory, where the weights
 come from and how to launch. On a GPU the cubin is launched with one program per co-resident slot
-(sized from its registers and shared memory); on a CPU the kernel source runs in the Triton interpreter
+(as many as the driver's occupancy query allows, up to the manifest's per-SM count, with L1 kept
+for what shared memory does not need); on a CPU the kernel source runs in the Triton interpreter
 with a grid of one program.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 
 from runtime.artifact import Artifact, import_source
 from runtime.checkpoint import CheckpointIndex
+from runtime.cuda_driver import carveout_percent, max_active_programs, reserve_shared_memory
 from runtime.sampling import SamplingParams
 from runtime.weights import WeightSpec, checkpoint_shapes, place_weights, random_reader, transform_weight
 
@@ -283,11 +285,13 @@ def _load_cubin(artifact: Artifact, manifest: dict):
                                     f"{name}.cubin": str(folder / f"{name}.cubin")}, kernel_meta["source_sha256"])
     compiled._init_handles()
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    threads = 32 * kernel_meta["num_warps"]
-    by_regs = 65536 // max(compiled.n_regs * threads, 1)
-    by_smem = (props.shared_memory_per_multiprocessor // max(compiled.metadata.shared, 1)
-               if compiled.metadata.shared else 32)
-    per_sm = max(1, min(by_regs, by_smem, 2048 // threads, kernel_meta.get("max_programs_per_sm", 2)))
+    threads, shared = 32 * kernel_meta["num_warps"], compiled.metadata.shared
+    wanted = kernel_meta.get("max_programs_per_sm", 2)
+    reserve_shared_memory(compiled.function,
+                          carveout_percent(shared, wanted, props.shared_memory_per_multiprocessor))
+    per_sm = min(wanted, max_active_programs(compiled.function, threads, shared))
+    if per_sm < 1:
+        raise RuntimeError(f"the kernel does not fit on an SM ({compiled.n_regs} registers, {shared} B shared)")
     grid = (props.multi_processor_count * per_sm, 1, 1)
     launcher = compiled[grid]
     launcher.grid, launcher.n_regs, launcher.n_spills = grid, compiled.n_regs, compiled.n_spills

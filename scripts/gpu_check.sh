@@ -9,7 +9,7 @@ step() { local limit=$1; shift; echo "== $*"; timeout "$limit" "$@" 2>&1 | tee -
 mode=${1:-all}
 if [[ $mode == quick ]]; then
   step 240 python -m pytest -q -x -s -m gpu tests/gpu -k "llama3-8b-1]" -p no:cacheprovider
-  step 200 python benchmarks/megakernel_tpot.py --batch 1 --context 512 --tiles "${TILES:-16x512}"
+  step 200 python -m benchmarks.megakernel_tpot 1x512
 fi
 if [[ $mode == tests || $mode == all ]]; then
   step "${TEST_LIMIT:-420}" python -m pytest -q -s -m gpu tests/gpu -k "${CASES:-}" -p no:cacheprovider
@@ -24,23 +24,13 @@ if [[ $mode == measure ]]; then
   step 150 python -m pytest -q -x -s -m gpu tests/gpu -k "llama3-8b-1]" -p no:cacheprovider
   step 150 python -m benchmarks.profile_step --context 512
   step "${BENCH_LIMIT:-270}" python -m benchmarks.decode --decode "${DECODE:-1x512,8x512,64x512}" --ttft "${TTFT:-128,512}" --json "$OUT/decode.json"
-  for sweep in ${SWEEP:-}; do  # e.g. SWEEP="16x512:4 16x1024:3": tiles and pipeline stages at batch 1
-    step 90 python -m benchmarks.megakernel_tpot --batch 1 --context 512 --tiles "${sweep%%:*}" --stages "${sweep##*:}"
-  done
 fi
 if [[ $mode == final ]]; then
   step 150 python -m pytest -q -x -s -m gpu tests/gpu -k "llama3-8b-1]" -p no:cacheprovider
   step 150 python -m benchmarks.profile_step --context 512
 fi
-if [[ $mode == variants ]]; then  # VARIANTS="1: 1:qkv_block_m=16 64:block_kv=64,prefetch_kb=64"
-  for variant in ${VARIANTS:-1:}; do  # batch:CompileConfig fields, each timed at context 512
-    args=(); for field in $(tr , ' ' <<< "${variant#*:}"); do args+=(--set "$field"); done
-    step "${VARIANT_LIMIT:-120}" python -m benchmarks.megakernel_tpot --batch "${variant%%:*}" --context 512 "${args[@]}"
-  done
-  for variant in ${TTFT_VARIANTS:-}; do  # prompt length:fields, e.g. "512: 512:wide_n=128"
-    args=(); for field in $(tr , ' ' <<< "${variant#*:}"); do args+=(--set "$field"); done
-    step 150 python -m benchmarks.decode --decode "" --ttft "${variant%%:*}" "${args[@]}"
-  done
+if [[ $mode == variants ]]; then  # VARIANTS="1x512 1x512:attention_stages=3 ttft512:wide_n=128", compiled side by side
+  step "${VARIANT_LIMIT:-500}" python -m benchmarks.megakernel_tpot ${VARIANTS:-1x512}
 fi
 
 if [[ $mode == matrix ]]; then  # the issue's whole decode table, one model per call: MATRIX=llama or MATRIX=moe

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.megakernel_tpot import full_batch_step_ms
+from benchmarks.megakernel_tpot import Variant, full_batch_step_ms
 from runtime.megakernel import parse_step_log
 
 
@@ -32,3 +32,12 @@ def test_tpot_is_the_median_step_that_decodes_the_whole_batch():
     assert full_batch_step_ms(steps, 8) == pytest.approx(7.0)
     with pytest.raises(RuntimeError, match="no step decoded all 16 sequences"):
         full_batch_step_ms(steps, 16)
+
+
+def test_variant_specs():
+    decode = Variant.parse("64x512:attention_stages=3,wide_n=128")
+    assert (decode.batch, decode.context, decode.is_ttft) == (64, 512, False)
+    assert decode.config(16).attention_stages == 3 and decode.config(16).max_batch == 64
+    ttft = Variant.parse("ttft2048")
+    assert (ttft.context, ttft.is_ttft, ttft.fields) == (2048, True, {})
+    assert ttft.config(16).max_tokens_per_step == 2048
