@@ -122,11 +122,18 @@ def main() -> None:
     args = parser.parse_args()
     variants = [Variant.parse(spec) for spec in args.variants]
     model = resolve_model(args.preset)
-    seconds = compile_many([(args.preset, v.config(args.tokens)) for v in variants])
-    print(f"compiled {len(variants)} kernels side by side in {seconds:.0f} s", flush=True)
+    try:
+        seconds = compile_many([(args.preset, v.config(args.tokens)) for v in variants])
+        print(f"compiled {len(variants)} kernels side by side in {seconds:.0f} s", flush=True)
+    except RuntimeError as error:  # the others are cached: time them, and say which failed below
+        print(error, flush=True)
     bandwidth = read_bandwidth_tbs("cuda")
     for variant in variants:
-        run(args.preset, model, variant, args.tokens, bandwidth)
+        try:
+            run(args.preset, model, variant, args.tokens, bandwidth)
+        except Exception as error:  # a sweep goes on past a variant that does not compile or run
+            print(f"{args.preset} {variant.spec}: failed: {type(error).__name__}: {str(error).splitlines()[0]}",
+                  flush=True)
 
 
 def run(preset: str, model, variant: Variant, num_tokens: int, bandwidth: float) -> None:
@@ -134,7 +141,8 @@ def run(preset: str, model, variant: Variant, num_tokens: int, bandwidth: float)
     path = compile_model(model, config, artifact_path("bench"), WeightsSource(seed=0)).path
     kernel = Megakernel.load(path, device="cuda", timeout_s=120)
     launcher = kernel.kernel
-    resources = f"grid {launcher.grid[0]}, {launcher.n_regs} registers, {launcher.n_spills} spilled"
+    resources = (f"grid {launcher.grid[0]}, {launcher.n_regs} registers, {launcher.n_spills} spilled, "
+                 f"{launcher.shared} B shared")
     if variant.is_ttft:
         print(f"{preset} {variant.spec}: TTFT {ttft_ms(kernel, variant.context):.2f} ms | {resources}", flush=True)
     else:

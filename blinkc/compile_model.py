@@ -93,7 +93,10 @@ def compile_many(jobs: list[tuple[str, CompileConfig]]) -> float:
     if jobs:
         workers = min(len(jobs), os.cpu_count() or 1)
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            list(pool.map(_compile_job, jobs))
+            futures = [pool.submit(_compile_job, job) for job in jobs]
+            errors = [error for error in (future.exception() for future in futures) if error is not None]
+        if errors:  # every other kernel is in the cache by now
+            raise RuntimeError(f"{len(errors)} of {len(jobs)} compiles failed, the first: {errors[0]}") from errors[0]
     return time.perf_counter() - start
 
 
