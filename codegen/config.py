@@ -20,14 +20,24 @@ class CompileConfig:
     block_k_dot: int = 64  # input columns per tensor-core chunk of the [wide_m, wide_n] tiles
     qkv_block_m: int = 64  # token rows per QKV block: up to this many, heads split K; beyond, row blocks
     attention_block_m: int = 64  # query rows (tokens x heads of a KV group) per prefill attention block
-    # token rows x output columns of the projections' tensor-core tiles beyond block_m rows: prefill tiles
-    # shared by a group's tasks, batched decode blocks split over wide_n // block_n tasks (K split)
+    # token rows of the projections' tensor-core tiles beyond block_m rows: a step of up to wide_m rows
+    # (batched decode) takes blocks of batch_n columns, each block's K split over batch_n // block_n tasks;
+    # a longer one (prefill) shares [wide_m, wide_n] tiles among the group's tasks. On the H100 at b64,
+    # batch_n 32 / 64 / 128: 14.84 / 15.81 / 23.67 ms; TTFT 512 at wide_n 64 / 128: 33.04 / 26.66 ms.
     wide_m: int = 64
-    wide_n: int = 64
+    wide_n: int = 128
+    batch_n: int = 32
     block_kv: int = 32  # keys per attention block
-    num_stages: int = 3  # software pipelining depth of the projections' K loops
-    # ... and of attention's key loop: 2 keeps K and V blocks of block_kv keys within 48 KB (3: 49,280 B, and
-    # every phase slowed: b1 8.19 ms against 6.98)
+    # software pipelining depth of the projections' K loops: the GEMV and dots up to block_m rows, the
+    # batched decode blocks ([wide_m + batch_n] x block_k_dot each), the prefill tiles ([wide_m + wide_n] x
+    # block_k_dot each). 72 KB of shared memory for the last two; at 48 KB (prefill 2 stages) on the H100,
+    # b1 7.05 / b8 8.39 ms against 7.14 / 8.57, but TTFT 512 34.70 ms against 26.15. b64: 3 / 4 / 6 batch
+    # stages 14.96 / 13.95 / 13.66 ms.
+    num_stages: int = 3
+    batch_stages: int = 6
+    prefill_stages: int = 3
+    # ... and of attention's key loop (3: 7.08 / 15.78 ms at b1 / b64 against 7.00 / 15.76, once the
+    # launch stopped giving up L1 past 48 KB of shared memory, runtime/cuda_driver.py)
     attention_stages: int = 2
     moe_slots: int = 0  # expert slots per MoE layer; 0: min(experts, max_batch * top_k)
     attention_splits: int = 0  # tasks per (sequence, KV head) at decode; 0: ~256 tasks per layer
@@ -47,11 +57,11 @@ class CompileConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_tokens_per_step", "max_model_len", "max_new_tokens", "page_size",
-                     "target_programs", "num_stages", "attention_stages"):
+                     "target_programs", "num_stages", "batch_stages", "prefill_stages", "attention_stages"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("block_n", "expert_block_n", "block_k", "block_k_dot", "block_m", "qkv_block_m",
-                     "attention_block_m", "wide_m", "wide_n", "block_kv", "page_size"):
+                     "attention_block_m", "wide_m", "wide_n", "batch_n", "block_kv", "page_size"):
             value = getattr(self, name)
             if value <= 0 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two, got {value}")

@@ -148,7 +148,7 @@ def _allocate(lw: Lowering) -> None:
                      for n in lw.graph.nodes if n.op == "fused_linear"]
     split_linears = [(out, n) for out, n in split_linears if linear_splits(cfg, n) > 1]
     for out, n in split_linears:
-        lw.layout.alloc(f"tickets:v{out.id}", "F32", n // cfg.wide_n)
+        lw.layout.alloc(f"tickets:v{out.id}", "F32", n // cfg.batch_n)
     lw.constants["STATS_SIZE"] = lw.layout.sizes["F32"] - lw.constants["STATS_OFF"]
     lw.layout.alloc("sample_parts", "F32", cfg.max_batch * sample_splits(lw) * 2)
     if attention_nodes:  # one scratch for every layer, as for the QKV parts
@@ -188,12 +188,12 @@ def attention_splits(config: CompileConfig, num_kv_heads: int) -> int:
 
 
 def linear_splits(config: CompileConfig, n: int) -> int:
-    """Tasks per block of wide_n output columns when a step has more than block_m rows (batched decode):
-    the group's tasks split each block's K range (wide_n // block_n of them), unless the blocks alone are
+    """Tasks per block of batch_n output columns when a step has more than block_m rows (batched decode):
+    the group's tasks split each block's K range (batch_n // block_n of them), unless the blocks alone are
     several waves of tasks (an LM head) or do not divide the columns; then a task owns a whole block."""
-    splits = config.wide_n // config.block_n
-    if config.wide_m <= config.block_m or splits <= 1 or n % config.wide_n or \
-            n // config.wide_n >= 4 * config.target_programs:
+    splits = config.batch_n // config.block_n
+    if config.wide_m <= config.block_m or splits <= 1 or n % config.batch_n or \
+            n // config.batch_n >= 4 * config.target_programs:
         return 1
     return splits
 

@@ -275,12 +275,12 @@ def test_batched_projections_split_blocks_that_divide_and_are_few():
     from codegen.bodies.linear import LINEAR_FIELDS
     from codegen.lower import linear_splits
 
-    config = CompileConfig(block_n=16, wide_m=64, wide_n=64, target_programs=264)
+    config = CompileConfig(block_n=16, wide_m=64, batch_n=64, target_programs=264)
     assert linear_splits(config, 28672) == 4  # 448 blocks of 64 columns, each K over 4 tasks
     assert linear_splits(config, 128256) == 1  # 2004 blocks: several waves already
     assert linear_splits(config, 272) == 1  # 64 does not divide the columns
     assert linear_splits(dataclasses.replace(config, wide_m=16), 4096) == 1  # no step reaches a wider block
-    config = dataclasses.replace(CONFIG, block_n=16, wide_m=32, wide_n=32)
+    config = dataclasses.replace(CONFIG, block_n=16, wide_m=32, batch_n=32)
     lw = lower(build_graph(resolve_model("tiny-qwen3"), config), config)
     field = {name: i for i, name in enumerate(LINEAR_FIELDS)}
     descs = {lw.tasks.descs[t.desc][field["n"]]: lw.tasks.descs[t.desc] for t in lw.tasks.tasks
