@@ -9,7 +9,7 @@ from collections import defaultdict
 import torch
 
 from benchmarks.megakernel_tpot import artifact_path, decode_tokens, prefill_budget, tpot_ms
-from blinkc.compile_model import WeightsSource, compile_model
+from blinkc.compile_model import WeightsSource, compile_many, compile_model
 from codegen.config import CompileConfig
 from codegen.tasks import Kind
 from models.registry import resolve_model
@@ -40,33 +40,44 @@ def summarize(kernel: Megakernel) -> list[str]:
                      int((t[:, 2] - t[:, 1]).max()) / 1e3))
     lines.append("group | tasks | starts at us | span us | mean busy us | max busy us")
     lines += [f"{name} | {n} | {start:.1f} | {span:.1f} | {mean:.2f} | {most:.2f}" for name, n, start, span, mean, most
-              in rows[:16] + rows[-4:]]
+              in rows[:24] + rows[-4:]]
     lines.append("kind | tasks | busy ms (summed over programs) | waiting ms (summed)")
     lines += [f"{k} | {n} | {b / 1e6:.2f} | {w / 1e6:.2f}" for k, (b, w, n) in sorted(kinds.items(), key=lambda x: -x[1][0])]
     return lines
+
+
+def profile_config(batch: int, context: int, prefill: bool) -> CompileConfig:
+    """A profiling build for `batch` prompts of `context` tokens: it records the step that prefills them
+    all (`prefill`) or a decode step well after the prefill (sequences that finish their prefill early
+    decode beside the others' chunks, so the first steps after it are mixed)."""
+    prompt_tokens = batch * context
+    per_step = prompt_tokens if prefill else prefill_budget(batch, context)
+    new_tokens = decode_tokens(batch, context, per_step, 16)
+    return CompileConfig(max_batch=batch, max_tokens_per_step=per_step, max_model_len=context + new_tokens + 8,
+                         max_new_tokens=new_tokens, profile=True,
+                         profile_step=0 if prefill else -(-prompt_tokens // per_step) + 8)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", default="llama3-8b")
     parser.add_argument("--context", type=int, default=512)
-    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--batch", default="1", help="batch sizes, comma-separated: one profile each")
     parser.add_argument("--prefill", action="store_true", help="profile the step that prefills every prompt")
     args = parser.parse_args()
-    prompt_tokens = args.batch * args.context
-    per_step = prompt_tokens if args.prefill else prefill_budget(args.batch, args.context)
-    new_tokens = decode_tokens(args.batch, args.context, per_step, 16)
-    config = CompileConfig(max_batch=args.batch, max_tokens_per_step=per_step,
-                           max_model_len=args.context + new_tokens + 8, max_new_tokens=new_tokens, profile=True,
-                           # decode: a step well after the prefill (sequences that finish their prefill early
-                           # decode beside the others' chunks, so the first steps after it are mixed)
-                           profile_step=0 if args.prefill else -(-prompt_tokens // per_step) + 8)
-    path = compile_model(resolve_model(args.preset), config, artifact_path("profile"), WeightsSource(seed=0)).path
-    kernel = Megakernel.load(path, device="cuda", timeout_s=120)
-    print(f"TPOT {tpot_ms(kernel, args.batch, args.context, 16):.2f} ms (profiling build)")
-    kernel.generate([torch.randint(0, 1000, (args.context,)).tolist() for _ in range(args.batch)],
-                    SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True))
-    print("\n".join(summarize(kernel)))
+    batches = [int(b) for b in args.batch.split(",")]
+    configs = [profile_config(batch, args.context, args.prefill) for batch in batches]
+    compile_many([(args.preset, config) for config in configs])
+    for batch, config in zip(batches, configs):
+        path = compile_model(resolve_model(args.preset), config, artifact_path("profile"), WeightsSource(seed=0)).path
+        kernel = Megakernel.load(path, device="cuda", timeout_s=120)
+        print(f"== {args.preset} batch {batch} context {args.context}: "
+              f"TPOT {tpot_ms(kernel, batch, args.context, 16):.2f} ms (profiling build)")
+        kernel.generate([torch.randint(0, 1000, (args.context,)).tolist() for _ in range(batch)],
+                        SamplingParams(max_tokens=config.max_new_tokens, temperature=0, ignore_eos=True))
+        print("\n".join(summarize(kernel)), flush=True)
+        del kernel
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
