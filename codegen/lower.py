@@ -427,7 +427,6 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
                                                   hidden=hidden, out_off=lw.act(node.output)))
     lw.ready[node.output.id] = lw.tasks.add_group(Kind.COMBINE, desc, lw.column_tiles(hidden), f"{name}.combine",
                                                   (down_done, *lw.waits(weights)))
-    lw.constants["ENTRIES_MAX"] = max(lw.constants.get("ENTRIES_MAX", 1), T * top_k)
 
 
 def _add_sampling(lw: Lowering) -> None:

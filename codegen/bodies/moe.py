@@ -56,35 +56,44 @@ def _renormalise(ACT, I32, logits, rows, row_ok, e, K, weights_off, ids_off, TOP
 
 
 @triton.jit
-def group_task(desc, I32, num_tokens, NTK: tl.constexpr):
-    """Counting sort of the step's (token, slot) pairs by expert; lists the experts that got any."""
+def group_task(desc, I32, num_tokens, EP: tl.constexpr, CH: tl.constexpr):
+    """Stable counting sort of the step's (token, slot) pairs by expert, CH pairs at a time against all EP
+    experts at once: each expert's count and first place (offsets), the list of experts that got any,
+    then each pair's place (its expert's first place, plus the pairs before it with the same expert)."""
     ids_off, E, K, offsets_off = word(desc, 0), word(desc, 1), word(desc, 2), word(desc, 3)
     entries_off, active_off, num_active_off = word(desc, 4), word(desc, 5), word(desc, 6)
-    idx = tl.arange(0, NTK)
-    valid = idx < num_tokens * K
-    ids = tl.load(I32 + ids_off + idx, mask=valid, other=-1)
-    base = 0
-    num_active = 0
-    for expert in range(E):
-        hit = ids == expert
-        count = tl.sum(hit.to(tl.int32), 0)
-        tl.store(I32 + entries_off + base + tl.cumsum(hit.to(tl.int32), 0) - 1, idx, mask=hit)
-        tl.store(I32 + offsets_off + expert, base)
-        if count > 0:
-            tl.store(I32 + active_off + num_active, expert)
-            num_active += 1
-        base += count
-    tl.store(I32 + offsets_off + E, base)
-    tl.store(I32 + num_active_off, num_active)
+    num_entries = num_tokens * K
+    experts = tl.arange(0, EP)
+    idx = tl.arange(0, CH)
+    counts = tl.zeros((EP,), tl.int32)
+    for c0 in range(0, num_entries, CH):
+        ids = tl.load(I32 + ids_off + c0 + idx, mask=c0 + idx < num_entries, other=-1)
+        counts += tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), 0)
+    starts = tl.cumsum(counts, 0) - counts
+    tl.store(I32 + offsets_off + experts, starts, mask=experts < E)
+    tl.store(I32 + offsets_off + E, tl.sum(counts, 0))
+    active = (counts > 0).to(tl.int32)
+    tl.store(I32 + active_off + tl.cumsum(active, 0) - 1, experts, mask=active == 1)
+    tl.store(I32 + num_active_off, tl.sum(active, 0))
+    earlier = idx[None, :] < idx[:, None]  # [i, j]: pair j comes before pair i
+    for c0 in range(0, num_entries, CH):
+        ok = c0 + idx < num_entries
+        ids = tl.load(I32 + ids_off + c0 + idx, mask=ok, other=-1)
+        hit = ids[:, None] == experts[None, :]
+        rank = tl.sum((earlier & (ids[None, :] == ids[:, None])).to(tl.int32), 1)
+        place = tl.sum(tl.where(hit, starts[None, :], 0), 1) + rank
+        tl.store(I32 + entries_off + place, c0 + idx, mask=ok)
+        starts += tl.sum(hit.to(tl.int32), 0)
 
 
 @triton.jit
 def expert_task(desc, tile, W, ACT, I32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                DOT_F32: tl.constexpr):
+                DOT_F32: tl.constexpr, STAGES: tl.constexpr):
     """out[entry, cols] = prologue(x[row of entry]) @ W[expert, cols]^T for the entries of this slot's experts.
 
     gate/up: x is the normed hidden state, rows are tokens (entry // top_k); down: x is the gate/up
-    output, rows are entries, with the SiLU-gating prologue."""
+    output, rows are entries, with the SiLU-gating prologue. The K loop has no branch (the prologue is a
+    masked load and a select), so that STAGES chunks stay in flight."""
     x_off, K, w_off, N, out_off = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 3), word8(desc, 4)
     top_k = word(desc, 5)
     offsets_off, entries_off, active_off = word(desc, 6), word(desc, 7), word(desc, 8)
@@ -105,14 +114,14 @@ def expert_task(desc, tile, W, ACT, I32, BM: tl.constexpr, BN: tl.constexpr, BK:
             entry = tl.load(I32 + entries_off + r, mask=r_ok, other=0).to(tl.int64)
             x_row = tl.where(silu == 1, entry, entry // top_k)
             acc = tl.zeros((BM, BN), tl.float32)
-            for k0 in range(0, K, BK):
+            for k0 in tl.range(0, K, BK, num_stages=STAGES):
                 ks = k0 + tl.arange(0, BK)
                 k_ok = ks < K
                 mask = r_ok[:, None] & k_ok[None, :]
                 x = tl.load(ACT + x_off + x_row[:, None] * x_width + ks[None, :], mask=mask, other=0.0).to(tl.float32)
-                if silu == 1:
-                    up = tl.load(ACT + x_off + x_row[:, None] * x_width + K + ks[None, :], mask=mask, other=0.0)
-                    x = round_to(round_to(x / (1.0 + tl.exp(-x)), dt) * up.to(tl.float32), dt)
+                up = tl.load(ACT + x_off + x_row[:, None] * x_width + K + ks[None, :], mask=mask & (silu == 1),
+                             other=0.0)
+                x = tl.where(silu == 1, round_to(round_to(x / (1.0 + tl.exp(-x)), dt) * up.to(tl.float32), dt), x)
                 w = tl.load(W + w_off + expert * N * K + cols[:, None] * K + ks[None, :],
                             mask=col_ok[:, None] & k_ok[None, :], other=0.0)
                 if DOT_F32:

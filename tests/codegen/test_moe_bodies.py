@@ -1,0 +1,46 @@
+"""The MoE grouping body (codegen/bodies/moe.py) alone under TRITON_INTERPRET=1, against a stable sort."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from codegen.bodies.moe import GROUP_FIELDS, group_task
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter tests (CPU)")
+
+
+@triton.jit
+def _group_kernel(desc, I32, num_tokens, EP: tl.constexpr, CH: tl.constexpr):
+    group_task(desc, I32, num_tokens, EP, CH)
+
+
+@pytest.mark.parametrize("num_tokens, top_k, num_experts, chunk", [
+    (1, 8, 128, 32),  # a batch-1 decode step of Qwen3-30B-A3B
+    (37, 3, 6, 16),  # pairs over several chunks, some experts unused
+    (5, 2, 5, 4),
+])
+def test_grouping_is_a_stable_counting_sort(num_tokens, top_k, num_experts, chunk):
+    gen = torch.Generator().manual_seed(num_tokens)
+    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(num_tokens)]).flatten()
+    ids = ids.clamp(max=num_experts - 2)  # leaves the last expert without pairs
+    pairs = num_tokens * top_k
+    layout = dict(ids_off=0, num_experts=num_experts, top_k=top_k, offsets_off=pairs,
+                  entries_off=pairs + num_experts + 1, active_off=2 * pairs + num_experts + 1,
+                  num_active_off=2 * pairs + 2 * num_experts + 1)
+    i32 = torch.full((layout["num_active_off"] + 1,), -7, dtype=torch.int32)
+    i32[:pairs] = ids.to(torch.int32)
+    desc = torch.tensor([layout[name] for name in GROUP_FIELDS], dtype=torch.int64)
+    _group_kernel[(1,)](desc, i32, num_tokens, triton.next_power_of_2(num_experts), chunk)
+
+    counts = torch.bincount(ids, minlength=num_experts)
+    offsets = i32[layout["offsets_off"]:layout["offsets_off"] + num_experts + 1]
+    assert offsets.tolist() == [0, *torch.cumsum(counts, 0).tolist()]
+    entries = i32[layout["entries_off"]:layout["entries_off"] + pairs]
+    assert entries.tolist() == torch.sort(ids, stable=True).indices.tolist()
+    active = torch.nonzero(counts).flatten().tolist()
+    assert int(i32[layout["num_active_off"]]) == len(active)
+    assert i32[layout["active_off"]:layout["active_off"] + len(active)].tolist() == active
