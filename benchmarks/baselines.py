@@ -12,6 +12,7 @@ Shapes: B sequences, T new tokens each, N = B*T, H hidden, D head dim, S cached 
 """
 from __future__ import annotations
 
+import gc
 import math
 import statistics
 import time
@@ -91,6 +92,8 @@ def decode_bytes_per_step(cfg: ModelConfig, batch: int, context: int) -> int:
 
 
 def release_memory(device: torch.device) -> None:
+    """Returns what no live object holds (reference cycles included) to the device."""
+    gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
 

@@ -9,7 +9,6 @@ Prints one table; `--json FILE` also writes the rows.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import time
 
@@ -65,12 +64,6 @@ def steps_until_all_decode(driver: HostDriven, batch: int, num_steps: int) -> in
     raise RuntimeError(f"no step decoded all {batch} sequences in {num_steps} steps")
 
 
-def free(*objects) -> None:
-    del objects
-    gc.collect()
-    torch.cuda.empty_cache()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", default="llama3-8b")
@@ -108,23 +101,25 @@ def main() -> None:
         kernel = load_kernel(args.preset, decode_configs[batch, context], artifact_path("decode"))
         ours = tpot_ms(kernel, batch, context, 16)
         task_kernels = task_kernels_graph_ms(kernel, batch, context)
-        free(kernel)
+        del kernel  # the baselines below need its memory (a 30B model's weights twice do not fit)
+        baselines.release_memory(device)
         torch_ms = baselines.torch_decode_ms(cfg, batch, context, device)
         roofline = baselines.decode_bytes_per_step(cfg, batch, context) / (bandwidth * 1e12) * 1e3
         add(f"decode b{batch} ctx{context} ms", f"{ours:.2f}", f"torch graph {torch_ms:.2f}",
             f"task kernels graph {task_kernels:.2f}",
             f"roofline {roofline:.2f} ({roofline / ours:.0%} of BW; {torch_ms / ours:.2f}x torch)")
-        free()
+        baselines.release_memory(device)
         print(f"  (row took {time.perf_counter() - started:.0f} s)", flush=True)
     for prompt_len in prompt_lens:
         started = time.perf_counter()
         kernel = load_kernel(args.preset, ttft_config(prompt_len, **overrides), artifact_path("ttft"))
         ours = ttft_ms(kernel, prompt_len)
-        free(kernel)
+        del kernel
+        baselines.release_memory(device)
         torch_ms = baselines.torch_prefill_ms(cfg, prompt_len, device)
         add(f"TTFT {prompt_len} tokens ms", f"{ours:.2f}", f"torch prefill {torch_ms:.2f}",
             f"{torch_ms / ours:.2f}x torch")
-        free()
+        baselines.release_memory(device)
         print(f"  (row took {time.perf_counter() - started:.0f} s)", flush=True)
     if args.json:
         with open(args.json, "w") as f:
