@@ -400,7 +400,7 @@ def _moe_route(lw: Lowering, node: Node) -> None:
 
 @lowering("moe_experts")
 def _moe_experts(lw: Lowering, node: Node) -> None:
-    x, weights, ids, gate_up, down = node.inputs
+    x, weights, ids, gate_up, down, *residual = node.inputs
     num_experts, two_i, hidden = gate_up.shape
     top_k = weights.shape[1]
     cfg, T, name = lw.config, lw.config.max_tokens_per_step, f"moe.v{node.output.id}"
@@ -423,10 +423,11 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
 
     up = experts(lw.act(x), hidden, gate_up, two_i, h_off, 0, (grouped, *lw.waits(x)), "gate_up")
     down_done = experts(h_off, two_i // 2, down, hidden, y_off, 1, (up,), "down")
-    desc = lw.tasks.add_desc(COMBINE_FIELDS, dict(y_off=y_off, weights_off=lw.act(weights), top_k=top_k,
-                                                  hidden=hidden, out_off=lw.act(node.output)))
+    desc = lw.tasks.add_desc(COMBINE_FIELDS, dict(
+        y_off=y_off, weights_off=lw.act(weights), top_k=top_k, hidden=hidden, out_off=lw.act(node.output),
+        res_off=lw.act(residual[0]) if residual else -1, out_stats_off=lw.out_stats(node.output)))
     lw.ready[node.output.id] = lw.tasks.add_group(Kind.COMBINE, desc, lw.column_tiles(hidden), f"{name}.combine",
-                                                  (down_done, *lw.waits(weights)))
+                                                  (down_done, *lw.waits(weights, *residual)))
 
 
 def _add_sampling(lw: Lowering) -> None:

@@ -56,7 +56,7 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
         Kind.GROUP: f"group_task(desc, I32, num_tokens, {_pow2(c.get('NUM_EXPERTS_MAX', 1))}, {GROUP_CHUNK})",
         Kind.EXPERT: f"expert_task(desc, tile, W, ACT, I32, {bm}, {cfg.expert_block_n}, {bk_small}, {dot_f32}, "
                      f"{cfg.num_stages})",
-        Kind.COMBINE: f"combine_task(desc, tile, ACT, num_tokens, {bm}, {bn}, {c.get('TOP_K_MAX', 1)})",
+        Kind.COMBINE: f"combine_task(desc, tile, ACT, F32, num_tokens, {bm}, {bn}, {c.get('TOP_K_MAX', 1)})",
         Kind.SAMPLE: f"sample_task(desc, tile, I32, F32, num_seqs, step, {lw.layout.offset('control')}, "
                      f"{r.seq_req}, {r.seq_final}, {r.req_num_out}, {r.req_max_tokens}, {r.req_finished}, "
                      f"{r.req_last}, {r.req_seed}, {r.req_top_k}, {r.req_ignore_eos}, "

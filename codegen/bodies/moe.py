@@ -8,12 +8,13 @@ import triton
 import triton.language as tl
 
 from codegen.bodies.common import round_to, word, word8
+from codegen.bodies.rows import store_rows
 
 ROUTE_FIELDS = ("logits_off", "num_experts", "top_k", "normalize", "weights_off", "ids_off")
 GROUP_FIELDS = ("ids_off", "num_experts", "top_k", "offsets_off", "entries_off", "active_off", "num_active_off")
 EXPERT_FIELDS = ("x_off", "k", "w_off", "n", "out_off", "top_k", "offsets_off", "entries_off", "active_off",
                  "num_active_off", "num_slots", "num_tiles", "silu_prologue")
-COMBINE_FIELDS = ("y_off", "weights_off", "top_k", "hidden", "out_off")
+COMBINE_FIELDS = ("y_off", "weights_off", "top_k", "hidden", "out_off", "res_off", "out_stats_off")
 
 
 @triton.jit
@@ -133,9 +134,11 @@ def expert_task(desc, tile, W, ACT, I32, BM: tl.constexpr, BN: tl.constexpr, BK:
 
 
 @triton.jit
-def combine_task(desc, tile, ACT, num_tokens, BM: tl.constexpr, BN: tl.constexpr, TOPK: tl.constexpr):
-    """out[t] = sum over slots j of weight[t, j] * y[t * top_k + j] (each product rounded, as HF)."""
+def combine_task(desc, tile, ACT, F32, num_tokens, BM: tl.constexpr, BN: tl.constexpr, TOPK: tl.constexpr):
+    """out[t] = residual[t] + sum over slots j of weight[t, j] * y[t * top_k + j] (each product and the sum
+    rounded, as HF; without a residual, the sum), and out's sums of squares when a norm reads it."""
     y_off, weights_off, K, hidden, out_off = word(desc, 0), word(desc, 1), word(desc, 2), word(desc, 3), word(desc, 4)
+    res_off, out_stats_off = word(desc, 5), word(desc, 6)
     dt: tl.constexpr = ACT.dtype.element_ty
     cols = tile * BN + tl.arange(0, BN)
     col_ok = cols < hidden
@@ -149,4 +152,7 @@ def combine_task(desc, tile, ACT, num_tokens, BM: tl.constexpr, BN: tl.constexpr
                 w = tl.load(ACT + weights_off + rows * K + j, mask=row_ok, other=0.0).to(tl.float32)
                 y = tl.load(ACT + y_off + (rows * K + j)[:, None] * hidden + cols[None, :], mask=mask, other=0.0)
                 out = round_to(out + round_to(y.to(tl.float32) * w[:, None], dt), dt)
-        tl.store(ACT + out_off + rows[:, None] * hidden + cols[None, :], out.to(dt), mask=mask)
+        if res_off >= 0:
+            res = tl.load(ACT + res_off + rows[:, None] * hidden + cols[None, :], mask=mask, other=0.0)
+            out = round_to(res.to(tl.float32) + out, dt)
+        store_rows(ACT, F32, out_off, hidden, rows, row_ok, cols, col_ok, out, out_stats_off, dt)

@@ -4,6 +4,7 @@
 `qkv_rope_store` (rotary and the cache append in the projection's epilogue).
 `to_fused_linear`: every remaining projection becomes a `fused_linear`, absorbing the SiLU-gating, the
 residual add and the cast to fp32 that follow it.
+`fuse_moe_residual`: an MoE block's residual add goes into `moe_experts` (its combine's epilogue).
 """
 from __future__ import annotations
 
@@ -115,3 +116,25 @@ def _emit_fused_linear(rw: Rewriter, node: Node, users) -> None:
         result = after[0].output
     inputs = [x, w, *bias] + ([norm_w] if norm_w is not None else []) + ([residual] if residual is not None else [])
     rw.replace(result, rw.emit("fused_linear", inputs, **attrs)[0])
+
+
+def fuse_moe_residual(graph: Graph) -> Graph:
+    users = graph.consumers()
+    producer_index = {v.id: i for i, n in enumerate(graph.nodes) for v in n.outputs}
+    graph_outputs = {v.id for v in graph.outputs.values()}
+    rw = Rewriter(graph)
+    absorbed = set()
+    for index, node in enumerate(graph.nodes):
+        if id(node) in absorbed:
+            continue
+        is_candidate = node.op == "moe_experts" and len(node.inputs) == 5 and node.output.id not in graph_outputs
+        after = users[node.output.id] if is_candidate else []
+        if len(after) == 1 and after[0].op == "add":
+            add = after[0]
+            residual = add.inputs[0] if add.inputs[1].id == node.output.id else add.inputs[1]
+            if producer_index.get(residual.id, -1) < index:  # the residual exists when the experts run
+                rw.replace(add.output, rw.emit("moe_experts", [*node.inputs, residual], **node.attrs)[0])
+                absorbed.add(id(add))
+                continue
+        rw.keep(node)
+    return rw.finish()

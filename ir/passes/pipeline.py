@@ -9,7 +9,7 @@ from ir.passes.dead_code import eliminate_dead_code
 from ir.passes.fold_rms_norm import fold_rms_norm
 from ir.passes.fuse_projections import fuse_gate_up, fuse_qkv
 from ir.passes.fuse_silu_mul import fuse_silu_mul
-from ir.passes.lowering_prep import fuse_qkv_rope_store, to_fused_linear
+from ir.passes.lowering_prep import fuse_moe_residual, fuse_qkv_rope_store, to_fused_linear
 from ir.verify import verify
 
 Pass = Callable[[Graph], Graph]
@@ -26,6 +26,7 @@ PIPELINE: tuple[Pass, ...] = (
 LOWERING_PREP: tuple[Pass, ...] = (
     fuse_qkv_rope_store,
     to_fused_linear,
+    fuse_moe_residual,
     eliminate_dead_code,
 )
 

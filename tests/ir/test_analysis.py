@@ -3,7 +3,7 @@ the LM head reads it whole) and stacked experts (only those the batch can route 
 from __future__ import annotations
 
 from ir.analysis import decode_bytes, num_parameters
-from ir.passes.pipeline import run_pipeline
+from ir.passes.pipeline import LOWERING_PREP, run_pipeline
 from models.registry import resolve_model
 from models.trace import trace_model
 
@@ -30,6 +30,8 @@ def test_moe_reads_only_the_experts_a_batch_can_route_to():
     everything = decode_bytes(g, batch=64, context=1)  # 64 * 8 routes cover all 128 experts
     table = cfg.vocab_size * cfg.hidden_size * 2
     assert everything.weights == g.num_param_bytes() - table + 64 * cfg.hidden_size * 2
+    lowered = run_pipeline(g, LOWERING_PREP)  # the experts take the residual add as a sixth input
+    assert decode_bytes(lowered, batch=1, context=1) == one
 
 
 def test_tied_embeddings_are_read_whole_by_the_lm_head():

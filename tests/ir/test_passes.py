@@ -110,3 +110,14 @@ def test_lowering_prep_keeps_results_and_fuses_into_task_ops(preset):
     assert not ops & {"linear", "rms_norm_linear", "rope", "kv_store", "slice_cols", "silu_mul", "cast"}
     lm_head = [n for n in after.nodes if n.op == "fused_linear"][-1]
     assert lm_head.attrs["out_dtype"] == "f32" and lm_head.attrs["prologue"] == "rms_norm"
+
+
+def test_moe_residual_add_goes_into_the_experts():
+    before = run_pipeline(traced("tiny-qwen3-moe"))
+    after = run_pipeline(before, LOWERING_PREP)
+    experts = [n for n in after.nodes if n.op == "moe_experts"]
+    assert len(experts) == 2 and all(len(n.inputs) == 6 for n in experts)  # the two MoE layers
+    producers = {v.id: n for n in after.nodes for v in n.outputs}
+    assert not any(n.op == "add" and producers.get(v.id, n).op == "moe_experts" for n in after.nodes for v in n.inputs)
+    step = random_step(before, seed=7)
+    assert_close(run(after, step), run(before, step))
