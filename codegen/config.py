@@ -16,6 +16,8 @@ class CompileConfig:
     block_n: int = 16  # output columns per projection tile
     block_k: int = 512
     expert_block_n: int = 64  # output columns per MoE expert tile (most expert slots are idle at decode)
+    expert_block_k: int = 64  # input columns per chunk of an expert tile's K loop ...
+    expert_stages: int = 3  # ... and its pipelining depth (neither swept on a GPU yet)
     block_m: int = 16  # token rows per dot (the minimum tl.dot takes)
     block_k_dot: int = 64  # input columns per tensor-core chunk of the [wide_m, wide_n] tiles
     qkv_block_m: int = 64  # token rows per QKV block: up to this many, heads split K; beyond, row blocks
@@ -57,11 +59,12 @@ class CompileConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_tokens_per_step", "max_model_len", "max_new_tokens", "page_size",
-                     "target_programs", "num_stages", "batch_stages", "prefill_stages", "attention_stages"):
+                     "target_programs", "num_stages", "batch_stages", "prefill_stages", "attention_stages",
+                     "expert_stages"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("block_n", "expert_block_n", "block_k", "block_k_dot", "block_m", "qkv_block_m",
-                     "attention_block_m", "wide_m", "wide_n", "batch_n", "block_kv", "page_size"):
+        for name in ("block_n", "expert_block_n", "expert_block_k", "block_k", "block_k_dot", "block_m",
+                     "qkv_block_m", "attention_block_m", "wide_m", "wide_n", "batch_n", "block_kv", "page_size"):
             value = getattr(self, name)
             if value <= 0 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two, got {value}")

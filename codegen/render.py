@@ -29,7 +29,7 @@ def _pow2(n: int) -> int:
 def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     cfg, c, r = lw.config, lw.constants, SimpleNamespace(**{k: lw.layout.offset(k) for k in STEP_REGIONS})
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    bk_small = qkv_block_k(lw)  # qkv and expert tiles are [head_dim or block_n, bk]: keep them in registers
+    bk_small = qkv_block_k(lw)  # qkv tiles are [head_dim, bk]: keep them in registers
     bk_rows = max(16, min(256, bk // 2))  # few-row dots stage inputs as large as their weights: smaller chunks
     hdp = _pow2(max(16, c.get("HEAD_DIM_MAX", 16)))
     qkv_prefill_bk = max(16, min(bk_small, 2048 // cfg.qkv_block_m))  # [rows + head_dim, chunk] staged: <= 48 KB
@@ -54,8 +54,8 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
         Kind.ROUTE: f"route_task(desc, tile, ACT, I32, num_tokens, {bm}, {_pow2(c.get('NUM_EXPERTS_MAX', 1))}, "
                     f"{c.get('TOP_K_MAX', 1)})",
         Kind.GROUP: f"group_task(desc, I32, num_tokens, {_pow2(c.get('NUM_EXPERTS_MAX', 1))}, {GROUP_CHUNK})",
-        Kind.EXPERT: f"expert_task(desc, tile, W, ACT, I32, {bm}, {cfg.expert_block_n}, {bk_small}, {dot_f32}, "
-                     f"{cfg.num_stages})",
+        Kind.EXPERT: f"expert_task(desc, tile, W, ACT, I32, {bm}, {cfg.expert_block_n}, {cfg.expert_block_k}, "
+                     f"{dot_f32}, {cfg.expert_stages})",
         Kind.COMBINE: f"combine_task(desc, tile, ACT, F32, num_tokens, {bm}, {bn}, {c.get('TOP_K_MAX', 1)})",
         Kind.SAMPLE: f"sample_task(desc, tile, I32, F32, num_seqs, step, {lw.layout.offset('control')}, "
                      f"{r.seq_req}, {r.seq_final}, {r.req_num_out}, {r.req_max_tokens}, {r.req_finished}, "

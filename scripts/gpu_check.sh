@@ -29,8 +29,8 @@ if [[ $mode == final ]]; then
   step 150 python -m pytest -q -x -s -m gpu tests/gpu -k "llama3-8b-1]" -p no:cacheprovider
   step 150 python -m benchmarks.profile_step --context 512
 fi
-if [[ $mode == variants ]]; then  # VARIANTS="1x512 1x512:attention_stages=3 ttft512:wide_n=128", compiled side by side
-  step "${VARIANT_LIMIT:-500}" python -m benchmarks.megakernel_tpot ${VARIANTS:-1x512}
+if [[ $mode == variants ]]; then  # [PRESET=qwen3-30b-a3b] VARIANTS="1x512 1x512:attention_stages=3 ttft512", compiled side by side
+  step "${VARIANT_LIMIT:-500}" python -m benchmarks.megakernel_tpot --preset "${PRESET:-llama3-8b}" ${VARIANTS:-1x512}
 fi
 
 if [[ $mode == matrix ]]; then  # the whole decode table, one model per call: MATRIX=llama or MATRIX=moe
