@@ -1,4 +1,5 @@
-"""The MoE grouping body (codegen/bodies/moe.py) alone under TRITON_INTERPRET=1, against a stable sort."""
+"""The MoE routing and grouping bodies (codegen/bodies/moe.py) alone under TRITON_INTERPRET=1, against the
+IR's reference routing and a stable sort."""
 from __future__ import annotations
 
 import os
@@ -8,7 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from codegen.bodies.moe import GROUP_FIELDS, group_task
+from codegen.bodies.moe import GROUP_FIELDS, ROUTE_FIELDS, group_task, route_task
+from ir.ops import get_op
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter tests (CPU)")
 
@@ -16,6 +18,29 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reaso
 @triton.jit
 def _group_kernel(desc, I32, num_tokens, EP: tl.constexpr, CH: tl.constexpr):
     group_task(desc, I32, num_tokens, EP, CH)
+
+
+@triton.jit
+def _route_kernel(desc, ACT, I32, num_tokens, BM: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr):
+    route_task(desc, tl.program_id(0), ACT, I32, num_tokens, BM, EP, TOPK)
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("num_tokens, num_experts, top_k", [(1, 128, 8), (21, 6, 2)])
+def test_routing_matches_the_reference(normalize, num_tokens, num_experts, top_k):
+    logits = torch.randn(num_tokens, num_experts, generator=torch.Generator().manual_seed(num_experts))
+    pairs = num_tokens * top_k
+    act = torch.cat([logits.flatten(), torch.zeros(pairs)])
+    i32 = torch.full((pairs,), -1, dtype=torch.int32)
+    layout = dict(logits_off=0, num_experts=num_experts, top_k=top_k, normalize=int(normalize),
+                  weights_off=logits.numel(), ids_off=0)
+    desc = torch.tensor([layout[name] for name in ROUTE_FIELDS], dtype=torch.int64)
+    block = 16
+    _route_kernel[(triton.cdiv(num_tokens, block),)](desc, act, i32, num_tokens, block,
+                                                      triton.next_power_of_2(num_experts), 8)
+    weights, ids = get_op("moe_route").reference(logits, top_k=top_k, normalize=normalize)
+    assert i32.view(num_tokens, top_k).tolist() == ids.tolist()
+    torch.testing.assert_close(act[logits.numel():].view(num_tokens, top_k), weights, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("num_tokens, top_k, num_experts, chunk", [
