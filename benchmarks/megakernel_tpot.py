@@ -147,7 +147,8 @@ def run(preset: str, model, variant: Variant, num_tokens: int, bandwidth: float)
         print(f"{preset} {variant.spec}: TTFT {ttft_ms(kernel, variant.context):.2f} ms | {resources}", flush=True)
     else:
         ms = tpot_ms(kernel, variant.batch, variant.context, num_tokens)
-        roofline = decode_bytes(build_graph(model, config), variant.batch, variant.context).total / (bandwidth * 1e12) * 1e3
+        read = decode_bytes(build_graph(model, config), variant.batch, variant.context).total
+        roofline = read / (bandwidth * 1e12) * 1e3
         print(f"{preset} {variant.spec}: TPOT {ms:.2f} ms | roofline {roofline:.2f} ms at {bandwidth:.2f} TB/s "
               f"({roofline / ms:.0%}) | {variant.batch * 1e3 / ms:.0f} tok/s | {resources}", flush=True)
     del kernel

@@ -294,5 +294,6 @@ def _load_cubin(artifact: Artifact, manifest: dict):
         raise RuntimeError(f"the kernel does not fit on an SM ({compiled.n_regs} registers, {shared} B shared)")
     grid = (props.multi_processor_count * per_sm, 1, 1)
     launcher = compiled[grid]
-    launcher.grid, launcher.n_regs, launcher.n_spills, launcher.shared = grid, compiled.n_regs, compiled.n_spills, shared
+    launcher.grid, launcher.shared = grid, shared
+    launcher.n_regs, launcher.n_spills = compiled.n_regs, compiled.n_spills
     return launcher

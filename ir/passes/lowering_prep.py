@@ -119,6 +119,8 @@ def _emit_fused_linear(rw: Rewriter, node: Node, users) -> None:
 
 
 def fuse_moe_residual(graph: Graph) -> Graph:
+    """`add(residual, moe_experts(...))`, the experts' output read by nothing else, becomes
+    `moe_experts(..., residual)`."""
     users = graph.consumers()
     producer_index = {v.id: i for i, n in enumerate(graph.nodes) for v in n.outputs}
     graph_outputs = {v.id for v in graph.outputs.values()}
