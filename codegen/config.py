@@ -41,6 +41,9 @@ class CompileConfig:
     # ... and of attention's key loop (3: 7.08 / 15.78 ms at b1 / b64 against 7.00 / 15.76, once the
     # launch stopped giving up L1 past 48 KB of shared memory, runtime/cuda_driver.py)
     attention_stages: int = 2
+    # ... and of the loop that merges a decode's context splits (at b1 the merging task is the slowest
+    # attention task: ~22 us busy against 7.5; not swept yet)
+    merge_stages: int = 2
     moe_slots: int = 0  # expert slots per MoE layer; 0: min(experts, max_batch * top_k)
     attention_splits: int = 0  # tasks per (sequence, KV head) at decode; 0: ~256 tasks per layer
     sample_splits: int = 0  # tasks per sequence for greedy sampling; 0: one per ~8192 logits
@@ -60,7 +63,7 @@ class CompileConfig:
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_tokens_per_step", "max_model_len", "max_new_tokens", "page_size",
                      "target_programs", "num_stages", "batch_stages", "prefill_stages", "attention_stages",
-                     "expert_stages"):
+                     "merge_stages", "expert_stages"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("block_n", "expert_block_n", "expert_block_k", "block_k", "block_k_dot", "block_m",

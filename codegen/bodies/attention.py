@@ -55,7 +55,7 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs
                    CONTEXT_LENS: tl.constexpr, SEQ_REQ: tl.constexpr, REQ_PAGES: tl.constexpr,
                    PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, MAX_SEQS: tl.constexpr,
                    BM: tl.constexpr, BMP: tl.constexpr, BKV: tl.constexpr, HDP: tl.constexpr,
-                   DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+                   DOT_F32: tl.constexpr, STAGES: tl.constexpr, MERGE_STAGES: tl.constexpr):
     """Task (sequence, KV head, split) of the group's `num_tasks` (MAX_SEQS: the most sequences a step has,
     rounded up to a power of two). A sequence whose query rows (its tokens x the group's heads) fit BM
     decodes: the task takes its split of the context. Longer ones (prefill) come in blocks of BMP rows, and
@@ -69,7 +69,8 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs
         q_len = tl.load(I32 + SEQ_STARTS + b + 1) - tl.load(I32 + SEQ_STARTS + b)
         if q_len * rep <= BM:
             decode_rows(desc, b, group % HKV, tile % splits, ACT, F32, I32, KV, kv_plane, SEQ_STARTS,
-                        CONTEXT_LENS, SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ, PAGE_SIZE, BM, BKV, HDP, DOT_F32, STAGES)
+                        CONTEXT_LENS, SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ, PAGE_SIZE, BM, BKV, HDP, DOT_F32, STAGES,
+                        MERGE_STAGES)
     if num_tokens > num_seqs:  # some sequence has more than one token: prefill blocks, numbered over the step
         seqs = tl.arange(0, MAX_SEQS)
         live = seqs < num_seqs
@@ -105,8 +106,9 @@ def kv_head(desc, b, g, I32, KV, kv_plane, SEQ_STARTS: tl.constexpr, CONTEXT_LEN
 def decode_rows(desc, b, g, split, ACT, F32, I32, KV, kv_plane, SEQ_STARTS: tl.constexpr,
                 CONTEXT_LENS: tl.constexpr, SEQ_REQ: tl.constexpr, REQ_PAGES: tl.constexpr,
                 PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, BM: tl.constexpr, BKV: tl.constexpr,
-                HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr):
-    """Split `split` of sequence b's context for KV head g's query rows; the last split merges."""
+                HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, MERGE_STAGES: tl.constexpr):
+    """Split `split` of sequence b's context for KV head g's query rows; the last split merges (its loop
+    MERGE_STAGES deep)."""
     q_off, out_off, H, HKV = word8(desc, 0), word8(desc, 1), word(desc, 2), word(desc, 3)
     HD, scale = word8(desc, 4), word_f32(desc, 6)
     splits, part_off, ticket_off = word(desc, 7), word(desc, 8), word(desc, 9)
@@ -135,7 +137,7 @@ def decode_rows(desc, b, g, split, ACT, F32, I32, KV, kv_plane, SEQ_STARTS: tl.c
         arrived = tl.atomic_add(F32 + ticket_off + group, 1.0, sem="acq_rel")
         tl.debug_barrier()
         if arrived == splits - 1:
-            out = _merge_parts(part, splits, r_ok, BM, HDP, STAGES)
+            out = _merge_parts(part, splits, r_ok, BM, HDP, MERGE_STAGES)
             tl.store(out_ptr, out.to(dt), mask=r_ok[:, None] & d_ok[None, :])
 
 
