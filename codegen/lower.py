@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from codegen.bodies.attention import ATTENTION_FIELDS
 from codegen.bodies.linear import LINEAR_FIELDS
-from codegen.bodies.moe import COMBINE_FIELDS, EXPERT_FIELDS, GROUP_FIELDS, ROUTE_FIELDS
+from codegen.bodies.moe import COMBINE_FIELDS, EXPERT_FIELDS, ROUTE_FIELDS
 from codegen.bodies.qkv import QKV_FIELDS
 from codegen.bodies.rows import ADD_FIELDS, EMBED_FIELDS, GATHER_FIELDS, RMS_NORM_FIELDS
 from codegen.bodies.schedule import SAMPLE_FIELDS
@@ -143,6 +143,9 @@ def _allocate(lw: Lowering) -> None:
     attention_nodes = [n for n in lw.graph.nodes if n.op == "paged_attention"]
     for node in attention_nodes:
         lw.layout.alloc(f"tickets:v{node.output.id}", "F32", cfg.max_batch * node.attrs["num_kv_heads"])
+    for node in lw.graph.nodes:
+        if node.op == "moe_route":  # the routing task that finishes last groups the pairs
+            lw.layout.alloc(f"tickets:v{node.outputs[1].id}", "F32", 1)
     lw.layout.alloc("tickets:sample", "F32", cfg.max_batch)
     split_linears = [(n.output, n.inputs[fused_linear_inputs(n.attrs).index("w")].shape[0])
                      for n in lw.graph.nodes if n.op == "fused_linear"]
@@ -384,15 +387,22 @@ def _layer_of(lw: Lowering, cache: Value) -> int:
 
 @lowering("moe_route")
 def _moe_route(lw: Lowering, node: Node) -> None:
+    """Routing tasks of block_m tokens each; the last to finish also groups the pairs by expert into the
+    regions the experts read (`_routing_regions`)."""
     (logits,) = node.inputs
     weights, ids = node.outputs
-    top_k = node.attrs["top_k"]
+    top_k, num_experts = node.attrs["top_k"], logits.shape[1]
     T = lw.config.max_tokens_per_step
     ids_off = lw.layout.alloc(f"v{ids.id}", "I32", T * top_k)
+    regions = {key: lw.layout.alloc(f"v{ids.id}.{key}", "I32", size) for key, size in (
+        ("offsets_off", num_experts + 1), ("entries_off", T * top_k), ("active_off", num_experts),
+        ("num_active_off", 1))}
+    num_tasks = -(-T // lw.config.block_m)
     desc = lw.tasks.add_desc(ROUTE_FIELDS, dict(
-        logits_off=lw.act(logits), num_experts=logits.shape[1], top_k=top_k,
-        normalize=int(node.attrs["normalize"]), weights_off=lw.act(weights), ids_off=ids_off))
-    done = lw.tasks.add_group(Kind.ROUTE, desc, -(-T // lw.config.block_m), "moe_route", lw.waits(logits))
+        logits_off=lw.act(logits), num_experts=num_experts, top_k=top_k,
+        normalize=int(node.attrs["normalize"]), weights_off=lw.act(weights), ids_off=ids_off, **regions,
+        ticket_off=lw.layout.offset(f"tickets:v{ids.id}"), num_tasks=num_tasks))
+    done = lw.tasks.add_group(Kind.ROUTE, desc, num_tasks, "moe_route", lw.waits(logits))
     lw.ready[weights.id] = lw.ready[ids.id] = done
     lw.constants["NUM_EXPERTS_MAX"] = max(lw.constants.get("NUM_EXPERTS_MAX", 1), logits.shape[1])
     lw.constants["TOP_K_MAX"] = max(lw.constants.get("TOP_K_MAX", 1), top_k)
@@ -404,12 +414,8 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
     num_experts, two_i, hidden = gate_up.shape
     top_k = weights.shape[1]
     cfg, T, name = lw.config, lw.config.max_tokens_per_step, f"moe.v{node.output.id}"
-    routing = {key: lw.layout.alloc(f"{name}.{key}", "I32", size) for key, size in (
-        ("offsets_off", num_experts + 1), ("entries_off", T * top_k), ("active_off", num_experts),
-        ("num_active_off", 1))}
-    grouped = lw.tasks.add_group(Kind.GROUP, lw.tasks.add_desc(GROUP_FIELDS, dict(
-        ids_off=lw.layout.offset(f"v{ids.id}"), num_experts=num_experts, top_k=top_k, **routing)),
-        1, f"{name}.group", lw.waits(ids))
+    routing = {key: lw.layout.offset(f"v{ids.id}.{key}")  # grouped by the last routing task
+               for key in ("offsets_off", "entries_off", "active_off", "num_active_off")}
     slots = cfg.moe_slots or min(num_experts, cfg.max_batch * top_k)
     h_off = lw.layout.alloc(f"{name}.h", "ACT", T * top_k * two_i)
     y_off = lw.layout.alloc(f"{name}.y", "ACT", T * top_k * hidden)
@@ -421,7 +427,7 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
             num_tiles=tiles, silu_prologue=silu, **routing))
         return lw.tasks.add_group(Kind.EXPERT, desc, slots * tiles, f"{name}.{part}", waits)
 
-    up = experts(lw.act(x), hidden, gate_up, two_i, h_off, 0, (grouped, *lw.waits(x)), "gate_up")
+    up = experts(lw.act(x), hidden, gate_up, two_i, h_off, 0, lw.waits(ids, x), "gate_up")
     down_done = experts(h_off, two_i // 2, down, hidden, y_off, 1, (up,), "down")
     desc = lw.tasks.add_desc(COMBINE_FIELDS, dict(
         y_off=y_off, weights_off=lw.act(weights), top_k=top_k, hidden=hidden, out_off=lw.act(node.output),

@@ -1,5 +1,6 @@
-"""Mixture of experts: routing (softmax, top-k, renormalisation), grouping the step's (token, slot) pairs
-by expert, the experts' gate/up and down projections over their tokens, and the weighted combine.
+"""Mixture of experts: routing (softmax, top-k, renormalisation) and, by the last routing task to finish,
+grouping the step's (token, slot) pairs by expert; the experts' gate/up and down projections over their
+tokens, and the weighted combine (plus the residual).
 
 Expert tasks are indexed by (expert slot, column tile): slot j serves the j-th, (j+S)-th, ... expert that
 received tokens this step, so a decode step with few active experts runs few real tiles.
@@ -10,15 +11,29 @@ import triton.language as tl
 from codegen.bodies.common import round_to, word, word8
 from codegen.bodies.rows import store_rows
 
-ROUTE_FIELDS = ("logits_off", "num_experts", "top_k", "normalize", "weights_off", "ids_off")
-GROUP_FIELDS = ("ids_off", "num_experts", "top_k", "offsets_off", "entries_off", "active_off", "num_active_off")
+ROUTE_FIELDS = ("logits_off", "num_experts", "top_k", "normalize", "weights_off", "ids_off", "offsets_off",
+                "entries_off", "active_off", "num_active_off", "ticket_off", "num_tasks")
 EXPERT_FIELDS = ("x_off", "k", "w_off", "n", "out_off", "top_k", "offsets_off", "entries_off", "active_off",
                  "num_active_off", "num_slots", "num_tiles", "silu_prologue")
 COMBINE_FIELDS = ("y_off", "weights_off", "top_k", "hidden", "out_off", "res_off", "out_stats_off")
 
 
 @triton.jit
-def route_task(desc, tile, ACT, I32, num_tokens, BM: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr):
+def route_task(desc, tile, ACT, F32, I32, num_tokens, BM: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr,
+               CH: tl.constexpr):
+    """Routes BM tokens, then takes a ticket (a counter the planner zeroes every step): the group's last
+    task to finish groups every pair of the step by expert (one phase less than a grouping task)."""
+    route_rows(desc, tile, ACT, I32, num_tokens, BM, EP, TOPK)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(F32 + word(desc, 10), 1.0, sem="acq_rel")
+    tl.debug_barrier()
+    if arrived == word(desc, 11) - 1:
+        group_pairs(I32, word(desc, 5), word(desc, 1), word(desc, 2), word(desc, 6), word(desc, 7), word(desc, 8),
+                    word(desc, 9), num_tokens, EP, CH)
+
+
+@triton.jit
+def route_rows(desc, tile, ACT, I32, num_tokens, BM: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr):
     """Softmax over the experts, the top k (and, with `normalize`, each chosen p over the sum of the chosen,
     as HF does), all in registers: the choice is made twice, once for the sum and once to store, rather
     than reading back what was stored (a global round trip per choice: 25 us a token at top 8)."""
@@ -49,12 +64,11 @@ def route_task(desc, tile, ACT, I32, num_tokens, BM: tl.constexpr, EP: tl.conste
 
 
 @triton.jit
-def group_task(desc, I32, num_tokens, EP: tl.constexpr, CH: tl.constexpr):
+def group_pairs(I32, ids_off, E, K, offsets_off, entries_off, active_off, num_active_off, num_tokens,
+                EP: tl.constexpr, CH: tl.constexpr):
     """Stable counting sort of the step's (token, slot) pairs by expert, CH pairs at a time against all EP
     experts at once: each expert's count and first place (offsets), the list of experts that got any,
     then each pair's place (its expert's first place, plus the pairs before it with the same expert)."""
-    ids_off, E, K, offsets_off = word(desc, 0), word(desc, 1), word(desc, 2), word(desc, 3)
-    entries_off, active_off, num_active_off = word(desc, 4), word(desc, 5), word(desc, 6)
     num_entries = num_tokens * K
     experts = tl.arange(0, EP)
     idx = tl.arange(0, CH)

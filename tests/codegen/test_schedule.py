@@ -21,7 +21,7 @@ from models.trace import trace_model
 
 CONFIG = CompileConfig(max_batch=3, max_tokens_per_step=16, max_model_len=48, max_new_tokens=8, page_size=4,
                        interpret=True)
-MOE_CALLS = {"route_task", "group_task", "expert_task", "combine_task"}
+MOE_CALLS = {"route_task", "expert_task", "combine_task"}
 
 
 def _graph() -> tuple[TaskGraph, int]:
@@ -108,7 +108,7 @@ def test_a_lowered_moe_model_passes_the_schedule_check():
     lw = _lowered("tiny-qwen3-moe")
     check_schedule(lw.tasks, lw.sample)
     kinds = {t.kind for t in lw.tasks.tasks}
-    assert {Kind.ROUTE, Kind.GROUP, Kind.EXPERT, Kind.COMBINE, Kind.SAMPLE} <= kinds
+    assert {Kind.ROUTE, Kind.EXPERT, Kind.COMBINE, Kind.SAMPLE} <= kinds
     assert lw.sample.count == CONFIG.max_batch
 
 
