@@ -388,7 +388,7 @@ def _layer_of(lw: Lowering, cache: Value) -> int:
 @lowering("moe_route")
 def _moe_route(lw: Lowering, node: Node) -> None:
     """Routing tasks of block_m tokens each; the last to finish also groups the pairs by expert into the
-    regions the experts read (`_routing_regions`)."""
+    regions `v{ids}.offsets_off` ... that the experts read."""
     (logits,) = node.inputs
     weights, ids = node.outputs
     top_k, num_experts = node.attrs["top_k"], logits.shape[1]
