@@ -19,19 +19,20 @@ class CompileConfig:
     expert_block_k: int = 64  # input columns per chunk of an expert tile's K loop ...
     expert_stages: int = 3  # ... and its pipelining depth (neither swept on a GPU yet)
     block_m: int = 16  # token rows per dot (the minimum tl.dot takes)
-    block_k_dot: int = 64  # input columns per tensor-core chunk of the [wide_m, wide_n] tiles
+    block_k_dot: int = 64  # input columns per tensor-core chunk of the batched blocks and prefill tiles
     qkv_block_m: int = 64  # token rows per QKV block: up to this many, heads split K; beyond, row blocks
     attention_block_m: int = 64  # query rows (tokens x heads of a KV group) per prefill attention block
     # token rows of the projections' tensor-core tiles beyond block_m rows: a step of up to wide_m rows
     # (batched decode) takes blocks of batch_n columns, each block's K split over batch_n // block_n tasks;
-    # a longer one (prefill) shares [wide_m, wide_n] tiles among the group's tasks. On the H100 at b64,
+    # a longer one (prefill) shares [prefill_m, wide_n] tiles among the group's tasks. On the H100 at b64,
     # batch_n 32 / 64 / 128: 14.84 / 15.81 / 23.67 ms; TTFT 512 at wide_n 64 / 128: 33.04 / 26.66 ms.
     wide_m: int = 64
+    prefill_m: int = 64
     wide_n: int = 128
     batch_n: int = 32
     block_kv: int = 32  # keys per attention block
     # software pipelining depth of the projections' K loops: the GEMV and dots up to block_m rows, the
-    # batched decode blocks ([wide_m + batch_n] x block_k_dot each), the prefill tiles ([wide_m + wide_n] x
+    # batched decode blocks ([wide_m + batch_n] x block_k_dot each), the prefill tiles ([prefill_m + wide_n] x
     # block_k_dot each). 72 KB of shared memory for the last two; at 48 KB (prefill 2 stages) on the H100,
     # b1 7.05 / b8 8.39 ms against 7.14 / 8.57, but TTFT 512 34.70 ms against 26.15. b64: 3 / 4 / 6 batch
     # stages 14.96 / 13.95 / 13.66 ms.
@@ -67,7 +68,8 @@ class CompileConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("block_n", "expert_block_n", "expert_block_k", "block_k", "block_k_dot", "block_m",
-                     "qkv_block_m", "attention_block_m", "wide_m", "wide_n", "batch_n", "block_kv", "page_size"):
+                     "qkv_block_m", "attention_block_m", "wide_m", "prefill_m", "wide_n", "batch_n", "block_kv",
+                     "page_size"):
             value = getattr(self, name)
             if value <= 0 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two, got {value}")

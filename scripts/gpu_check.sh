@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|verify|matrix|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|verify|matrix|stalls|all]
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=/tmp/blink-cache
 OUT=${OUT:-/tmp/blink-out}; mkdir -p "$OUT"
@@ -46,4 +46,16 @@ fi
 if [[ $mode == verify ]]; then  # one ~8-minute call: correctness at every batch, then the decode table
   step 170 python -m pytest -q -x -s -m gpu tests/gpu -k "${CASES:-llama3-8b}" -p no:cacheprovider
   step "${BENCH_LIMIT:-400}" python -m benchmarks.decode --decode "${DECODE:-1x512,8x512,64x512}" --ttft "${TTFT-512}" --json "$OUT/decode.json"
+fi
+
+if [[ $mode == stalls ]]; then  # STALLS="64x512 ttft512": ncu's warp-state samples per body line, each variant
+  step 300 python -m benchmarks.stall_profile compile ${STALLS:-64x512 ttft512}
+  for variant in ${STALLS:-64x512 ttft512}; do
+    name=stalls-$(echo "$variant" | tr ':=,' '---')
+    step "${NCU_LIMIT:-240}" ncu --metrics group:smsp__pcsamp_warp_stall_reasons --warp-sampling-interval "${INTERVAL:-14}" \
+      --clock-control none -k regex:blink_megakernel --launch-skip 1 --launch-count 1 -f -o "$OUT/$name" \
+      python -m benchmarks.stall_profile launch "$variant"
+    step 150 python -m benchmarks.stall_profile summarize "$OUT/$name.ncu-rep" --tsv "$OUT/$name.tsv" ||
+      ncu -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass > "$OUT/$name.csv"  # no ncu_report module
+  done
 fi

@@ -12,7 +12,7 @@ Three shapes of the same computation, by the number of rows in the step:
   stream once whatever the batch. Up to BM rows, the task's BN columns; up to BMW rows, the task's share
   of a block of BNB columns: its split of the K range (the last split to finish sums the fp32 partials
   in order and runs the epilogue), so that no task reads more input than weights;
-- many rows (prefill): the group's tasks share the [BMW, BNW] tiles of the whole output, so each weight
+- many rows (prefill): the group's tasks share the [BMP, BNW] tiles of the whole output, so each weight
   and input chunk feeds a wide tensor-core tile instead of being read once per BN columns.
 Every K loop loads unconditionally (masks only, no branches), so Triton's pipeliner keeps STAGES chunks of
 weights and inputs in flight through shared memory.
@@ -167,11 +167,11 @@ def split_block(desc, tile, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
 
 @triton.jit
 def linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr, BKM: tl.constexpr, BMW: tl.constexpr, BNW: tl.constexpr, BNB: tl.constexpr,
-                BKD: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, BATCH_STAGES: tl.constexpr,
-                PREFILL_STAGES: tl.constexpr):
+                BK: tl.constexpr, BKM: tl.constexpr, BMW: tl.constexpr, BMP: tl.constexpr, BNW: tl.constexpr,
+                BNB: tl.constexpr, BKD: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
+                BATCH_STAGES: tl.constexpr, PREFILL_STAGES: tl.constexpr):
     """BK, BKM, BKD: the K chunk of the GEMV, of the dots over up to BM rows, of the [BMW, BNB] batched
-    blocks and [BMW, BNW] prefill tiles; STAGES, BATCH_STAGES, PREFILL_STAGES: their pipelining depths."""
+    blocks and [BMP, BNW] prefill tiles; STAGES, BATCH_STAGES, PREFILL_STAGES: their pipelining depths."""
     num_rows = tl.where(word(desc, 15) == 1, num_seqs, num_tokens)
     if num_rows == 1:
         gemv_row(desc, tile, W, ACT, F32, BN, BK, STAGES)
@@ -182,7 +182,7 @@ def linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr,
     else:  # prefill: this task takes every num_tasks-th wide tile, row blocks innermost (weights shared in L2)
         N = word(desc, 4)
         num_tasks = tl.cdiv(N, BN)
-        row_blocks = tl.cdiv(num_rows, BMW)
+        row_blocks = tl.cdiv(num_rows, BMP)
         for item in range(tile, row_blocks * tl.cdiv(N, BNW), num_tasks):
-            dot_block(desc, (item % row_blocks) * BMW, (item // row_blocks) * BNW, num_rows, W, ACT, F32,
-                      BMW, BNW, BKD, DOT_F32, PREFILL_STAGES)
+            dot_block(desc, (item % row_blocks) * BMP, (item // row_blocks) * BNW, num_rows, W, ACT, F32,
+                      BMP, BNW, BKD, DOT_F32, PREFILL_STAGES)

@@ -129,7 +129,8 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
     # K = 64: QKV parts [0, 32), [32, 64), empty; contexts up to 11 tokens: attention parts of 16 keys
     config = dataclasses.replace(CONFIG, qkv_splits=3, block_k=16, attention_splits=3, block_kv=16,
                                  sample_splits=3,  # greedy argmax over three vocabulary chunks
-                                 max_tokens_per_step=32, wide_m=wide_m, wide_n=32, batch_n=32, dynamic_tasks=True,
+                                 max_tokens_per_step=32, wide_m=wide_m, prefill_m=wide_m, wide_n=32, batch_n=32,
+                                 dynamic_tasks=True,
                                  qkv_block_m=qkv_block_m, block_n=block_n)
     out = compile_model(model, config, tmp_path / "split.cubin", WeightsSource(directory), dtype=DType.f32).path
     kernel = Megakernel.load(out, device="cpu")
