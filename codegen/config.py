@@ -44,9 +44,9 @@ class CompileConfig:
     # ... and of attention's key loop (3: 7.08 / 15.78 ms at b1 / b64 against 7.00 / 15.76, once the
     # launch stopped giving up L1 past 48 KB of shared memory, runtime/cuda_driver.py)
     attention_stages: int = 2
-    # ... and of the loop that merges a decode's context splits (at b1 the merging task is the slowest
-    # attention task: ~22 us busy against 7.5; not swept yet)
-    merge_stages: int = 2
+    # ... and of the loop that merges a decode's context splits (the merging task is the slowest attention
+    # task at b1). H100, b1: 2 / 4 stages 7.19 / 7.12 ms; with 8 splits 7.14 / 7.07 (one run, 2026-11-22)
+    merge_stages: int = 4
     moe_slots: int = 0  # expert slots per MoE layer; 0: min(experts, max_batch * top_k)
     attention_splits: int = 0  # tasks per (sequence, KV head) at decode; 0: ~256 tasks per layer
     sample_splits: int = 0  # tasks per sequence for greedy sampling; 0: one per ~8192 logits
