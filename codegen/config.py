@@ -27,7 +27,8 @@ class CompileConfig:
     # token rows of the projections' tensor-core tiles beyond block_m rows: a step of up to wide_m rows
     # (batched decode) takes blocks of batch_n columns, each block's K split over batch_n // block_n tasks;
     # a longer one (prefill) shares [prefill_m, wide_n] tiles among the group's tasks. On the H100 at b64,
-    # batch_n 32 / 64 / 128: 14.84 / 15.81 / 23.67 ms; TTFT 512 at wide_n 64 / 128: 33.04 / 26.66 ms.
+    # batch_n 32 / 64 / 128: 14.84 / 15.81 / 23.67 ms; TTFT 512 at wide_n 64 / 128: 33.04 / 26.66 ms, at
+    # prefill_m 64 / 128: 25.76 / 30.57 (128 rows spill: 338 -> 758 B a thread).
     wide_m: int = 64
     prefill_m: int = 64
     wide_n: int = 128

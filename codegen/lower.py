@@ -392,6 +392,8 @@ def _moe_route(lw: Lowering, node: Node) -> None:
     (logits,) = node.inputs
     weights, ids = node.outputs
     top_k, num_experts = node.attrs["top_k"], logits.shape[1]
+    if num_experts > 1 << 16:  # the routing body packs an expert's index into 16 bits of its sort key
+        raise ValueError(f"{num_experts} experts: the routing task takes at most {1 << 16}")
     T = lw.config.max_tokens_per_step
     ids_off = lw.layout.alloc(f"v{ids.id}", "I32", T * top_k)
     regions = {key: lw.layout.alloc(f"v{ids.id}.{key}", "I32", size) for key, size in (

@@ -130,8 +130,7 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
     config = dataclasses.replace(CONFIG, qkv_splits=3, block_k=16, attention_splits=3, block_kv=16,
                                  sample_splits=3,  # greedy argmax over three vocabulary chunks
                                  max_tokens_per_step=32, wide_m=wide_m, prefill_m=wide_m, wide_n=32, batch_n=32,
-                                 dynamic_tasks=True,
-                                 qkv_block_m=qkv_block_m, block_n=block_n)
+                                 dynamic_tasks=True, qkv_block_m=qkv_block_m, block_n=block_n)
     out = compile_model(model, config, tmp_path / "split.cubin", WeightsSource(directory), dtype=DType.f32).path
     kernel = Megakernel.load(out, device="cpu")
     graph = trace_model(model.definition, model.config, page_size=4)
