@@ -90,6 +90,7 @@ def compile_many(jobs: list[tuple[str, CompileConfig]]) -> float:
     """Compiles (preset, config) jobs side by side into the cache, where `compile_model` then finds them (one
     compile of a full-size model is most of a minute of single-threaded ptxas). Returns the seconds taken."""
     start = time.perf_counter()
+    jobs = list(dict.fromkeys(jobs))  # a job twice would build one cache entry twice at once
     if jobs:
         workers = min(len(jobs), os.cpu_count() or 1)
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -132,9 +133,8 @@ def _build_into(entry: Path, model: ResolvedModel, config: CompileConfig, dtype:
     check_schedule(lw.tasks, lw.sample)
     source = render_kernel(lw, model.definition.name)
     progress(f"lowered to {len(lw.tasks.tasks)} tasks in {len(lw.tasks.event_names)} groups; schedule checked")
-    tmp = entry.with_name(entry.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    entry.parent.mkdir(parents=True, exist_ok=True)  # a build of its own: others of the same key may run beside
+    tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".", suffix=".tmp", dir=entry.parent))
     (tmp / "model.cubin.py").write_text(source)
     kernel_meta, cubin = {"triton_metadata": None, "resources": None}, None
     if not config.interpret:
@@ -145,8 +145,13 @@ def _build_into(entry: Path, model: ResolvedModel, config: CompileConfig, dtype:
                        "resources": dataclasses.asdict(resource_usage(tmp / "model.cubin"))}
     manifest = _manifest(model, config, lw, graph, kernel_meta, model_dtype, source)
     Artifact(manifest, _tables(lw), tmp / "model.cubin.py", None).save(tmp / "model.cubin", cubin)
-    shutil.rmtree(entry, ignore_errors=True)
-    tmp.rename(entry)
+    shutil.rmtree(entry, ignore_errors=True)  # what a build that stopped halfway left
+    try:
+        tmp.rename(entry)
+    except OSError:  # a build of the same key beside this one got there first: the same artifact
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (entry / "model.cubin.json").exists():
+            raise
 
 
 def _copy_artifact(cached: Path, out: Path, manifest: dict) -> None:
