@@ -141,8 +141,10 @@ def _build_into(entry: Path, model: ResolvedModel, config: CompileConfig, dtype:
         progress(f"compiling for sm_{arch} with Triton {version('triton')} (ptxas)...")
         cubin, metadata = compile_cubin(tmp / "model.cubin.py", model_dtype, arch, config.num_warps)
         (tmp / "model.cubin").write_bytes(cubin)
-        kernel_meta = {"triton_metadata": json.loads(json.dumps(metadata, default=vars)),
-                       "resources": dataclasses.asdict(resource_usage(tmp / "model.cubin"))}
+        triton_metadata = json.loads(json.dumps(metadata, default=vars))
+        used = resource_usage(tmp / "model.cubin")  # its shared memory is the cubin's static part only: add
+        used = dataclasses.replace(used, shared_bytes=used.shared_bytes + triton_metadata["shared"])  # the launch's
+        kernel_meta = {"triton_metadata": triton_metadata, "resources": dataclasses.asdict(used)}
     manifest = _manifest(model, config, lw, graph, kernel_meta, model_dtype, source)
     Artifact(manifest, _tables(lw), tmp / "model.cubin.py", None).save(tmp / "model.cubin", cubin)
     shutil.rmtree(entry, ignore_errors=True)  # what a build that stopped halfway left

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -144,3 +146,21 @@ def test_kernels_compiled_side_by_side_are_found_in_the_cache(cache, tmp_path):
     for i, config in enumerate(configs):
         result = compile_model(resolve_model("tiny-llama"), config, tmp_path / f"{i}.cubin", WeightsSource(seed=3))
         assert result.cached and _manifest(result.path)["weights"]["source"] == WeightsSource(seed=3).to_dict()
+
+
+
+def test_compile_for_the_gpu_prints_the_kernels_resources(cache, tmp_path):
+    """The sm_90 compile (Triton's bundled ptxas: no GPU needed; a process of its own, since the tests run
+    Triton as the interpreter) reports registers, spills and the shared memory a program takes, Triton's
+    dynamic allocation included (the cubin alone lists only its static part)."""
+    out = tmp_path / "m.cubin"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-m", "blinkc.cli", "compile", "tiny-llama", "--random-weights",
+                             "-o", str(out), *[a for a in SMALL if a != "--interpret"]],
+                            capture_output=True, text=True, timeout=240, env=env)
+    assert result.returncode == 0, result.stderr
+    kernel = _manifest(out)["kernel"]
+    used, dynamic = kernel["resources"], kernel["triton_metadata"]["shared"]
+    assert used["registers"] > 0 and dynamic > 0 and used["shared_bytes"] >= dynamic
+    assert f"{used['registers']} registers, {used['stack_bytes']} B stack (spills), {used['shared_bytes']} B shared" \
+        in result.stdout
