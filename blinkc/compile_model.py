@@ -142,8 +142,9 @@ def _build_into(entry: Path, model: ResolvedModel, config: CompileConfig, dtype:
         cubin, metadata = compile_cubin(tmp / "model.cubin.py", model_dtype, arch, config.num_warps)
         (tmp / "model.cubin").write_bytes(cubin)
         triton_metadata = json.loads(json.dumps(metadata, default=vars))
-        used = resource_usage(tmp / "model.cubin")  # its shared memory is the cubin's static part only: add
-        used = dataclasses.replace(used, shared_bytes=used.shared_bytes + triton_metadata["shared"])  # the launch's
+        # the cubin lists only its static shared memory; a program also takes Triton's dynamic allocation
+        used = resource_usage(tmp / "model.cubin")
+        used = dataclasses.replace(used, shared_bytes=used.shared_bytes + triton_metadata["shared"])
         kernel_meta = {"triton_metadata": triton_metadata, "resources": dataclasses.asdict(used)}
     manifest = _manifest(model, config, lw, graph, kernel_meta, model_dtype, source)
     Artifact(manifest, _tables(lw), tmp / "model.cubin.py", None).save(tmp / "model.cubin", cubin)

@@ -148,7 +148,6 @@ def test_kernels_compiled_side_by_side_are_found_in_the_cache(cache, tmp_path):
         assert result.cached and _manifest(result.path)["weights"]["source"] == WeightsSource(seed=3).to_dict()
 
 
-
 def test_compile_for_the_gpu_prints_the_kernels_resources(cache, tmp_path):
     """The sm_90 compile (Triton's bundled ptxas: no GPU needed; a process of its own, since the tests run
     Triton as the interpreter) reports registers, spills and the shared memory a program takes, Triton's
