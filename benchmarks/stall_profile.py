@@ -1,13 +1,13 @@
 """Why the megakernel's warps stall, line by line of the task bodies: Nsight Compute samples each warp's
-program counter every 2^(5+k) cycles with the reason it could not issue; summed per source line (Triton
-keeps the bodies' file and line in the cubin), that says which loop waits on what (long scoreboard: a
+program counter every 2^(5+k) cycles with the reason it could not issue; summed per line of the rendered
+kernel (Triton keeps its file and line in the cubin), that says which loop waits on what (long scoreboard: a
 global load; barrier: a CTA sync; wait / short scoreboard: a fixed latency or shared memory...). GPU only.
 Three steps, so that ncu wraps the launch alone (`bash scripts/gpu_check.sh stalls` runs them):
 
     python -m benchmarks.stall_profile compile 64x512 ttft512
     ncu --metrics group:smsp__pcsamp_warp_stall_reasons -k regex:blink_megakernel --launch-skip 1 \\
-        --launch-count 1 -o /tmp/b64 python -m benchmarks.stall_profile launch 64x512
-    python -m benchmarks.stall_profile summarize /tmp/b64.ncu-rep --tsv /tmp/b64.tsv
+        --launch-count 1 -o /tmp/b64 python -m benchmarks.stall_profile launch 64x512 --source-out /tmp/b64.py
+    python -m benchmarks.stall_profile summarize /tmp/b64.ncu-rep --tsv /tmp/b64.tsv --source /tmp/b64.py
 
 `launch` runs the variant twice (the first launch warms up, ncu skips it). A decode variant's launch also
 prefills its prompts: `--tokens` decode steps make most of the samples."""
@@ -31,7 +31,7 @@ def compile_variants(specs: list[str], preset: str, tokens: int) -> None:
     print(f"compiled {len(specs)} kernels side by side in {seconds:.0f} s", flush=True)
 
 
-def launch(spec: str, preset: str, tokens: int) -> None:
+def launch(spec: str, preset: str, tokens: int, source_out: str | None) -> None:
     import torch
 
     from benchmarks.megakernel_tpot import Variant, artifact_path, decode_tokens
@@ -42,6 +42,8 @@ def launch(spec: str, preset: str, tokens: int) -> None:
     variant = Variant.parse(spec)
     config = variant.config(tokens)
     path = compile_model(resolve_model(preset), config, artifact_path("stalls"), WeightsSource(seed=0)).path
+    if source_out:  # the rendered kernel, whose lines the samples name
+        shutil.copyfile(path.with_name(path.name + ".py"), source_out)
     kernel = Megakernel.load(path, device="cuda", timeout_s=600)
     prompts = [torch.randint(0, 1000, (variant.context,)).tolist() for _ in range(variant.batch)]
     max_tokens = 1 if variant.is_ttft else decode_tokens(variant.batch, variant.context,
@@ -65,7 +67,7 @@ def ncu_report_module():
     raise SystemExit(f"no ncu_report.py under {roots}")
 
 
-def summarize(report: str, tsv: str | None, top: int) -> None:
+def summarize(report: str, tsv: str | None, top: int, source: str | None) -> None:
     ncu_report = ncu_report_module()
     action = ncu_report.load_report(report).range_by_idx(0).action_by_idx(0)
     group = action.metric_by_name("group:smsp__pcsamp_warp_stall_reasons")
@@ -86,23 +88,18 @@ def summarize(report: str, tsv: str | None, top: int) -> None:
     for pc in samples:
         info = action.source_info(pc)
         where[pc] = (os.path.basename(info.file_name()) if info else "?", info.line() if info else 0)
-    total = sum(sum(r.values()) for r in samples.values())
-    print(f"{report}: {total:.0f} samples at {len(samples)} instructions")
+    code = Path(source).read_text().splitlines() if source else []
 
-    def table(title: str, key) -> None:
-        groups: dict = defaultdict(lambda: defaultdict(float))
-        for pc, reasons in samples.items():
-            for reason, value in reasons.items():
-                groups[key(pc)][reason] += value
+    def line_of(pc: int) -> str:
+        file, line = where[pc]
+        text = code[line - 1].strip() if 0 < line <= len(code) else ""
+        return f"{file}:{line} {text}".rstrip()
+
+    print(f"{report}: {sum(sum(r.values()) for r in samples.values()):.0f} samples at {len(samples)} instructions")
+    for title, key in (("by file", lambda pc: where[pc][0]), ("by source line", line_of),
+                       ("by instruction", lambda pc: f"{pc:#07x} {line_of(pc)} | {action.sass_by_pc(pc)}")):
         print(f"\n== {title} (share of all samples; the three largest reasons)")
-        for name, reasons in sorted(groups.items(), key=lambda kv: -sum(kv[1].values()))[:top]:
-            count = sum(reasons.values())
-            largest = ", ".join(f"{r} {v / count:.0%}" for r, v in sorted(reasons.items(), key=lambda kv: -kv[1])[:3])
-            print(f"{count / total:6.1%}  {name}: {largest}")
-
-    table("by file", lambda pc: where[pc][0])
-    table("by source line", lambda pc: f"{where[pc][0]}:{where[pc][1]}")
-    table("by instruction", lambda pc: f"{pc:#07x} {where[pc][0]}:{where[pc][1]} {action.sass_by_pc(pc)}")
+        print("\n".join(share_table(samples, key, top)))
     if tsv:
         reasons = sorted({r for rs in samples.values() for r in rs})
         with open(tsv, "w") as out:
@@ -110,6 +107,22 @@ def summarize(report: str, tsv: str | None, top: int) -> None:
             for pc in sorted(samples):
                 out.write("\t".join([f"{pc:#x}", *map(str, where[pc]), action.sass_by_pc(pc) or "",
                                      *(f"{samples[pc].get(r, 0):.0f}" for r in reasons)]) + "\n")
+
+
+def share_table(samples: dict[int, dict[str, float]], key, top: int) -> list[str]:
+    """The `top` largest groups of instructions (`key(pc)` names an instruction's group) by their share of all
+    samples, each with its three largest stall reasons."""
+    total = sum(sum(reasons.values()) for reasons in samples.values())
+    groups: dict = defaultdict(lambda: defaultdict(float))
+    for pc, reasons in samples.items():
+        for reason, value in reasons.items():
+            groups[key(pc)][reason] += value
+    rows = []
+    for name, reasons in sorted(groups.items(), key=lambda kv: -sum(kv[1].values()))[:top]:
+        count = sum(reasons.values())
+        largest = ", ".join(f"{r} {v / count:.0%}" for r, v in sorted(reasons.items(), key=lambda kv: -kv[1])[:3])
+        rows.append(f"{count / total:6.1%}  {name}: {largest}")
+    return rows
 
 
 def main() -> None:
@@ -120,13 +133,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256, help="decode steps of the whole batch")
     parser.add_argument("--tsv", help="summarize: also write every sampled instruction's counts here")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--source-out", help="launch: also copy the rendered kernel source here")
+    parser.add_argument("--source", help="summarize: the rendered kernel source, to print each line's code")
     args = parser.parse_args()
     if args.command == "compile":
         compile_variants(args.targets, args.preset, args.tokens)
     elif args.command == "launch":
-        launch(args.targets[0], args.preset, args.tokens)
+        launch(args.targets[0], args.preset, args.tokens, args.source_out)
     else:
-        summarize(args.targets[0], args.tsv, args.top)
+        summarize(args.targets[0], args.tsv, args.top, args.source)
 
 
 if __name__ == "__main__":

@@ -54,8 +54,8 @@ if [[ $mode == stalls ]]; then  # STALLS="64x512 ttft512": ncu's warp-state samp
     name=stalls-$(echo "$variant" | tr ':=,' '---')
     step "${NCU_LIMIT:-240}" ncu --metrics group:smsp__pcsamp_warp_stall_reasons --warp-sampling-interval "${INTERVAL:-14}" \
       --clock-control none -k regex:blink_megakernel --launch-skip 1 --launch-count 1 -f -o "$OUT/$name" \
-      python -m benchmarks.stall_profile launch "$variant"
-    step 150 python -m benchmarks.stall_profile summarize "$OUT/$name.ncu-rep" --tsv "$OUT/$name.tsv" ||
+      python -m benchmarks.stall_profile launch "$variant" --source-out "/tmp/$name.py"
+    step 150 python -m benchmarks.stall_profile summarize "$OUT/$name.ncu-rep" --tsv "$OUT/$name.tsv" --source "/tmp/$name.py" ||
       ncu -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass > "$OUT/$name.csv"  # no ncu_report module
   done
 fi
