@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from runtime.artifact import import_source
-from runtime.megakernel import Completion, Megakernel
+from runtime.megakernel import Completion, Megakernel, use_scratch_allocator
 from runtime.sampling import SamplingParams
 
 
@@ -24,6 +24,7 @@ class HostDriven:
 
     def step(self, step: int) -> None:
         k = self.kernel
+        use_scratch_allocator()
         self.plan[(1,)](k.i32, k.f32, step)
         for first, count in self.groups:
             self.group[(count,)](k.tasks, k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, first, step)

@@ -222,6 +222,7 @@ class Megakernel:
                 self.kernel[self.grid](*self._args(max_steps))
         else:
             done = torch.cuda.Event()
+            use_scratch_allocator()
             self.kernel(*self._args(max_steps))
             done.record()
             while not done.query():
@@ -259,6 +260,18 @@ class Megakernel:
             reason = FINISH_REASONS.get(int(i32[self.region("req_finished")[0] + r]), "incomplete")
             completions.append(Completion(tokens, reason))
         return completions
+
+
+def use_scratch_allocator() -> None:
+    """Lets Triton's launcher take global scratch from torch for a kernel that asks for some (tensor descriptors
+    made in the kernel live there, 128 B each a program: `prefill_tma`). Set on every launch: Triton keeps the
+    allocator per thread context, and a server may launch from another thread than the one that loaded."""
+    import triton
+    triton.set_allocator(_scratch)
+
+
+def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")  # torch's blocks are aligned to 512 B
 
 
 def _load_cubin(artifact: Artifact, manifest: dict):

@@ -106,11 +106,28 @@ def gemv_row(desc, tile, W, ACT, F32, BN: tl.constexpr, BK: tl.constexpr, STAGES
 
 @triton.jit
 def dot_product(desc, m0, n0, k_lo, k_hi, num_rows, W, ACT, BM: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+                BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr = False):
     """fp32 [BM, BN] product of rows m0 .. m0 + BM and weight rows n0 .. n0 + BN over input columns
-    k_lo .. k_hi, on tensor cores."""
+    k_lo .. k_hi, on tensor cores. TMA: the chunks come through tensor descriptors made here (Hopper's bulk
+    tensor copies: one instruction a chunk instead of a thread's per 16 bytes, and no masks, since rows and
+    columns past the ends read as zeros) instead of masked pointer tiles."""
     x_off, x_stride, K = word8(desc, 0), word8(desc, 1), word8(desc, 2)
     w_off, N = word8(desc, 3), word(desc, 4)
+    if TMA:
+        i32: tl.constexpr = tl.int32  # descriptors take 32-bit shapes and coordinates
+        end = tl.cast(k_hi, i32)
+        xs = tl.make_tensor_descriptor(ACT + x_off, shape=[tl.cast(num_rows, i32), end], strides=[x_stride, 1],
+                                       block_shape=[BM, BK])
+        ws = tl.make_tensor_descriptor(W + w_off, shape=[tl.cast(N, i32), end], strides=[K, 1],
+                                       block_shape=[BN, BK])
+        acc = tl.zeros((BM, BN), tl.float32)
+        for k0 in tl.range(tl.cast(k_lo, i32), end, BK, num_stages=STAGES):
+            x, w = xs.load([tl.cast(m0, i32), k0]), ws.load([tl.cast(n0, i32), k0])
+            if DOT_F32:
+                acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+            else:
+                acc += tl.dot(x, tl.trans(w))
+        return acc
     cols = n0 + tl.arange(0, BN)
     col_ok = cols < N
     rows = m0 + tl.arange(0, BM)
@@ -132,9 +149,9 @@ def dot_product(desc, m0, n0, k_lo, k_hi, num_rows, W, ACT, BM: tl.constexpr, BN
 
 @triton.jit
 def dot_block(desc, m0, n0, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-              DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+              DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr = False):
     """Rows m0 .. m0 + BM times weight rows n0 .. n0 + BN over all of K, with the epilogue."""
-    acc = dot_product(desc, m0, n0, 0, word8(desc, 2), num_rows, W, ACT, BM, BN, BK, DOT_F32, STAGES)
+    acc = dot_product(desc, m0, n0, 0, word8(desc, 2), num_rows, W, ACT, BM, BN, BK, DOT_F32, STAGES, TMA)
     rows = m0 + tl.arange(0, BM)
     linear_epilogue(desc, acc, rows, rows < num_rows, n0, W, ACT, F32)
 
@@ -169,9 +186,10 @@ def split_block(desc, tile, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
 def linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, BKM: tl.constexpr, BMW: tl.constexpr, BMP: tl.constexpr, BNW: tl.constexpr,
                 BNB: tl.constexpr, BKD: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
-                BATCH_STAGES: tl.constexpr, PREFILL_STAGES: tl.constexpr):
+                BATCH_STAGES: tl.constexpr, PREFILL_STAGES: tl.constexpr, PREFILL_TMA: tl.constexpr):
     """BK, BKM, BKD: the K chunk of the GEMV, of the dots over up to BM rows, of the [BMW, BNB] batched
-    blocks and [BMP, BNW] prefill tiles; STAGES, BATCH_STAGES, PREFILL_STAGES: their pipelining depths."""
+    blocks and [BMP, BNW] prefill tiles; STAGES, BATCH_STAGES, PREFILL_STAGES: their pipelining depths;
+    PREFILL_TMA: the prefill tiles load through tensor descriptors."""
     num_rows = tl.where(word(desc, 15) == 1, num_seqs, num_tokens)
     if num_rows == 1:
         gemv_row(desc, tile, W, ACT, F32, BN, BK, STAGES)
@@ -185,4 +203,4 @@ def linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr,
         row_blocks = tl.cdiv(num_rows, BMP)
         for item in range(tile, row_blocks * tl.cdiv(N, BNW), num_tasks):
             dot_block(desc, (item % row_blocks) * BMP, (item // row_blocks) * BNW, num_rows, W, ACT, F32,
-                      BMP, BNW, BKD, DOT_F32, PREFILL_STAGES)
+                      BMP, BNW, BKD, DOT_F32, PREFILL_STAGES, PREFILL_TMA)

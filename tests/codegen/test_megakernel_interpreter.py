@@ -114,8 +114,9 @@ def test_bad_requests_are_clear_errors(compiled):
         kernel.generate([[10**6]], SamplingParams(max_tokens=2))
 
 
-@pytest.mark.parametrize("qkv_block_m, wide_m, block_n", [(16, 16, 64), (32, 32, 16)])
-def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_m, wide_m, block_n):
+@pytest.mark.parametrize("qkv_block_m, wide_m, block_n, prefill_tma", [(16, 16, 64, False), (32, 32, 16, False),
+                                                                      (16, 16, 64, True)])
+def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_m, wide_m, block_n, prefill_tma):
     """Decode steps split each QKV head's K range, each sequence's context and its greedy argmax over
     tasks; the last to finish merges the parts in order. The first step (31 prompt tokens; two prompts
     have attention blocks of prefill rows, which all of the group's tasks share) either takes
@@ -123,14 +124,16 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
     over row blocks), or fits one block of 32 rows: QKV heads split K, and so do projections whose
     columns divide into blocks of 32 (each block's K over two tasks of 16 columns); the others' tasks own
     whole blocks (gate/up: 272 columns; the LM head). Tasks are taken from the ticket counter
-    (dynamic_tasks), carried over from step to step."""
+    (dynamic_tasks), carried over from step to step. With `prefill_tma` the wide tiles load through tensor
+    descriptors (rows and columns past the ends read as zeros)."""
     directory = checkpoint("tiny-qwen3")
     model = fp32_model(directory)
     # K = 64: QKV parts [0, 32), [32, 64), empty; contexts up to 11 tokens: attention parts of 16 keys
     config = dataclasses.replace(CONFIG, qkv_splits=3, block_k=16, attention_splits=3, block_kv=16,
                                  sample_splits=3,  # greedy argmax over three vocabulary chunks
                                  max_tokens_per_step=32, wide_m=wide_m, prefill_m=wide_m, wide_n=32, batch_n=32,
-                                 dynamic_tasks=True, qkv_block_m=qkv_block_m, block_n=block_n)
+                                 dynamic_tasks=True, qkv_block_m=qkv_block_m, block_n=block_n,
+                                 prefill_tma=prefill_tma)
     out = compile_model(model, config, tmp_path / "split.cubin", WeightsSource(directory), dtype=DType.f32).path
     kernel = Megakernel.load(out, device="cpu")
     graph = trace_model(model.definition, model.config, page_size=4)

@@ -5,6 +5,8 @@ tokens) must match the reference within bf16 tolerance.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -85,8 +87,21 @@ def precompiled(request):
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("preset,batch", CASES)
 def test_megakernel_matches_reference_on_gpu(preset, batch, tmp_path):
+    check_against_reference(preset, batch, case_config(batch), tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_prefill_tiles_through_tensor_descriptors_on_gpu(tmp_path):
+    """`prefill_tma`: the first step prefills 8 prompts (more rows than a batched block takes), so the
+    projections run on the wide tiles, loaded through tensor descriptors made in the kernel."""
+    check_against_reference("llama3-8b", 8, dataclasses.replace(case_config(8), prefill_tma=True), tmp_path)
+
+
+def check_against_reference(preset: str, batch: int, config: CompileConfig, tmp_path) -> None:
     model = resolve_model(preset)
-    out = compile_model(model, case_config(batch), tmp_path / "model.cubin", WeightsSource(seed=1)).path
+    out = compile_model(model, config, tmp_path / "model.cubin", WeightsSource(seed=1)).path
     kernel = Megakernel.load(out, device="cuda", timeout_s=300)
     g = torch.Generator().manual_seed(batch)
     prompts = [torch.randint(0, model.config.vocab_size, (int(n),), generator=g).tolist()
