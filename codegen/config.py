@@ -48,9 +48,10 @@ class CompileConfig:
     # ... and of the loop that merges a decode's context splits (the merging task is the slowest attention
     # task at b1). H100, b1: 2 / 4 stages 7.19 / 7.12 ms; with 8 splits 7.14 / 7.07 (one run, 2026-11-22)
     merge_stages: int = 4
-    # the prefill tiles load through tensor descriptors made in the kernel (TMA) instead of masked pointer
-    # tiles: fewer instructions a chunk (benchmarks/explore/tma_tiles.py), 256 B of global scratch a program.
-    # Interpreter-tested only, not yet run on a GPU
+    # the batched decode blocks, the prefill tiles load through tensor descriptors made in the kernel (TMA)
+    # instead of masked pointer tiles: fewer instructions a chunk (benchmarks/explore/tma_tiles.py), 256 B of
+    # global scratch a program. Interpreter-tested only, not yet run on a GPU
+    batch_tma: bool = False
     prefill_tma: bool = False
     moe_slots: int = 0  # expert slots per MoE layer; 0: min(experts, max_batch * top_k)
     attention_splits: int = 0  # tasks per (sequence, KV head) at decode; 0: ~256 tasks per layer

@@ -158,7 +158,7 @@ def dot_block(desc, m0, n0, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
 
 @triton.jit
 def split_block(desc, tile, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+                DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr):
     """Up to BM rows times a block of BN columns. With `splits` > 1 the task is split `tile % splits` of
     the K range of block `tile // splits`, and the last split to finish (a ticket counter the planner
     zeroes every step) sums the fp32 partials in order and runs the epilogue; with one, task `tile` owns
@@ -169,14 +169,14 @@ def split_block(desc, tile, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
     row_ok = rows < num_rows
     if splits == 1:
         if tile * BN < N:
-            dot_block(desc, 0, tile * BN, num_rows, W, ACT, F32, BM, BN, BK, DOT_F32, STAGES)
+            dot_block(desc, 0, tile * BN, num_rows, W, ACT, F32, BM, BN, BK, DOT_F32, STAGES, TMA)
     else:
         block = tile // splits
         split = tile % splits
         chunk = tl.cdiv(tl.cdiv(K, splits), BK) * BK
         k_lo = split * chunk
         k_hi = tl.multiple_of(tl.minimum(K, k_lo + chunk), 8)  # both are: keeps the K mask vector-wide
-        acc = dot_product(desc, 0, block * BN, k_lo, k_hi, num_rows, W, ACT, BM, BN, BK, DOT_F32, STAGES)
+        acc = dot_product(desc, 0, block * BN, k_lo, k_hi, num_rows, W, ACT, BM, BN, BK, DOT_F32, STAGES, TMA)
         last, total = sum_of_splits(F32, part_off, ticket_off, block, split, splits, acc, rows, BM)
         if last:
             linear_epilogue(desc, total, rows, row_ok, block * BN, W, ACT, F32)
@@ -186,17 +186,18 @@ def split_block(desc, tile, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
 def linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, BKM: tl.constexpr, BMW: tl.constexpr, BMP: tl.constexpr, BNW: tl.constexpr,
                 BNB: tl.constexpr, BKD: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
-                BATCH_STAGES: tl.constexpr, PREFILL_STAGES: tl.constexpr, PREFILL_TMA: tl.constexpr):
+                BATCH_STAGES: tl.constexpr, PREFILL_STAGES: tl.constexpr, BATCH_TMA: tl.constexpr,
+                PREFILL_TMA: tl.constexpr):
     """BK, BKM, BKD: the K chunk of the GEMV, of the dots over up to BM rows, of the [BMW, BNB] batched
     blocks and [BMP, BNW] prefill tiles; STAGES, BATCH_STAGES, PREFILL_STAGES: their pipelining depths;
-    PREFILL_TMA: the prefill tiles load through tensor descriptors."""
+    BATCH_TMA, PREFILL_TMA: the batched blocks, the prefill tiles load through tensor descriptors."""
     num_rows = tl.where(word(desc, 15) == 1, num_seqs, num_tokens)
     if num_rows == 1:
         gemv_row(desc, tile, W, ACT, F32, BN, BK, STAGES)
     elif num_rows <= BM:
         dot_block(desc, 0, tile * BN, num_rows, W, ACT, F32, BM, BN, BKM, DOT_F32, STAGES)
     elif num_rows <= BMW:  # batched decode: BNB columns per dot, so that inputs are read no more than weights
-        split_block(desc, tile, num_rows, W, ACT, F32, BMW, BNB, BKD, DOT_F32, BATCH_STAGES)
+        split_block(desc, tile, num_rows, W, ACT, F32, BMW, BNB, BKD, DOT_F32, BATCH_STAGES, BATCH_TMA)
     else:  # prefill: this task takes every num_tasks-th wide tile, row blocks innermost (weights shared in L2)
         N = word(desc, 4)
         num_tasks = tl.cdiv(N, BN)

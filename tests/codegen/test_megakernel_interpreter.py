@@ -114,9 +114,9 @@ def test_bad_requests_are_clear_errors(compiled):
         kernel.generate([[10**6]], SamplingParams(max_tokens=2))
 
 
-@pytest.mark.parametrize("qkv_block_m, wide_m, block_n, prefill_tma", [(16, 16, 64, False), (32, 32, 16, False),
-                                                                      (16, 16, 64, True)])
-def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_m, wide_m, block_n, prefill_tma):
+@pytest.mark.parametrize("qkv_block_m, wide_m, block_n, tma", [(16, 16, 64, ""), (32, 32, 16, ""),
+                                                              (16, 16, 64, "prefill"), (32, 32, 16, "batch")])
+def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_m, wide_m, block_n, tma):
     """Decode steps split each QKV head's K range, each sequence's context and its greedy argmax over
     tasks; the last to finish merges the parts in order. The first step (31 prompt tokens; two prompts
     have attention blocks of prefill rows, which all of the group's tasks share) either takes
@@ -124,8 +124,8 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
     over row blocks), or fits one block of 32 rows: QKV heads split K, and so do projections whose
     columns divide into blocks of 32 (each block's K over two tasks of 16 columns); the others' tasks own
     whole blocks (gate/up: 272 columns; the LM head). Tasks are taken from the ticket counter
-    (dynamic_tasks), carried over from step to step. With `prefill_tma` the wide tiles load through tensor
-    descriptors (rows and columns past the ends read as zeros)."""
+    (dynamic_tasks), carried over from step to step. With `tma`, the wide tiles ("prefill") or the blocks of 32
+    columns ("batch") load through tensor descriptors (rows and columns past the ends read as zeros)."""
     directory = checkpoint("tiny-qwen3")
     model = fp32_model(directory)
     # K = 64: QKV parts [0, 32), [32, 64), empty; contexts up to 11 tokens: attention parts of 16 keys
@@ -133,7 +133,7 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
                                  sample_splits=3,  # greedy argmax over three vocabulary chunks
                                  max_tokens_per_step=32, wide_m=wide_m, prefill_m=wide_m, wide_n=32, batch_n=32,
                                  dynamic_tasks=True, qkv_block_m=qkv_block_m, block_n=block_n,
-                                 prefill_tma=prefill_tma)
+                                 prefill_tma=tma == "prefill", batch_tma=tma == "batch")
     out = compile_model(model, config, tmp_path / "split.cubin", WeightsSource(directory), dtype=DType.f32).path
     kernel = Megakernel.load(out, device="cpu")
     graph = trace_model(model.definition, model.config, page_size=4)
