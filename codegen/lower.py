@@ -406,7 +406,7 @@ def _moe_route(lw: Lowering, node: Node) -> None:
         ticket_off=lw.layout.offset(f"tickets:v{ids.id}"), num_tasks=num_tasks))
     done = lw.tasks.add_group(Kind.ROUTE, desc, num_tasks, "moe_route", lw.waits(logits))
     lw.ready[weights.id] = lw.ready[ids.id] = done
-    lw.constants["NUM_EXPERTS_MAX"] = max(lw.constants.get("NUM_EXPERTS_MAX", 1), logits.shape[1])
+    lw.constants["NUM_EXPERTS_MAX"] = max(lw.constants.get("NUM_EXPERTS_MAX", 1), num_experts)
     lw.constants["TOP_K_MAX"] = max(lw.constants.get("TOP_K_MAX", 1), top_k)
 
 

@@ -8,7 +8,7 @@ prefill every task of the group shares the step's query row blocks.
 import triton
 import triton.language as tl
 
-from codegen.bodies.common import round_to, word, word8, word_f32
+from codegen.bodies.common import arrives_last, round_to, word, word8, word_f32
 
 ATTENTION_FIELDS = ("q_off", "out_off", "num_heads", "num_kv_heads", "head_dim", "layer", "scale", "splits",
                     "part_off", "ticket_off", "num_tasks")
@@ -133,10 +133,7 @@ def decode_rows(desc, b, g, split, ACT, F32, I32, KV, kv_plane, SEQ_STARTS: tl.c
         group = b * HKV + g
         part = F32 + part_off + group * splits * (BM * (HDP + 2))
         _store_part(part + split * (BM * (HDP + 2)), m_i, l_i, acc, BM, HDP)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(F32 + ticket_off + group, 1.0, sem="acq_rel")
-        tl.debug_barrier()
-        if arrived == splits - 1:
+        if arrives_last(F32 + ticket_off + group, splits):
             out = _merge_parts(part, splits, r_ok, BM, HDP, MERGE_STAGES)
             tl.store(out_ptr, out.to(dt), mask=r_ok[:, None] & d_ok[None, :])
 

@@ -29,6 +29,17 @@ def round_to(x, dtype: tl.constexpr):
 
 
 @triton.jit
+def arrives_last(ticket, count):
+    """Takes a ticket (a counter the planner zeroes every step) once every thread's writes are done, and
+    returns whether this task is the last of `count` to arrive: the release publishes its writes, the
+    acquire lets the last one read everyone's."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(ticket, 1.0, sem="acq_rel")
+    tl.debug_barrier()
+    return arrived == count - 1
+
+
+@triton.jit
 def sum_of_splits(F32, part_off, ticket_off, block, split, splits, acc, rows, ROWS: tl.constexpr):
     """Split-K: stores split `split` of block `block`'s fp32 partial acc [rows, C] (each block holds `splits`
     parts of ROWS x C) and takes a ticket (a counter the planner zeroes every step). Returns whether this
@@ -36,10 +47,7 @@ def sum_of_splits(F32, part_off, ticket_off, block, split, splits, acc, rows, RO
     C: tl.constexpr = acc.shape[1]
     parts = F32 + part_off + block * splits * (ROWS * C) + rows[:, None] * C + tl.arange(0, C)[None, :]
     tl.store(parts + split * (ROWS * C), acc)
-    tl.debug_barrier()
-    arrived = tl.atomic_add(F32 + ticket_off + block, 1.0, sem="acq_rel")
-    tl.debug_barrier()
-    last = arrived == splits - 1
+    last = arrives_last(F32 + ticket_off + block, splits)
     total = tl.zeros(acc.shape, tl.float32)
     if last:
         for s in range(0, splits):

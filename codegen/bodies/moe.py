@@ -8,7 +8,7 @@ received tokens this step, so a decode step with few active experts runs few rea
 import triton
 import triton.language as tl
 
-from codegen.bodies.common import round_to, word, word8
+from codegen.bodies.common import arrives_last, round_to, word, word8
 from codegen.bodies.rows import store_rows
 
 ROUTE_FIELDS = ("logits_off", "num_experts", "top_k", "normalize", "weights_off", "ids_off", "offsets_off",
@@ -24,10 +24,7 @@ def route_task(desc, tile, ACT, F32, I32, num_tokens, BM: tl.constexpr, EP: tl.c
     """Routes BM tokens, then takes a ticket (a counter the planner zeroes every step): the group's last
     task to finish groups every pair of the step by expert (one phase less than a grouping task)."""
     route_rows(desc, tile, ACT, I32, num_tokens, BM, EP, TOPK)
-    tl.debug_barrier()
-    arrived = tl.atomic_add(F32 + word(desc, 10), 1.0, sem="acq_rel")
-    tl.debug_barrier()
-    if arrived == word(desc, 11) - 1:
+    if arrives_last(F32 + word(desc, 10), word(desc, 11)):
         group_pairs(I32, word(desc, 5), word(desc, 1), word(desc, 2), word(desc, 6), word(desc, 7), word(desc, 8),
                     word(desc, 9), num_tokens, EP, CH)
 

@@ -9,6 +9,8 @@ over temperature-scaled logits restricted by top-k and top-p, with a per-request
 import triton
 import triton.language as tl
 
+from codegen.bodies.common import arrives_last
+
 SAMPLE_FIELDS = ("logits_off", "vocab", "splits", "part_off", "ticket_off")
 
 
@@ -89,10 +91,7 @@ def sample_task(desc, tile, I32, F32, num_seqs, step, CONTROL: tl.constexpr, SEQ
                     part = F32 + part_off + b * splits * 2
                     tl.store(part + chunk * 2, best)
                     tl.store(part + chunk * 2 + 1, index.to(tl.float32))
-                    tl.debug_barrier()
-                    arrived = tl.atomic_add(F32 + ticket_off + b, 1.0, sem="acq_rel")
-                    tl.debug_barrier()
-                    if arrived == splits - 1:
+                    if arrives_last(F32 + ticket_off + b, splits):
                         token = _first_max(part, splits)
             elif chunk == 0:
                 token = _pick(F32, row, vocab, temperature, tl.load(F32 + REQ_TOP_P + r), tl.load(I32 + REQ_TOP_K + r),
