@@ -71,6 +71,9 @@ def compile_model(model: ResolvedModel, config: CompileConfig, out: Path, weight
     """Writes the artifact to `out`. Cached on everything that changes the code: the model config, the
     compile options, dtype, target, Triton's version and the source of Blink's own compiler packages;
     a cache hit only copies files and fills in where the weights and the tokenizer are."""
+    if arch < 90 and not config.interpret:
+        raise ValueError(f"the megakernel needs sm_90 or newer (Hopper's bulk L2 prefetch and tensor copies), "
+                         f"not sm_{arch}")
     start = time.perf_counter()
     model_dtype = (dtype or model.config.dtype).value
     entry = cache_dir() / "artifacts" / _cache_key(model, config, model_dtype, arch)

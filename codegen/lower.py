@@ -31,7 +31,8 @@ class Lowering:
     ready: dict[int, Wait] = field(default_factory=dict)  # value id -> wait for its producer
     stats: dict[int, int] = field(default_factory=dict)  # value id -> F32 offset of its rows' sum of squares
     constants: dict[str, int] = field(default_factory=dict)  # compile-time numbers the template needs
-    rope_tables: dict[str, tuple] = field(default_factory=dict)  # F32 region -> (rotary_dim, theta, scaling)
+    # F32 region -> (rotary_dim, theta, scaling): each position's cos and sin, [max_model_len, rotary_dim]
+    rope_tables: dict[str, tuple] = field(default_factory=dict)
     plan_event: int = -1
     split_linear_event: int = -1  # the last projection group that used the shared `linear_parts` scratch
     sample: Wait | None = None
@@ -332,7 +333,7 @@ def _qkv_rope_store(lw: Lowering, node: Node) -> None:
     head_dim = a["head_dim"]
     rope_key = f"rope:{a['rotary_dim']}:{a['theta']}:{sorted((a['scaling'] or {}).items())}"
     if rope_key not in lw.layout.regions:
-        lw.layout.alloc(rope_key, "F32", a["rotary_dim"] // 2)
+        lw.layout.alloc(rope_key, "F32", lw.config.max_model_len * a["rotary_dim"])
         lw.rope_tables[rope_key] = (a["rotary_dim"], a["theta"], a["scaling"])
     layer = int(cache.name.rsplit(".", 1)[1])
     k, splits = x.shape[1], qkv_splits(lw, node)
@@ -344,7 +345,7 @@ def _qkv_rope_store(lw: Lowering, node: Node) -> None:
         bias_off=lw.weight(named["bias"]) if a["has_bias"] else -1,
         q_norm_off=lw.weight(named["q_norm_w"]) if a["has_qk_norm"] else -1,
         k_norm_off=lw.weight(named["k_norm_w"]) if a["has_qk_norm"] else -1, qk_eps=float(a["qk_eps"]),
-        q_out_off=lw.act(q), layer=layer, inv_freq_off=lw.layout.offset(rope_key),
+        q_out_off=lw.act(q), layer=layer, rope_off=lw.layout.offset(rope_key),
         has_qk_norm=int(a["has_qk_norm"]), splits=splits,
         part_off=lw.layout.offset("qkv_parts"), ticket_off=lw.layout.offset(f"tickets:v{q.id}")))
     chunk = -(-(-(-k // splits)) // qkv_block_k(lw)) * qkv_block_k(lw)  # as the body splits K

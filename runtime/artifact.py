@@ -21,7 +21,7 @@ VERSION = 2  # 2: weight transforms (norms folded into projections, gate/up rows
 @dataclass(frozen=True)
 class Artifact:
     manifest: dict[str, Any]
-    tables: dict[str, torch.Tensor]  # tasks, descs, and rope frequency tables by region name
+    tables: dict[str, torch.Tensor]  # tasks, descs, and rotary inverse frequencies by region name
     source_path: Path
     cubin_path: Path | None  # None when compiled for the interpreter only
 

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 
 import torch
 
+from ir.ops.attention import rope_cos_sin
 from runtime.artifact import Artifact, import_source
 from runtime.checkpoint import CheckpointIndex
 from runtime.cuda_driver import carveout_percent, max_active_programs, reserve_shared_memory
@@ -70,10 +71,13 @@ class Megakernel:
         self.events = torch.zeros(len(self.manifest["events"]), dtype=torch.int32, device=self.device)
         self.tasks = artifact.tables["tasks"].to(self.device)
         self.descs = artifact.tables["descs"].to(self.device)
-        for name, table in artifact.tables.items():
+        for name, inv_freq in artifact.tables.items():  # each position's rotary cos and sin, as HF's
             if name.startswith("rope:"):
                 offset = self.region(name)[0]
-                self.f32[offset:offset + table.numel()] = table.to(self.device)
+                cos, sin = rope_cos_sin(inv_freq.to(self.device), torch.arange(self.config.max_model_len,
+                                                                               device=self.device))
+                table = torch.cat([cos, sin], 1).flatten()
+                self.f32[offset:offset + table.numel()] = table
         self.kv = torch.zeros(0, dtype=self.dtype, device=self.device)
         is_profiled = getattr(self.config, "profile", False)
         self.profile = torch.zeros(self.tasks.shape[0] * 3 if is_profiled else 1, dtype=torch.int64, device=self.device)

@@ -7,21 +7,23 @@ from codegen.bodies.common import round_to, sum_of_splits, word, word8, word_f32
 from codegen.bodies.linear import row_inv_rms
 
 QKV_FIELDS = ("x_off", "k", "w_off", "num_q_heads", "num_kv_heads", "head_dim", "rotary_dim", "stats_off",
-              "eps", "bias_off", "q_norm_off", "k_norm_off", "qk_eps", "q_out_off", "layer", "inv_freq_off",
+              "eps", "bias_off", "q_norm_off", "k_norm_off", "qk_eps", "q_out_off", "layer", "rope_off",
               "has_qk_norm", "splits", "part_off", "ticket_off")
 
 
 @triton.jit
-def rotate(y, cols, pos, F32, inv_freq_off, RD, dt: tl.constexpr, FULL: tl.constexpr):
-    """HF's rotate_half rotary on the first RD columns of each row of y [BM, HDP]. FULL: RD is the whole
-    padded head, so the halves are split apart in registers instead of gathered (a gather of a [64, 128]
-    tile goes through shared memory and spills)."""
+def rotate(y, cols, pos, F32, rope_off, RD, dt: tl.constexpr, FULL: tl.constexpr):
+    """HF's rotate_half rotary on the first RD columns of each row of y [BM, HDP], with each position's
+    cos and sin from the table at `rope_off` (row p: RD / 2 cosines, then RD / 2 sines; the runtime fills
+    it. Computed here, fp32 cos and sin of large angles (a slow path of many instructions) held half as many
+    of ncu's samples as the QKV prefill's K loop on the H100). FULL: RD is the whole padded head, so the halves are split apart in
+    registers instead of gathered (a gather of a [64, 128] tile goes through shared memory and spills)."""
+    angles = F32 + rope_off + pos[:, None] * RD
     if FULL:
         HALF: tl.constexpr = y.shape[1] // 2
         lo, hi = tl.split(tl.permute(tl.reshape(y, (y.shape[0], 2, HALF)), (0, 2, 1)))
-        freq = tl.load(F32 + inv_freq_off + tl.arange(0, HALF))
-        angle = pos.to(tl.float32)[:, None] * freq[None, :]
-        cos, sin = round_to(tl.cos(angle), dt), round_to(tl.sin(angle), dt)
+        j = tl.arange(0, HALF)[None, :]
+        cos, sin = round_to(tl.load(angles + j), dt), round_to(tl.load(angles + HALF + j), dt)
         out_lo = round_to(round_to(lo * cos, dt) + round_to(-hi * sin, dt), dt)
         out_hi = round_to(round_to(hi * cos, dt) + round_to(lo * sin, dt), dt)
         return tl.reshape(tl.permute(tl.join(out_lo, out_hi), (0, 2, 1)), y.shape)
@@ -30,9 +32,10 @@ def rotate(y, cols, pos, F32, inv_freq_off, RD, dt: tl.constexpr, FULL: tl.const
         partner = tl.where(cols < half, cols + half, tl.where(cols < RD, cols - half, cols))
         sign = tl.where(cols < half, -1.0, 1.0)
         rotated = tl.gather(y, tl.broadcast_to(partner[None, :], y.shape), 1) * sign[None, :]
-        freq = tl.load(F32 + inv_freq_off + tl.where(cols < half, cols, cols - half), mask=cols < RD, other=0.0)
-        angle = pos.to(tl.float32)[:, None] * freq[None, :]
-        cos, sin = round_to(tl.cos(angle), dt), round_to(tl.sin(angle), dt)
+        j = tl.where(cols < half, cols, cols - half)[None, :]
+        rotary = (cols < RD)[None, :]
+        cos = round_to(tl.load(angles + j, mask=rotary, other=0.0), dt)
+        sin = round_to(tl.load(angles + half + j, mask=rotary, other=0.0), dt)
         out = round_to(round_to(y * cos, dt) + round_to(rotated * sin, dt), dt)
         return tl.where(cols[None, :] < RD, out, y)
 
@@ -84,7 +87,7 @@ def head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane,
     """Bias, per-head q/k norm, rotary, then the q buffer or the paged KV cache."""
     HQ, HKV, HD, RD = word(desc, 3), word(desc, 4), word(desc, 5), word(desc, 6)
     bias_off, q_norm_off, k_norm_off, qk_eps = word(desc, 9), word(desc, 10), word(desc, 11), word_f32(desc, 12)
-    q_out_off, layer, inv_freq_off, has_qk_norm = word(desc, 13), word(desc, 14), word(desc, 15), word(desc, 16)
+    q_out_off, layer, rope_off, has_qk_norm = word(desc, 13), word(desc, 14), word(desc, 15), word(desc, 16)
     dt: tl.constexpr = W.dtype.element_ty
     cols = tl.arange(0, HDP)
     d_ok = cols < HD
@@ -94,7 +97,7 @@ def head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane,
         if has_qk_norm == 1:
             y = head_norm(y, d_ok, W, tl.where(head < HQ, q_norm_off, k_norm_off), HD, qk_eps, dt)
         pos = tl.load(I32 + POSITIONS + rows, mask=row_ok, other=0)
-        y = rotate(y, cols, pos, F32, inv_freq_off, RD, dt, FULL_ROTARY)
+        y = rotate(y, cols, pos, F32, rope_off, RD, dt, FULL_ROTARY)
     mask = row_ok[:, None] & d_ok[None, :]
     if head < HQ:
         tl.store(ACT + q_out_off + rows[:, None] * (HQ * HD) + head * HD + cols[None, :], y.to(dt), mask=mask)
@@ -132,8 +135,8 @@ def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: 
              SLOTS: tl.constexpr, BM: tl.constexpr, BMP: tl.constexpr, BK: tl.constexpr, BKP: tl.constexpr,
              HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, FULL_ROTARY: tl.constexpr):
     """Task (head, split). A step of up to BMP rows (decode, batched decode) splits each head's K range over
-    `splits` tasks; longer (prefill) steps split the head's blocks of BMP rows instead. K chunks of BKP
-    wherever BMP rows are staged."""
+    `splits` tasks; longer (prefill) steps share the (head, BMP rows) tiles instead. K chunks of BKP wherever
+    BMP rows are staged."""
     splits = word(desc, 17)
     head = tile // splits
     split = tile % splits
@@ -146,11 +149,16 @@ def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: 
     elif num_tokens <= BMP:
         split_head(desc, head, split, tl.arange(0, BMP), tl.arange(0, BMP) < num_tokens, W, ACT, F32, I32, KV,
                    kv_plane, POSITIONS, SLOTS, BMP, BKP, HDP, DOT_F32, STAGES, FULL_ROTARY)
-    else:  # prefill: the splits share the row blocks instead
+    else:  # prefill: the group's tasks share the (head, row block) tiles, row blocks innermost, so that the
+        # tasks running at once read a few heads' weights from L2 (a head a task read them all from HBM, again
+        # for every row block: on the H100 at 2048 tokens QKV took twice the time of the same FLOPs elsewhere)
         K = word8(desc, 1)
-        for m0 in range(split * BMP, num_tokens, splits * BMP):
-            rows = m0 + tl.arange(0, BMP)
+        num_heads = word(desc, 3) + 2 * word(desc, 4)
+        row_blocks = tl.cdiv(num_tokens, BMP)
+        for item in range(tile, num_heads * row_blocks, num_heads * splits):
+            rows = (item % row_blocks) * BMP + tl.arange(0, BMP)
             row_ok = rows < num_tokens
-            acc = head_partial(desc, head, 0, K, rows, row_ok, W, ACT, F32, BKP, HDP, DOT_F32, STAGES)
-            head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP,
-                          FULL_ROTARY)
+            acc = head_partial(desc, item // row_blocks, 0, K, rows, row_ok, W, ACT, F32, BKP, HDP, DOT_F32,
+                               STAGES)
+            head_epilogue(desc, item // row_blocks, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS,
+                          SLOTS, HDP, FULL_ROTARY)

@@ -35,6 +35,12 @@ def rope_inv_freq(rotary_dim: int, theta: float, scaling: dict[str, Any] | None)
     return torch.where(is_medium, smoothed, scaled)
 
 
+def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 cos and sin [T, rotary_dim / 2] of the positions' angles, as HF computes them."""
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    return angles.cos(), angles.sin()
+
+
 def _rope_type(inputs, attrs):
     x, positions = inputs
     require(positions.shape == (x.shape[0],), "rope: positions must be [T]")
@@ -45,10 +51,8 @@ def _rope_type(inputs, attrs):
 
 @register_op("rope", 2, _rope_type)
 def _rope(x, positions, *, head_dim: int, rotary_dim: int, theta: float, scaling: dict | None):
-    inv = rope_inv_freq(rotary_dim, theta, scaling).to(x.device)
-    freqs = positions.float()[:, None] * inv[None, :]
-    angles = torch.cat([freqs, freqs], dim=-1)
-    cos, sin = angles.cos().to(x.dtype)[:, None], angles.sin().to(x.dtype)[:, None]
+    cos, sin = rope_cos_sin(rope_inv_freq(rotary_dim, theta, scaling).to(x.device), positions)
+    cos, sin = torch.cat([cos, cos], -1).to(x.dtype)[:, None], torch.cat([sin, sin], -1).to(x.dtype)[:, None]
     xh = x.view(x.shape[0], -1, head_dim)
     rot, keep = xh[..., :rotary_dim], xh[..., rotary_dim:]
     half = rotary_dim // 2

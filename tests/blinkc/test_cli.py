@@ -149,6 +149,8 @@ USER_ERRORS = {  # case -> (argv given a tmp_path, what the error line must say)
                          "rms_norm_eps must be float"),
     "bad-inspect-option": (lambda tmp: ["inspect", "tiny-llama", "--context", "0"],
                            "--context and --batch must be at least 1"),
+    "pre-hopper-arch": (lambda tmp: ["compile", "tiny-llama", "--random-weights", "--arch", "80", "-o",
+                                     str(tmp / "m.cubin")], "needs sm_90 or newer"),
     "random-weights-missing-dir": (lambda tmp: ["generate", str(tmp / "absent"), "--random-weights",
                                                 "--prompt", PROMPT], "--random-weights needs a preset"),
 }

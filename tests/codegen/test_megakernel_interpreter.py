@@ -14,10 +14,11 @@ import torch
 
 from blinkc.compile_model import WeightsSource, compile_model
 from blinkc.engine import EngineConfig, ReferenceEngine
+from blinkc.random_checkpoint import write_random_checkpoint
 from blinkc.weights import load_weights
 from codegen.config import CompileConfig
 from ir import DType
-from models.presets import TINY_PRESETS
+from models.presets import TINY_PRESETS, preset_config
 from models.trace import trace_model
 from runtime.megakernel import HangError, Megakernel
 from runtime.sampling import SamplingParams
@@ -65,6 +66,23 @@ def test_greedy_tokens_match_the_reference_engine(preset, compiled):
         diff = first_difference(ours[i].tokens, expected)
         assert diff is None, f"request {i}: first differing token at index {diff}: {ours[i].tokens} vs {expected}"
         assert ours[i].finish_reason == "length"
+
+
+def test_partial_rotary_matches_the_reference_engine(tmp_path):
+    """Rotary on the first half of each head only (`partial_rotary_factor`): the epilogue gathers each
+    column's partner and leaves the other half alone. Decode steps run one row, the first step 19."""
+    hf_config = {**preset_config("tiny-llama"), "partial_rotary_factor": 0.5}
+    directory = write_random_checkpoint(hf_config, tmp_path / "ckpt", seed=3, std=0.05)
+    model = fp32_model(directory)
+    assert model.config.rotary_dim < model.config.head_dim
+    out = compile_model(model, CONFIG, tmp_path / "partial.cubin", WeightsSource(directory), dtype=DType.f32).path
+    kernel = Megakernel.load(out, device="cpu")
+    graph = trace_model(model.definition, model.config, page_size=4)
+    engine = ReferenceEngine(graph, load_weights(graph, directory), config=EngineConfig(num_pages=64))
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    (ours,) = kernel.generate([PROMPTS[0]], params)
+    (expected,) = engine.generate([PROMPTS[0]], params)
+    assert ours.tokens == expected, f"first differing token at {first_difference(ours.tokens, expected)}"
 
 
 def test_stops_at_eos_and_reports_it(compiled):
@@ -120,8 +138,8 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
     """Decode steps split each QKV head's K range, each sequence's context and its greedy argmax over
     tasks; the last to finish merges the parts in order. The first step (31 prompt tokens; two prompts
     have attention blocks of prefill rows, which all of the group's tasks share) either takes
-    two row blocks of 16 (projections on wide [16, 32] tiles shared by a group's tasks, QKV heads split
-    over row blocks), or fits one block of 32 rows: QKV heads split K, and so do projections whose
+    two row blocks of 16 (projections on wide [16, 32] tiles shared by a group's tasks, QKV on (head, row
+    block) tiles likewise), or fits one block of 32 rows: QKV heads split K, and so do projections whose
     columns divide into blocks of 32 (each block's K over two tasks of 16 columns); the others' tasks own
     whole blocks (gate/up: 272 columns; the LM head). Tasks are taken from the ticket counter
     (dynamic_tasks), carried over from step to step. With `tma`, the wide tiles ("prefill") or the blocks of 32

@@ -93,10 +93,12 @@ def test_megakernel_matches_reference_on_gpu(preset, batch, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_prefill_tiles_through_tensor_descriptors_on_gpu(tmp_path):
-    """`prefill_tma`: the first step prefills 8 prompts (more rows than a batched block takes), so the
-    projections run on the wide tiles, loaded through tensor descriptors made in the kernel."""
-    check_against_reference("llama3-8b", 8, dataclasses.replace(case_config(8), prefill_tma=True), tmp_path)
+def test_the_loads_off_by_default_on_gpu(tmp_path):
+    """The tile loads the defaults do not take: the first step prefills 64 prompts on wide tiles of masked
+    pointers (`prefill_tma` off), the decode steps' batched blocks load through tensor descriptors made in
+    the kernel (`batch_tma`)."""
+    config = dataclasses.replace(case_config(64), prefill_tma=False, batch_tma=True)
+    check_against_reference("llama3-8b", 64, config, tmp_path)
 
 
 def check_against_reference(preset: str, batch: int, config: CompileConfig, tmp_path) -> None:
