@@ -107,12 +107,19 @@ def gemv_row(desc, tile, W, ACT, F32, BN: tl.constexpr, BK: tl.constexpr, STAGES
 @triton.jit
 def dot_product(desc, m0, n0, k_lo, k_hi, num_rows, W, ACT, BM: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr = False):
-    """fp32 [BM, BN] product of rows m0 .. m0 + BM and weight rows n0 .. n0 + BN over input columns
-    k_lo .. k_hi, on tensor cores. TMA: the chunks come through tensor descriptors made here (Hopper's bulk
-    tensor copies: one instruction a chunk instead of a thread's per 16 bytes, and no masks, since rows and
-    columns past the ends read as zeros) instead of masked pointer tiles."""
-    x_off, x_stride, K = word8(desc, 0), word8(desc, 1), word8(desc, 2)
-    w_off, N = word8(desc, 3), word(desc, 4)
+    """`tile_product` of a projection's input and weight (its descriptor's words)."""
+    return tile_product(word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 3), word(desc, 4), m0, n0,
+                        k_lo, k_hi, num_rows, W, ACT, BM, BN, BK, DOT_F32, STAGES, TMA)
+
+
+@triton.jit
+def tile_product(x_off, x_stride, K, w_off, N, m0, n0, k_lo, k_hi, num_rows, W, ACT, BM: tl.constexpr,
+                 BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr):
+    """fp32 [BM, BN] product of input rows m0 .. m0 + BM (of num_rows, x_stride apart) and weight rows
+    n0 .. n0 + BN (of N, K apart) over input columns k_lo .. k_hi, on tensor cores. TMA: the chunks come
+    through tensor descriptors made here (Hopper's bulk tensor copies: one instruction a chunk instead of a
+    thread's per 16 bytes, and no masks, since rows and columns past the ends read as zeros) instead of
+    masked pointer tiles."""
     if TMA:
         i32: tl.constexpr = tl.int32  # descriptors take 32-bit shapes and coordinates
         end = tl.cast(k_hi, i32)

@@ -4,7 +4,7 @@ import triton
 import triton.language as tl
 
 from codegen.bodies.common import round_to, sum_of_splits, word, word8, word_f32
-from codegen.bodies.linear import row_inv_rms
+from codegen.bodies.linear import row_inv_rms, tile_product
 
 QKV_FIELDS = ("x_off", "k", "w_off", "num_q_heads", "num_kv_heads", "head_dim", "rotary_dim", "stats_off",
               "eps", "bias_off", "q_norm_off", "k_norm_off", "qk_eps", "q_out_off", "layer", "rope_off",
@@ -133,10 +133,12 @@ def split_head(desc, head, split, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, 
 @triton.jit
 def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: tl.constexpr,
              SLOTS: tl.constexpr, BM: tl.constexpr, BMP: tl.constexpr, BK: tl.constexpr, BKP: tl.constexpr,
-             HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, FULL_ROTARY: tl.constexpr):
+             HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, FULL_ROTARY: tl.constexpr,
+             BKD: tl.constexpr, PREFILL_STAGES: tl.constexpr, PREFILL_TMA: tl.constexpr):
     """Task (head, split). A step of up to BMP rows (decode, batched decode) splits each head's K range over
-    `splits` tasks; longer (prefill) steps share the (head, BMP rows) tiles instead. K chunks of BKP wherever
-    BMP rows are staged."""
+    `splits` tasks (K chunks of BKP where BMP rows are staged); longer (prefill) steps share the (head, BMP
+    rows) tiles instead, loaded as the projections' prefill tiles are (chunks of BKD, PREFILL_STAGES deep,
+    through tensor descriptors with PREFILL_TMA)."""
     splits = word(desc, 17)
     head = tile // splits
     split = tile % splits
@@ -152,13 +154,17 @@ def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: 
     else:  # prefill: the group's tasks share the (head, row block) tiles, row blocks innermost, so that the
         # tasks running at once read a few heads' weights from L2 (a head a task read them all from HBM, again
         # for every row block: on the H100 at 2048 tokens QKV took twice the time of the same FLOPs elsewhere)
-        K = word8(desc, 1)
+        x_off, K, w_off, HD = word8(desc, 0), word8(desc, 1), word8(desc, 2), word(desc, 5)
+        stats_off, eps = word(desc, 7), word_f32(desc, 8)
         num_heads = word(desc, 3) + 2 * word(desc, 4)
         row_blocks = tl.cdiv(num_tokens, BMP)
         for item in range(tile, num_heads * row_blocks, num_heads * splits):
-            rows = (item % row_blocks) * BMP + tl.arange(0, BMP)
+            m0 = (item % row_blocks) * BMP
+            rows = m0 + tl.arange(0, BMP)
             row_ok = rows < num_tokens
-            acc = head_partial(desc, item // row_blocks, 0, K, rows, row_ok, W, ACT, F32, BKP, HDP, DOT_F32,
-                               STAGES)
+            acc = tile_product(x_off, K, K, w_off, num_heads * HD, m0, item // row_blocks * HD, 0, K, num_tokens,
+                               W, ACT, BMP, HDP, BKD, DOT_F32, PREFILL_STAGES, PREFILL_TMA)
+            inv = row_inv_rms(F32, stats_off, rows, row_ok, K, eps)
+            acc = tl.where((tl.arange(0, HDP) < HD)[None, :], acc * inv[:, None], 0.0)  # HD < HDP: the next head's
             head_epilogue(desc, item // row_blocks, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS,
                           SLOTS, HDP, FULL_ROTARY)
