@@ -15,9 +15,10 @@ QKV_FIELDS = ("x_off", "k", "w_off", "num_q_heads", "num_kv_heads", "head_dim", 
 def rotate(y, cols, pos, F32, rope_off, RD, dt: tl.constexpr, FULL: tl.constexpr):
     """HF's rotate_half rotary on the first RD columns of each row of y [BM, HDP], with each position's
     cos and sin from the table at `rope_off` (row p: RD / 2 cosines, then RD / 2 sines; the runtime fills
-    it. Computed here, fp32 cos and sin of large angles (a slow path of many instructions) held half as many
-    of ncu's samples as the QKV prefill's K loop on the H100). FULL: RD is the whole padded head, so the halves are split apart in
-    registers instead of gathered (a gather of a [64, 128] tile goes through shared memory and spills)."""
+    it. Computed here, fp32 cos and sin of large angles, a slow path of many instructions, held half as
+    many of ncu's samples as the QKV prefill's K loop on the H100). FULL: RD is the whole padded head, so
+    the halves are split apart in registers instead of gathered (a gather of a [64, 128] tile goes through
+    shared memory and spills)."""
     angles = F32 + rope_off + pos[:, None] * RD
     if FULL:
         HALF: tl.constexpr = y.shape[1] // 2
@@ -151,9 +152,8 @@ def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: 
     elif num_tokens <= BMP:
         split_head(desc, head, split, tl.arange(0, BMP), tl.arange(0, BMP) < num_tokens, W, ACT, F32, I32, KV,
                    kv_plane, POSITIONS, SLOTS, BMP, BKP, HDP, DOT_F32, STAGES, FULL_ROTARY)
-    else:  # prefill: the group's tasks share the (head, row block) tiles, row blocks innermost, so that the
-        # tasks running at once read a few heads' weights from L2 (a head a task read them all from HBM, again
-        # for every row block: on the H100 at 2048 tokens QKV took twice the time of the same FLOPs elsewhere)
+    else:  # prefill: the group's tasks share the (head, row block) tiles, row blocks innermost, as the
+        # projections' prefill tiles: the tasks running at once share a few heads' weights in L2
         x_off, K, w_off, HD = word8(desc, 0), word8(desc, 1), word8(desc, 2), word(desc, 5)
         stats_off, eps = word(desc, 7), word_f32(desc, 8)
         num_heads = word(desc, 3) + 2 * word(desc, 4)
@@ -165,6 +165,6 @@ def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: 
             acc = tile_product(x_off, K, K, w_off, num_heads * HD, m0, item // row_blocks * HD, 0, K, num_tokens,
                                W, ACT, BMP, HDP, BKD, DOT_F32, PREFILL_STAGES, PREFILL_TMA)
             inv = row_inv_rms(F32, stats_off, rows, row_ok, K, eps)
-            acc = tl.where((tl.arange(0, HDP) < HD)[None, :], acc * inv[:, None], 0.0)  # HD < HDP: the next head's
+            acc = tl.where((tl.arange(0, HDP) < HD)[None, :], acc * inv[:, None], 0.0)  # past HD: the next head
             head_epilogue(desc, item // row_blocks, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS,
                           SLOTS, HDP, FULL_ROTARY)
