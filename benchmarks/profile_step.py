@@ -27,7 +27,8 @@ def summarize(kernel: Megakernel) -> list[str]:
         groups[int(tasks[index, 3])].append(index)
     kinds = defaultdict(lambda: [0, 0, 0])  # busy ns, waiting ns, tasks
     lines = [f"step span {(t_end - t0) / 1e3:.1f} us over {int(ran.sum())} tasks"]
-    rows = []
+    programs = kernel.kernel.grid[0]
+    rows, last_end = [], t0
     for event, members in sorted(groups.items()):
         t = times[members]
         busy, waiting = int((t[:, 2] - t[:, 1]).sum()), int((t[:, 1] - t[:, 0]).sum())
@@ -35,12 +36,22 @@ def summarize(kernel: Megakernel) -> list[str]:
         kinds[kind][0] += busy
         kinds[kind][1] += waiting
         kinds[kind][2] += len(members)
+        # each program's last end in the group (task i runs on program i % programs): how far the slowest
+        # program trails the median one
+        ends: dict[int, int] = {}
+        for index, end in zip(members, t[:, 2].tolist()):
+            ends[index % programs] = max(ends.get(index % programs, 0), int(end))
+        finish = sorted(ends.values())
+        end = int(t[:, 2].max())
         rows.append((kernel.manifest["events"][event], len(members), (int(t[:, 0].min()) - t0) / 1e3,
-                     (int(t[:, 2].max()) - int(t[:, 0].min())) / 1e3, busy / len(members) / 1e3,
-                     int((t[:, 2] - t[:, 1]).max()) / 1e3))
-    lines.append("group | tasks | starts at us | span us | mean busy us | max busy us")
-    lines += [f"{name} | {n} | {start:.1f} | {span:.1f} | {mean:.2f} | {most:.2f}" for name, n, start, span, mean, most
-              in rows[:24] + rows[-4:]]
+                     (end - int(t[:, 0].min())) / 1e3, busy / len(members) / 1e3,
+                     int((t[:, 2] - t[:, 1]).max()) / 1e3, (int(t[:, 1].min()) - last_end) / 1e3,
+                     (end - last_end) / 1e3, (end - finish[len(finish) // 2]) / 1e3))
+        last_end = end
+    lines.append("group | tasks | starts at us | span us | mean busy us | max busy us | first wait done us after "
+                 "the group before | critical us | tail us (last end - median program's)")
+    lines += ["{} | {} | {:.1f} | {:.1f} | {:.2f} | {:.2f} | {:.1f} | {:.1f} | {:.1f}".format(*row)
+              for row in rows[:24] + rows[-4:]]
     lines.append("kind | tasks | busy ms (summed over programs) | waiting ms (summed)")
     lines += [f"{k} | {n} | {b / 1e6:.2f} | {w / 1e6:.2f}" for k, (b, w, n) in sorted(kinds.items(), key=lambda x: -x[1][0])]
     return lines
@@ -64,6 +75,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--batch", default="1", help="batch sizes, comma-separated: one profile each")
     parser.add_argument("--prefill", action="store_true", help="profile the step that prefills every prompt")
+    parser.add_argument("--dump", help="also save each profile's raw per-task times to DUMP-b{batch}.pt")
     args = parser.parse_args()
     batches = [int(b) for b in args.batch.split(",")]
     configs = [profile_config(batch, args.context, args.prefill) for batch in batches]
@@ -76,6 +88,9 @@ def main() -> None:
         kernel.generate([torch.randint(0, 1000, (args.context,)).tolist() for _ in range(batch)],
                         SamplingParams(max_tokens=config.max_new_tokens, temperature=0, ignore_eos=True))
         print("\n".join(summarize(kernel)), flush=True)
+        if args.dump:
+            torch.save({"times": kernel.task_profile(), "tasks": kernel.tasks.cpu()[:, :4].int(), "events": kernel.manifest["events"],
+                        "programs": kernel.kernel.grid[0]}, f"{args.dump}-b{batch}.pt")
         del kernel
         torch.cuda.empty_cache()
 

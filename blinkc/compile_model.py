@@ -142,7 +142,8 @@ def _build_into(entry: Path, model: ResolvedModel, config: CompileConfig, dtype:
     kernel_meta, cubin = {"triton_metadata": None, "resources": None}, None
     if not config.interpret:
         progress(f"compiling for sm_{arch} with Triton {version('triton')} (ptxas)...")
-        cubin, metadata = compile_cubin(tmp / "model.cubin.py", model_dtype, arch, config.num_warps)
+        cubin, metadata = compile_cubin(tmp / "model.cubin.py", model_dtype, arch, config.num_warps,
+                                       config.max_registers)
         (tmp / "model.cubin").write_bytes(cubin)
         triton_metadata = json.loads(json.dumps(metadata, default=vars))
         # the cubin lists only its static shared memory; a program also takes Triton's dynamic allocation
@@ -179,7 +180,7 @@ def _manifest(model: ResolvedModel, config: CompileConfig, lw: Lowering, graph: 
                    "num_warps": config.num_warps, "signature": signature(model_dtype),
                    "source_sha256": source_hash(source),
                    "triton_version": version("triton"), "triton_metadata": kernel_meta["triton_metadata"],
-                   "resources": kernel_meta["resources"], "max_programs_per_sm": 2},
+                   "resources": kernel_meta["resources"], "max_programs_per_sm": config.programs_per_sm},
         "config": config.to_dict(),
         "model": {"name": model.definition.name, "architecture": cfg.architecture, "dtype": model_dtype,
                   "vocab_size": cfg.vocab_size, "num_layers": cfg.num_hidden_layers,

@@ -12,12 +12,13 @@ from triton.compiler import ASTSource
 from codegen.kernel_abi import ARGS, KERNEL_NAME, Resources, signature
 from runtime.artifact import import_source
 
-def compile_cubin(source_path: Path, model_dtype: str, arch: int, num_warps: int):
-    """-> (cubin bytes, Triton's metadata dict)."""
+def compile_cubin(source_path: Path, model_dtype: str, arch: int, num_warps: int, max_registers: int = 0):
+    """-> (cubin bytes, Triton's metadata dict). max_registers: a cap on registers a thread (0: none)."""
     fn = getattr(import_source(source_path), KERNEL_NAME)
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(ARGS) if name.isupper()}
     src = ASTSource(fn, signature(model_dtype), {}, attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    options = {"num_warps": num_warps, "maxnreg": max_registers or None}
+    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     metadata = {k: v for k, v in kernel.metadata._asdict().items()}
     metadata["target"] = {"backend": "cuda", "arch": arch, "warp_size": 32}
     return kernel.asm["cubin"], metadata

@@ -45,9 +45,9 @@ class CompileConfig:
     # ... and of attention's key loop (3: 7.08 / 15.78 ms at b1 / b64 against 7.00 / 15.76, once the
     # launch stopped giving up L1 past 48 KB of shared memory, runtime/cuda_driver.py)
     attention_stages: int = 2
-    # ... and of the loop that merges a decode's context splits (the merging task is the slowest attention
-    # task at b1). H100, b1: 2 / 4 stages 7.19 / 7.12 ms; with 8 splits 7.14 / 7.07 (one run, 2026-11-22)
-    merge_stages: int = 4
+    # ... and of the loop that merges a decode's context splits, a query row an iteration (every split of the
+    # row in one load). H100, b1 at 512 / 4096 tokens of context: 1 / 4 stages 6.90 / 7.02, 7.33 / 7.46 ms
+    merge_stages: int = 1
     # the batched decode blocks, the prefill tiles load through tensor descriptors made in the kernel (TMA)
     # instead of masked pointer tiles: fewer instructions a chunk (benchmarks/explore/tma_tiles.py), 256 B of
     # global scratch a program. H100: TTFT 512 / 2048 24.05 / 90.03 ms against 24.29 / 94.85 with pointer
@@ -59,6 +59,11 @@ class CompileConfig:
     sample_splits: int = 0  # tasks per sequence for greedy sampling; 0: one per ~8192 logits
     qkv_splits: int = 0  # tasks per QKV head at decode (split K, last one runs the epilogue); 0: ~one wave
     target_programs: int = 264  # programs the kernel is expected to run on (2 per SM of a 132-SM H100/H200)
+    # the most programs the launch puts on an SM (fewer where they do not fit), and a cap on a thread's
+    # registers (0: none; Triton takes 255). H100, 3 programs an SM at 168 registers (596 B of spills, grid
+    # 396, target_programs 396): b1 8.31 ms against 7.06, b64 13.89 against 12.38, TTFT 512 23.77 against 23.33
+    programs_per_sm: int = 2
+    max_registers: int = 0
     # programs take the next task from one ticket counter instead of task i on program i % P: slower on the
     # H100 (b1 7.22 -> 8.46 ms, b8 9.38 -> 12.72 ms: every task waits on a contended atomic for its successor)
     dynamic_tasks: bool = False
@@ -72,8 +77,8 @@ class CompileConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_tokens_per_step", "max_model_len", "max_new_tokens", "page_size",
-                     "target_programs", "num_stages", "batch_stages", "prefill_stages", "attention_stages",
-                     "merge_stages", "expert_stages"):
+                     "target_programs", "programs_per_sm", "num_stages", "batch_stages", "prefill_stages",
+                     "attention_stages", "merge_stages", "expert_stages"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("block_n", "expert_block_n", "expert_block_k", "block_k", "block_k_dot", "block_m",

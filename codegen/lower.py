@@ -368,6 +368,7 @@ def _paged_attention(lw: Lowering, node: Node) -> None:
     a = node.attrs
     layer = int(cache.name.rsplit(".", 1)[1]) if cache.name else _layer_of(lw, cache)
     splits = attention_splits(lw.config, a["num_kv_heads"])
+    lw.constants["ATTENTION_SPLITS_MAX"] = max(lw.constants.get("ATTENTION_SPLITS_MAX", 1), splits)
     desc = lw.tasks.add_desc(ATTENTION_FIELDS, dict(
         q_off=lw.act(q), out_off=lw.act(node.output), num_heads=a["num_heads"], num_kv_heads=a["num_kv_heads"],
         head_dim=a["head_dim"], layer=layer, scale=float(a["scale"]), splits=splits,

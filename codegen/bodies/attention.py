@@ -2,7 +2,7 @@
 token of the step): flash-attention's online softmax over the sequence's pages.
 
 At decode (the group's query rows fit one block) the context is split over `splits` tasks; each stores
-its partial (running max, sum, unnormalised output) and the last to finish merges them in order. At
+its partial (running max, sum, unnormalised output) and the last to finish merges them. At
 prefill every task of the group shares the step's query row blocks.
 """
 import triton
@@ -55,7 +55,8 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs
                    CONTEXT_LENS: tl.constexpr, SEQ_REQ: tl.constexpr, REQ_PAGES: tl.constexpr,
                    PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, MAX_SEQS: tl.constexpr,
                    BM: tl.constexpr, BMP: tl.constexpr, BKV: tl.constexpr, HDP: tl.constexpr,
-                   DOT_F32: tl.constexpr, STAGES: tl.constexpr, MERGE_STAGES: tl.constexpr):
+                   DOT_F32: tl.constexpr, STAGES: tl.constexpr, MERGE_STAGES: tl.constexpr,
+                   SPLITS: tl.constexpr):
     """Task (sequence, KV head, split) of the group's `num_tasks` (MAX_SEQS: the most sequences a step has,
     rounded up to a power of two). A sequence whose query rows (its tokens x the group's heads) fit BM
     decodes: the task takes its split of the context. Longer ones (prefill) come in blocks of BMP rows, and
@@ -70,7 +71,7 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs
         if q_len * rep <= BM:
             decode_rows(desc, b, group % HKV, tile % splits, ACT, F32, I32, KV, kv_plane, SEQ_STARTS,
                         CONTEXT_LENS, SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ, PAGE_SIZE, BM, BKV, HDP, DOT_F32, STAGES,
-                        MERGE_STAGES)
+                        MERGE_STAGES, SPLITS)
     if num_tokens > num_seqs:  # some sequence has more than one token: prefill blocks, numbered over the step
         seqs = tl.arange(0, MAX_SEQS)
         live = seqs < num_seqs
@@ -106,9 +107,10 @@ def kv_head(desc, b, g, I32, KV, kv_plane, SEQ_STARTS: tl.constexpr, CONTEXT_LEN
 def decode_rows(desc, b, g, split, ACT, F32, I32, KV, kv_plane, SEQ_STARTS: tl.constexpr,
                 CONTEXT_LENS: tl.constexpr, SEQ_REQ: tl.constexpr, REQ_PAGES: tl.constexpr,
                 PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, BM: tl.constexpr, BKV: tl.constexpr,
-                HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, MERGE_STAGES: tl.constexpr):
-    """Split `split` of sequence b's context for KV head g's query rows; the last split merges (its loop
-    MERGE_STAGES deep)."""
+                HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, MERGE_STAGES: tl.constexpr,
+                SPLITS: tl.constexpr):
+    """Split `split` of sequence b's context for KV head g's query rows; the last split merges them all
+    (SPLITS: at least `splits`, a power of two), a query row an iteration, MERGE_STAGES deep."""
     q_off, out_off, H, HKV = word8(desc, 0), word8(desc, 1), word(desc, 2), word(desc, 3)
     HD, scale = word8(desc, 4), word_f32(desc, 6)
     splits, part_off, ticket_off = word(desc, 7), word(desc, 8), word(desc, 9)
@@ -131,11 +133,13 @@ def decode_rows(desc, b, g, split, ACT, F32, I32, KV, kv_plane, SEQ_STARTS: tl.c
         tl.store(out_ptr, (acc / l_i[:, None]).to(dt), mask=r_ok[:, None] & d_ok[None, :])
     else:
         group = b * HKV + g
-        part = F32 + part_off + group * splits * (BM * (HDP + 2))
-        _store_part(part + split * (BM * (HDP + 2)), m_i, l_i, acc, BM, HDP)
+        # the group's partials: 16-float aligned (the region is, and so is a partial's size), which lets the
+        # stores and the merge's loads move 16 bytes a thread instead of 4
+        part = F32 + tl.multiple_of(part_off + group * splits * (BM * (HDP + 2)), 16)
+        _store_part(part + split * (BM * (HDP + 2)), m_i, l_i, acc, r_ok, BM, HDP)
         if arrives_last(F32 + ticket_off + group, splits):
-            out = _merge_parts(part, splits, r_ok, BM, HDP, MERGE_STAGES)
-            tl.store(out_ptr, out.to(dt), mask=r_ok[:, None] & d_ok[None, :])
+            _merge_parts(part, splits, q_len * rep, ACT + out_off + start * (H * HD) + g * rep * HD, rep, H * HD, HD,
+                         d, d_ok, BM, HDP, MERGE_STAGES, SPLITS)
 
 
 @triton.jit
@@ -165,31 +169,29 @@ def prefill_rows(desc, b, g, m0, ACT, I32, KV, kv_plane, SEQ_STARTS: tl.constexp
 
 
 @triton.jit
-def _store_part(part, m_i, l_i, acc, BM: tl.constexpr, HDP: tl.constexpr):
+def _store_part(part, m_i, l_i, acc, r_ok, BM: tl.constexpr, HDP: tl.constexpr):
+    """A split's running max, sum (BM each) and unnormalised output (BM x HDP; the query rows alone)."""
     rows = tl.arange(0, BM)
     tl.store(part + rows, m_i)
     tl.store(part + BM + rows, l_i)
-    tl.store(part + 2 * BM + rows[:, None] * HDP + tl.arange(0, HDP)[None, :], acc)
+    tl.store(part + 2 * BM + rows[:, None] * HDP + tl.arange(0, HDP)[None, :], acc, mask=r_ok[:, None])
 
 
 @triton.jit
-def _merge_parts(part, splits, r_ok, BM: tl.constexpr, HDP: tl.constexpr, STAGES: tl.constexpr):
-    """Merges the splits' partial softmaxes in one pass with a running maximum (as flash attention merges
-    key blocks): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M). The loads of every split are
-    independent of the running values, so the loop is pipelined; rows past the group's queries are not read."""
-    rows = tl.arange(0, BM)
+def _merge_parts(part, splits, num_rows, out, rep, token_stride, HD, d, d_ok, BM: tl.constexpr, HDP: tl.constexpr,
+                 STAGES: tl.constexpr, SPLITS: tl.constexpr):
+    """Merges the splits' partial softmaxes of each of the group's num_rows query rows (row r: token r // rep,
+    head r % rep of the group, stored at out): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M the
+    largest m_s. Every split of a row comes in one load (a pass over the splits with a running maximum took
+    a trip to memory a split)."""
     size = BM * (HDP + 2)
-    m_run = tl.full((BM,), NEG, tl.float32)
-    total = tl.zeros((BM,), tl.float32)
-    acc = tl.zeros((BM, HDP), tl.float32)
-    for s in tl.range(0, splits, num_stages=STAGES):
-        m_s = tl.load(part + s * size + rows, mask=r_ok, other=NEG)
-        l_s = tl.load(part + s * size + BM + rows, mask=r_ok, other=0.0)
-        acc_s = tl.load(part + s * size + 2 * BM + rows[:, None] * HDP + tl.arange(0, HDP)[None, :],
-                        mask=r_ok[:, None], other=0.0)
-        m_new = tl.maximum(m_run, m_s)
-        keep, add = tl.exp(m_run - m_new), tl.exp(m_s - m_new)
-        total = total * keep + l_s * add
-        acc = acc * keep[:, None] + acc_s * add[:, None]
-        m_run = m_new
-    return acc / total[:, None]
+    s = tl.arange(0, SPLITS)
+    s_ok = s < splits
+    for r in tl.range(0, num_rows, num_stages=STAGES):
+        m_s = tl.load(part + s * size + r, mask=s_ok, other=NEG)
+        l_s = tl.load(part + s * size + BM + r, mask=s_ok, other=0.0)
+        acc_s = tl.load(part + s[:, None] * size + 2 * BM + r * HDP + tl.arange(0, HDP)[None, :],
+                        mask=s_ok[:, None], other=0.0)
+        weight = tl.exp(m_s - tl.max(m_s, 0))
+        row = tl.sum(acc_s * weight[:, None], 0) / tl.sum(l_s * weight, 0)
+        tl.store(out + (r // rep) * token_stride + (r % rep) * HD + d, row.to(out.dtype.element_ty), mask=d_ok)

@@ -45,7 +45,9 @@ def sum_of_splits(F32, part_off, ticket_off, block, split, splits, acc, rows, RO
     parts of ROWS x C) and takes a ticket (a counter the planner zeroes every step). Returns whether this
     split arrived last and, if so, every split's partial summed in order (zeros otherwise)."""
     C: tl.constexpr = acc.shape[1]
-    parts = F32 + part_off + block * splits * (ROWS * C) + rows[:, None] * C + tl.arange(0, C)[None, :]
+    # 16-float aligned (the region is, and ROWS x C is a multiple of 16): 16 bytes a thread's load and store
+    base = tl.multiple_of(part_off + block * splits * (ROWS * C), 16)
+    parts = F32 + base + rows[:, None] * C + tl.arange(0, C)[None, :]
     tl.store(parts + split * (ROWS * C), acc)
     last = arrives_last(F32 + ticket_off + block, splits)
     total = tl.zeros(acc.shape, tl.float32)
