@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from codegen.bodies.attention import ATTENTION_FIELDS
-from codegen.bodies.linear import LINEAR_FIELDS
+from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED, OUT_F32, OUT_NARROW
 from codegen.bodies.moe import COMBINE_FIELDS, EXPERT_FIELDS, ROUTE_FIELDS
 from codegen.bodies.qkv import QKV_FIELDS
 from codegen.bodies.rows import ADD_FIELDS, EMBED_FIELDS, GATHER_FIELDS, RMS_NORM_FIELDS
@@ -118,6 +118,8 @@ def _check_widths(graph: Graph) -> None:
     for node in graph.nodes:
         widths = {"embedding": lambda: [node.inputs[1].shape[1]],
                   "gather_rows": lambda: [node.inputs[0].shape[1]],
+                  "rms_norm": lambda: [node.inputs[0].shape[1]],
+                  "add": lambda: [node.output.shape[1]],
                   "fused_linear": lambda: [node.inputs[0].shape[1], node.inputs[1].shape[1]],
                   "qkv_rope_store": lambda: [node.inputs[0].shape[1], node.attrs["head_dim"]],
                   "paged_attention": lambda: [node.attrs["head_dim"]],
@@ -298,7 +300,8 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
     splits = linear_splits(lw.config, w.shape[0])
     desc = lw.tasks.add_desc(LINEAR_FIELDS, dict(
         x_off=lw.act(x), x_stride=x.shape[1], k=w.shape[1], w_off=w_off, n=w.shape[0], out_off=out_off,
-        out_stride=out.shape[1], out_f32=int(is_f32), gated=int(gated),
+        out_stride=out.shape[1], gated=int(gated),
+        out_kind=OUT_F32 if is_f32 else OUT_ALIGNED if out.shape[1] % 8 == 0 else OUT_NARROW,
         stats_off=lw.stats.get(x.id, -1) if node.attrs["prologue"] == "rms_norm" else -1,
         eps=float(node.attrs["eps"]), res_off=lw.act(residual) if residual is not None else -1,
         res_stride=out.shape[1],

@@ -22,9 +22,12 @@ import triton.language as tl
 
 from codegen.bodies.common import round_to, sum_of_splits, word, word8, word_f32
 
-LINEAR_FIELDS = ("x_off", "x_stride", "k", "w_off", "n", "out_off", "out_stride", "out_f32", "gated",
+LINEAR_FIELDS = ("x_off", "x_stride", "k", "w_off", "n", "out_off", "out_stride", "out_kind", "gated",
                  "stats_off", "eps", "res_off", "res_stride", "bias_off", "out_stats_off", "rows_kind", "splits",
                  "part_off", "ticket_off")
+# out_kind: activation rows 16-byte aligned (a width that is a multiple of 8), the fp32 logits, activation
+# rows of another width (a router's logits over 6 or 60 experts)
+OUT_ALIGNED, OUT_F32, OUT_NARROW = 0, 1, 2
 
 
 @triton.jit
@@ -37,17 +40,23 @@ def row_inv_rms(F32, stats_off, rows, row_ok, K, eps):
 @triton.jit
 def store_outputs(desc, y, rows, row_ok, cols, col_ok, ACT, F32):
     """Residual add, store and output statistics of a [rows, cols] block (y rounded to the model dtype)."""
-    out_off, out_stride, out_f32 = word8(desc, 5), word(desc, 6), word(desc, 7)
+    out_off, out_stride, out_kind = word8(desc, 5), word(desc, 6), word(desc, 7)
     res_off, res_stride, out_stats_off = word(desc, 11), word8(desc, 12), word(desc, 14)
     dt: tl.constexpr = ACT.dtype.element_ty
     mask = row_ok[:, None] & col_ok[None, :]
-    if res_off >= 0:
-        res = tl.load(ACT + res_off + rows[:, None] * res_stride + cols[None, :], mask=mask, other=0.0)
+    if res_off >= 0:  # an activation: 16-byte aligned rows (the lowering checks their widths)
+        res = tl.load(ACT + tl.multiple_of(res_off, 8) + rows[:, None] * res_stride + cols[None, :], mask=mask,
+                      other=0.0)
         y = round_to(res.to(tl.float32) + y, dt)
-    if out_f32 == 1:
+    if out_kind == 1:  # OUT_F32
         tl.store(F32 + out_off + rows[:, None] * out_stride + cols[None, :], y, mask=mask)
     else:
-        tl.store(ACT + out_off + rows[:, None] * out_stride + cols[None, :], y.to(dt), mask=mask)
+        # one conversion above both stores (one in each branch broke Triton 3.6's layout pass on sm_90)
+        out = y.to(dt)
+        if out_kind == 0:  # OUT_ALIGNED: 16 bytes a thread's store
+            tl.store(ACT + out_off + rows[:, None] * tl.multiple_of(out_stride, 8) + cols[None, :], out, mask=mask)
+        else:
+            tl.store(ACT + out_off + rows[:, None] * out_stride + cols[None, :], out, mask=mask)
     if out_stats_off >= 0:
         tl.atomic_add(F32 + out_stats_off + rows, tl.sum(tl.where(mask, y * y, 0.0), 1), mask=row_ok)
 

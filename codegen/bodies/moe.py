@@ -145,8 +145,8 @@ def expert_task(desc, tile, W, ACT, I32, BM: tl.constexpr, BN: tl.constexpr, BK:
 def combine_task(desc, tile, ACT, F32, num_tokens, BM: tl.constexpr, BN: tl.constexpr, TOPK: tl.constexpr):
     """out[t] = residual[t] + sum over slots j of weight[t, j] * y[t * top_k + j] (each product and the sum
     rounded, as HF; without a residual, the sum), and out's sums of squares when a norm reads it."""
-    y_off, weights_off, K, hidden, out_off = word(desc, 0), word(desc, 1), word(desc, 2), word(desc, 3), word(desc, 4)
-    res_off, out_stats_off = word(desc, 5), word(desc, 6)
+    y_off, weights_off, K = word8(desc, 0), word(desc, 1), word(desc, 2)
+    hidden, out_off, res_off, out_stats_off = word8(desc, 3), word8(desc, 4), word(desc, 5), word(desc, 6)
     dt: tl.constexpr = ACT.dtype.element_ty
     cols = tile * BN + tl.arange(0, BN)
     col_ok = cols < hidden
@@ -161,6 +161,7 @@ def combine_task(desc, tile, ACT, F32, num_tokens, BM: tl.constexpr, BN: tl.cons
                 y = tl.load(ACT + y_off + (rows * K + j)[:, None] * hidden + cols[None, :], mask=mask, other=0.0)
                 out = round_to(out + round_to(y.to(tl.float32) * w[:, None], dt), dt)
         if res_off >= 0:
-            res = tl.load(ACT + res_off + rows[:, None] * hidden + cols[None, :], mask=mask, other=0.0)
+            res = tl.load(ACT + tl.multiple_of(res_off, 8) + rows[:, None] * hidden + cols[None, :], mask=mask,
+                          other=0.0)
             out = round_to(res.to(tl.float32) + out, dt)
         store_rows(ACT, F32, out_off, hidden, rows, row_ok, cols, col_ok, out, out_stats_off, dt)

@@ -86,9 +86,9 @@ def head_partial(desc, head, k_lo, k_hi, rows, row_ok, W, ACT, F32, BK: tl.const
 def head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS: tl.constexpr,
                   SLOTS: tl.constexpr, HDP: tl.constexpr, FULL_ROTARY: tl.constexpr):
     """Bias, per-head q/k norm, rotary, then the q buffer or the paged KV cache."""
-    HQ, HKV, HD, RD = word(desc, 3), word(desc, 4), word(desc, 5), word(desc, 6)
+    HQ, HKV, HD, RD = word(desc, 3), word(desc, 4), word8(desc, 5), word(desc, 6)
     bias_off, q_norm_off, k_norm_off, qk_eps = word(desc, 9), word(desc, 10), word(desc, 11), word_f32(desc, 12)
-    q_out_off, layer, rope_off, has_qk_norm = word(desc, 13), word(desc, 14), word(desc, 15), word(desc, 16)
+    q_out_off, layer, rope_off, has_qk_norm = word8(desc, 13), word(desc, 14), word(desc, 15), word(desc, 16)
     dt: tl.constexpr = W.dtype.element_ty
     cols = tl.arange(0, HDP)
     d_ok = cols < HD
@@ -106,7 +106,7 @@ def head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane,
         slot = tl.load(I32 + SLOTS + rows, mask=row_ok, other=0).to(tl.int64)
         plane = tl.where(head < HQ + HKV, 0, 1)
         kv_head = head - HQ - plane * HKV
-        base = KV + (layer * 2 + plane) * kv_plane + kv_head * HD
+        base = KV + tl.multiple_of((layer * 2 + plane) * kv_plane, 8) + kv_head * HD
         tl.store(base + slot[:, None] * (HKV * HD) + cols[None, :], y.to(dt), mask=mask)
 
 

@@ -51,8 +51,8 @@ def gather_task(desc, tile, ACT, F32, I32, num_seqs, LOGITS_ROWS: tl.constexpr, 
 
 @triton.jit
 def rms_norm_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr):
-    x_off, hidden, stats_off, norm_w_off = word(desc, 0), word(desc, 1), word(desc, 2), word(desc, 3)
-    eps, out_off = word_f32(desc, 4), word(desc, 5)
+    x_off, hidden, stats_off, norm_w_off = word8(desc, 0), word8(desc, 1), word(desc, 2), word(desc, 3)
+    eps, out_off = word_f32(desc, 4), word8(desc, 5)
     num_rows = tl.where(word(desc, 6) == 1, num_seqs, num_tokens)
     dt: tl.constexpr = ACT.dtype.element_ty
     cols = tile * BN + tl.arange(0, BN)
@@ -70,7 +70,8 @@ def rms_norm_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexp
 
 @triton.jit
 def add_task(desc, tile, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr):
-    a_off, b_off, hidden, out_off, out_stats_off = word(desc, 0), word(desc, 1), word(desc, 2), word(desc, 3), word(desc, 4)
+    a_off, b_off, hidden, out_off = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 3)
+    out_stats_off = word(desc, 4)
     num_rows = tl.where(word(desc, 5) == 1, num_seqs, num_tokens)
     dt: tl.constexpr = ACT.dtype.element_ty
     cols = tile * BN + tl.arange(0, BN)
