@@ -89,8 +89,9 @@ def main() -> None:
                         SamplingParams(max_tokens=config.max_new_tokens, temperature=0, ignore_eos=True))
         print("\n".join(summarize(kernel)), flush=True)
         if args.dump:
-            torch.save({"times": kernel.task_profile(), "tasks": kernel.tasks.cpu()[:, :4].int(), "events": kernel.manifest["events"],
-                        "programs": kernel.kernel.grid[0]}, f"{args.dump}-b{batch}.pt")
+            torch.save({"times": kernel.task_profile(), "tasks": kernel.tasks.cpu()[:, :4].int(),  # kind .. signal
+                        "events": kernel.manifest["events"], "programs": kernel.kernel.grid[0]},
+                       f"{args.dump}-b{batch}.pt")
         del kernel
         torch.cuda.empty_cache()
 
