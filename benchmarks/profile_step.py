@@ -72,26 +72,26 @@ def profile_config(batch: int, context: int, prefill: bool) -> CompileConfig:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", default="llama3-8b")
-    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--context", default="512", help="context (prompt) lengths, comma-separated")
     parser.add_argument("--batch", default="1", help="batch sizes, comma-separated: one profile each")
     parser.add_argument("--prefill", action="store_true", help="profile the step that prefills every prompt")
-    parser.add_argument("--dump", help="also save each profile's raw per-task times to DUMP-b{batch}.pt")
+    parser.add_argument("--dump", help="also save each profile's raw per-task times to DUMP-b{batch}-c{context}.pt")
     args = parser.parse_args()
-    batches = [int(b) for b in args.batch.split(",")]
-    configs = [profile_config(batch, args.context, args.prefill) for batch in batches]
+    shapes = [(int(b), int(c)) for b in args.batch.split(",") for c in args.context.split(",")]
+    configs = [profile_config(batch, context, args.prefill) for batch, context in shapes]
     compile_many([(args.preset, config) for config in configs])
-    for batch, config in zip(batches, configs):
+    for (batch, context), config in zip(shapes, configs):
         path = compile_model(resolve_model(args.preset), config, artifact_path("profile"), WeightsSource(seed=0)).path
         kernel = Megakernel.load(path, device="cuda", timeout_s=120)
-        print(f"== {args.preset} batch {batch} context {args.context}: "
-              f"TPOT {tpot_ms(kernel, batch, args.context, 16):.2f} ms (profiling build)")
-        kernel.generate([torch.randint(0, 1000, (args.context,)).tolist() for _ in range(batch)],
+        print(f"== {args.preset} batch {batch} context {context}: "
+              f"TPOT {tpot_ms(kernel, batch, context, 16):.2f} ms (profiling build)")
+        kernel.generate([torch.randint(0, 1000, (context,)).tolist() for _ in range(batch)],
                         SamplingParams(max_tokens=config.max_new_tokens, temperature=0, ignore_eos=True))
         print("\n".join(summarize(kernel)), flush=True)
         if args.dump:
             torch.save({"times": kernel.task_profile(), "tasks": kernel.tasks.cpu()[:, :4].int(),  # kind .. signal
                         "events": kernel.manifest["events"], "programs": kernel.kernel.grid[0]},
-                       f"{args.dump}-b{batch}.pt")
+                       f"{args.dump}-b{batch}-c{context}.pt")
         del kernel
         torch.cuda.empty_cache()
 

@@ -54,6 +54,11 @@ class CompileConfig:
     # tiles; b64 13.91 against 13.52 with the batched blocks' (their spills grow)
     batch_tma: bool = False
     prefill_tma: bool = True
+    # K splits of a prefill step's projection tiles when there are too few tiles for the group's tasks (a
+    # short prompt: 128 tokens give o_proj 64 [prefill_m, wide_n] tiles for 256 tasks, each streaming 1 MB of
+    # weights alone); the last split of a tile sums the fp32 parts and runs the epilogue. 0: as many as give
+    # each task at most one split, each at least 8 chunks of block_k_dot; n: n wherever the scratch holds them
+    prefill_splits: int = 0
     moe_slots: int = 0  # expert slots per MoE layer; 0: min(experts, max_batch * top_k)
     attention_splits: int = 0  # tasks per (sequence, KV head) at decode; 0: ~256 tasks per layer
     sample_splits: int = 0  # tasks per sequence for greedy sampling; 0: one per ~8192 logits
@@ -78,6 +83,8 @@ class CompileConfig:
     profile_step: int = 2
 
     def __post_init__(self) -> None:
+        if self.prefill_splits < 0:
+            raise ValueError(f"prefill_splits must be at least 0, got {self.prefill_splits}")
         for name in ("max_batch", "max_tokens_per_step", "max_model_len", "max_new_tokens", "page_size",
                      "target_programs", "programs_per_sm", "num_stages", "batch_stages", "prefill_stages",
                      "attention_stages", "merge_stages", "expert_stages"):

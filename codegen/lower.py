@@ -35,6 +35,7 @@ class Lowering:
     rope_tables: dict[str, tuple] = field(default_factory=dict)
     plan_event: int = -1
     split_linear_event: int = -1  # the last projection group that used the shared `linear_parts` scratch
+    prefill_split_event: int = -1  # ... and the last group that may split its prefill tiles' K ranges
     sample: Wait | None = None
     # weights placed in a form other than the checkpoint's (see `placed_weight`), in the order to apply them
     transforms: list[dict] = field(default_factory=list)
@@ -86,6 +87,13 @@ class Lowering:
 
     def column_tiles(self, width: int) -> int:
         return -(-width // self.config.block_n)
+
+    def may_split_prefill(self, waits: tuple[Wait, ...]) -> bool:
+        """Whether a group with these waits may split its prefill tiles' K ranges: the groups that do share
+        one parts scratch and one set of tickets, so each must start after the one before is done (the
+        caller records the group in `prefill_split_event`)."""
+        return "tickets:prefill" in self.layout.regions and (
+            self.prefill_split_event < 0 or self.tasks.follows(waits, self.prefill_split_event))
 
 
 LOWERINGS: dict[str, Callable[[Lowering, Node], None]] = {}
@@ -155,6 +163,12 @@ def _allocate(lw: Lowering) -> None:
     split_linears = [(out, n) for out, n in split_linears if linear_splits(cfg, n) > 1]
     for out, n in split_linears:
         lw.layout.alloc(f"tickets:v{out.id}", "F32", n // cfg.batch_n)
+    # prefill steps whose tiles are too few split their K ranges: one scratch of target_programs parts and
+    # one set of tickets for every group (each starts after the one before; the last split of a tile zeroes
+    # its ticket for the next group)
+    if max(cfg.max_tokens_per_step, cfg.max_batch) > cfg.wide_m:
+        lw.layout.alloc("tickets:prefill", "F32", cfg.target_programs)
+        lw.constants["PREFILL_PARTS"] = cfg.target_programs
     lw.constants["STATS_SIZE"] = lw.layout.sizes["F32"] - lw.constants["STATS_OFF"]
     lw.layout.alloc("sample_parts", "F32", cfg.max_batch * sample_splits(lw) * 2)
     if attention_nodes:  # one scratch for every layer, as for the QKV parts
@@ -165,6 +179,8 @@ def _allocate(lw: Lowering) -> None:
     if split_linears:  # one scratch for every split projection: each starts after the previous is done
         lw.layout.alloc("linear_parts", "F32", max(n * linear_splits(cfg, n) for _, n in split_linears)
                         * cfg.wide_m)
+    if "PREFILL_PARTS" in lw.constants:
+        lw.layout.alloc("prefill_parts", "F32", lw.constants["PREFILL_PARTS"] * cfg.prefill_m * cfg.wide_n)
     if qkv_nodes:  # one scratch for every layer: layer l + 1's QKV starts after layer l's is done
         head_dim = _pow2(max(16, max(n.attrs["head_dim"] for n in qkv_nodes)))
         lw.layout.alloc("qkv_parts", "F32", max(_qkv_heads(n) * qkv_splits(lw, n) for n in qkv_nodes)
@@ -298,6 +314,8 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
     residual, gated = named.get("residual"), node.attrs["gated"]
     w_off = lw.placed_weight(w, scale_columns=named.get("norm_w"), interleave_rows=gated)
     splits = linear_splits(lw.config, w.shape[0])
+    waits = lw.waits(x, *([residual] if residual is not None else []))
+    split_prefill = lw.may_split_prefill(waits)
     desc = lw.tasks.add_desc(LINEAR_FIELDS, dict(
         x_off=lw.act(x), x_stride=x.shape[1], k=w.shape[1], w_off=w_off, n=w.shape[0], out_off=out_off,
         out_stride=out.shape[1], gated=int(gated),
@@ -308,8 +326,9 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
         bias_off=lw.placed_weight(named["bias"], interleave_rows=gated) if "bias" in named else -1,
         out_stats_off=lw.out_stats(out), rows_kind=_rows_kind(x), splits=splits,
         part_off=lw.layout.offset("linear_parts") if splits > 1 else -1,
-        ticket_off=lw.layout.offset(f"tickets:v{out.id}") if splits > 1 else -1))
-    waits = lw.waits(x, *([residual] if residual is not None else []))
+        ticket_off=lw.layout.offset(f"tickets:v{out.id}") if splits > 1 else -1,
+        prefill_part_off=lw.layout.offset("prefill_parts") if split_prefill else -1,
+        prefill_ticket_off=lw.layout.offset("tickets:prefill") if split_prefill else -1))
     name = "lm_head" if is_f32 else w.name
     if splits > 1 and lw.split_linear_event >= 0 and not lw.tasks.follows(waits, lw.split_linear_event):
         raise ValueError(f"{name} may run beside {lw.tasks.event_names[lw.split_linear_event]}: they would share "
@@ -324,6 +343,8 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
         lambda tile: _prefetch_rows(lw, w_off + tile * bn * k, k, min(bn, n - tile * bn), k, w.dtype.itemsize, kb))
     if splits > 1:
         lw.split_linear_event = done.event
+    if split_prefill:
+        lw.prefill_split_event = done.event
     lw.ready[out.id] = done
 
 

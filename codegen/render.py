@@ -39,7 +39,8 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     calls = {
         Kind.LINEAR: f"linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn}, {bk}, {bk_rows}, "
                      f"{cfg.wide_m}, {cfg.prefill_m}, {cfg.wide_n}, {cfg.batch_n}, {cfg.block_k_dot}, {dot_f32}, "
-                     f"{cfg.num_stages}, {cfg.batch_stages}, {cfg.prefill_stages}, {cfg.batch_tma}, {cfg.prefill_tma})",
+                     f"{cfg.num_stages}, {cfg.batch_stages}, {cfg.prefill_stages}, {cfg.batch_tma}, {cfg.prefill_tma}, "
+                     f"{c.get('PREFILL_PARTS', 0)}, {cfg.prefill_splits})",
         Kind.QKV: f"qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, {r.positions}, {r.slots}, "
                   f"{bm}, {cfg.qkv_block_m}, {bk_small}, {qkv_prefill_bk}, {hdp}, {dot_f32}, {cfg.num_stages}, "
                   f"{full_rotary}, {cfg.block_k_dot}, {cfg.prefill_stages}, {cfg.prefill_tma})",

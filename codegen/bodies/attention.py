@@ -3,7 +3,8 @@ token of the step): flash-attention's online softmax over the sequence's pages.
 
 At decode (the group's query rows fit one block) the context is split over `splits` tasks; each stores
 its partial (running max, sum, unnormalised output) and the last to finish merges them. At
-prefill every task of the group shares the step's query row blocks.
+prefill every task of the group shares the step's query row blocks, round by round, in a zigzag that gives a
+task long and short causal blocks alike.
 """
 import triton
 import triton.language as tl
@@ -79,12 +80,18 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs
         rows = (tl.load(I32 + SEQ_STARTS + seqs + 1, mask=live, other=0) - starts) * rep
         items = tl.where(rows > BM, tl.cdiv(rows, BMP), 0) * HKV  # (block, KV head) items per sequence
         ends = tl.cumsum(items, 0)
-        for item in range(tile, tl.sum(items), num_tasks):
-            seq = tl.sum((ends <= item).to(tl.int32))
-            local = item - tl.sum(tl.where(seqs == seq, ends - items, 0))
-            prefill_rows(desc, seq, local % HKV, (local // HKV) * BMP, ACT, I32, KV, kv_plane, SEQ_STARTS,
-                         CONTEXT_LENS, SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ, PAGE_SIZE, BMP, BKV, HDP, DOT_F32,
-                         STAGES)
+        total = tl.sum(items)
+        # round r's items r * num_tasks ..: a task takes item `tile` of the even rounds and `num_tasks - 1 -
+        # tile` of the odd ones, so that a task with a sequence's early (short, causal) blocks in one round
+        # has late (long) ones in the next
+        for r in range(0, tl.cdiv(total, num_tasks)):
+            item = r * num_tasks + tl.where(r % 2 == 0, tile, num_tasks - 1 - tile)
+            if item < total:
+                seq = tl.sum((ends <= item).to(tl.int32))
+                local = item - tl.sum(tl.where(seqs == seq, ends - items, 0))
+                prefill_rows(desc, seq, local % HKV, (local // HKV) * BMP, ACT, I32, KV, kv_plane, SEQ_STARTS,
+                             CONTEXT_LENS, SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ, PAGE_SIZE, BMP, BKV, HDP, DOT_F32,
+                             STAGES)
 
 
 @triton.jit

@@ -40,6 +40,46 @@ def arrives_last(ticket, count):
 
 
 @triton.jit
+def prefill_splits(tiles, num_tasks, K, parts, ticket_off, SPLITS: tl.constexpr, BK: tl.constexpr):
+    """K splits of each of a prefill group's `tiles` tiles: SPLITS where set, else as many as give each of
+    the group's `num_tasks` tasks at most one split, each at least 8 chunks of BK; never more than the
+    scratch's `parts` hold, and none where the group may not split (ticket_off < 0)."""
+    if SPLITS > 0:
+        splits = tl.full((), SPLITS, tl.int64)
+    else:
+        splits = tl.minimum(tl.minimum(parts, num_tasks) // tiles, K // (8 * BK))
+    splits = tl.minimum(splits, parts // tiles)
+    return tl.where(ticket_off >= 0, tl.maximum(splits, 1), 1)
+
+
+@triton.jit
+def store_split(F32, part_off, ticket_off, block, split, splits, acc):
+    """Split-K for wide blocks: stores split `split` of block `block`'s fp32 partial acc [R, C] (a block holds
+    `splits` parts of R x C) and takes a ticket (a counter the planner zeroes every step). Returns whether
+    this split arrived last (it then zeroes the ticket again, for a later group of the step that shares the
+    tickets) and where the block's parts start: the last one sums them a few rows at a time
+    (`sum_split_rows`), so that no second [R, C] accumulator competes with the first for registers."""
+    R: tl.constexpr = acc.shape[0]
+    C: tl.constexpr = acc.shape[1]
+    base = tl.multiple_of(part_off + block * splits * (R * C), 16)  # 16 floats: 16 bytes a thread's store
+    tl.store(F32 + base + split * (R * C) + tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :], acc)
+    last = arrives_last(F32 + ticket_off + block, splits)
+    if last:
+        tl.store(F32 + ticket_off + block, 0.0)
+    return last, base
+
+
+@triton.jit
+def sum_split_rows(F32, base, splits, r0, R: tl.constexpr, C: tl.constexpr, ROWS: tl.constexpr):
+    """Rows r0 .. r0 + ROWS of the `splits` parts [R, C] at `base` (see `store_split`), summed in order."""
+    parts = F32 + tl.multiple_of(base, 16) + (r0 + tl.arange(0, ROWS))[:, None] * C + tl.arange(0, C)[None, :]
+    total = tl.zeros((ROWS, C), tl.float32)
+    for s in range(0, splits):
+        total += tl.load(parts + s * (R * C))
+    return total
+
+
+@triton.jit
 def sum_of_splits(F32, part_off, ticket_off, block, split, splits, acc, rows, ROWS: tl.constexpr):
     """Split-K: stores split `split` of block `block`'s fp32 partial acc [rows, C] (each block holds `splits`
     parts of ROWS x C) and takes a ticket (a counter the planner zeroes every step). Returns whether this

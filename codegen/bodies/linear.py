@@ -13,18 +13,20 @@ Three shapes of the same computation, by the number of rows in the step:
   of a block of BNB columns: its split of the K range (the last split to finish sums the fp32 partials
   in order and runs the epilogue), so that no task reads more input than weights;
 - many rows (prefill): the group's tasks share the [BMP, BNW] tiles of the whole output, so each weight
-  and input chunk feeds a wide tensor-core tile instead of being read once per BN columns.
+  and input chunk feeds a wide tensor-core tile instead of being read once per BN columns. When the tiles
+  are too few for the group's tasks (a short prompt), their K ranges split over the tasks as above.
 Every K loop loads unconditionally (masks only, no branches), so Triton's pipeliner keeps STAGES chunks of
 weights and inputs in flight through shared memory.
 """
 import triton
 import triton.language as tl
 
-from codegen.bodies.common import round_to, sum_of_splits, word, word8, word_f32
+from codegen.bodies.common import prefill_splits, round_to, store_split, sum_of_splits, sum_split_rows
+from codegen.bodies.common import word, word8, word_f32
 
 LINEAR_FIELDS = ("x_off", "x_stride", "k", "w_off", "n", "out_off", "out_stride", "out_kind", "gated",
                  "stats_off", "eps", "res_off", "res_stride", "bias_off", "out_stats_off", "rows_kind", "splits",
-                 "part_off", "ticket_off")
+                 "part_off", "ticket_off", "prefill_part_off", "prefill_ticket_off")
 # out_kind: activation rows 16-byte aligned (a width that is a multiple of 8), the fp32 logits, activation
 # rows of another width (a router's logits over 6 or 60 experts)
 OUT_ALIGNED, OUT_F32, OUT_NARROW = 0, 1, 2
@@ -203,10 +205,11 @@ def linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr,
                 BK: tl.constexpr, BKM: tl.constexpr, BMW: tl.constexpr, BMP: tl.constexpr, BNW: tl.constexpr,
                 BNB: tl.constexpr, BKD: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
                 BATCH_STAGES: tl.constexpr, PREFILL_STAGES: tl.constexpr, BATCH_TMA: tl.constexpr,
-                PREFILL_TMA: tl.constexpr):
+                PREFILL_TMA: tl.constexpr, PREFILL_PARTS: tl.constexpr, PREFILL_SPLITS: tl.constexpr):
     """BK, BKM, BKD: the K chunk of the GEMV, of the dots over up to BM rows, of the [BMW, BNB] batched
     blocks and [BMP, BNW] prefill tiles; STAGES, BATCH_STAGES, PREFILL_STAGES: their pipelining depths;
-    BATCH_TMA, PREFILL_TMA: the batched blocks, the prefill tiles load through tensor descriptors."""
+    BATCH_TMA, PREFILL_TMA: the batched blocks, the prefill tiles load through tensor descriptors;
+    PREFILL_PARTS, PREFILL_SPLITS: the prefill tiles' split-K scratch in parts, and its splits (0: auto)."""
     num_rows = tl.where(word(desc, 15) == 1, num_seqs, num_tokens)
     if num_rows == 1:
         gemv_row(desc, tile, W, ACT, F32, BN, BK, STAGES)
@@ -215,9 +218,29 @@ def linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr,
     elif num_rows <= BMW:  # batched decode: BNB columns per dot, so that inputs are read no more than weights
         split_block(desc, tile, num_rows, W, ACT, F32, BMW, BNB, BKD, DOT_F32, BATCH_STAGES, BATCH_TMA)
     else:  # prefill: this task takes every num_tasks-th wide tile, row blocks innermost (weights shared in L2)
-        N = word(desc, 4)
+        K, N, part_off, ticket_off = word8(desc, 2), word(desc, 4), word(desc, 19), word(desc, 20)
         num_tasks = tl.cdiv(N, BN)
         row_blocks = tl.cdiv(num_rows, BMP)
-        for item in range(tile, row_blocks * tl.cdiv(N, BNW), num_tasks):
-            dot_block(desc, (item % row_blocks) * BMP, (item // row_blocks) * BNW, num_rows, W, ACT, F32,
-                      BMP, BNW, BKD, DOT_F32, PREFILL_STAGES, PREFILL_TMA)
+        tiles = row_blocks * tl.cdiv(N, BNW)
+        splits = prefill_splits(tiles, num_tasks, K, PREFILL_PARTS, ticket_off, PREFILL_SPLITS, BKD)
+        if splits == 1:
+            for item in range(tile, tiles, num_tasks):
+                dot_block(desc, (item % row_blocks) * BMP, (item // row_blocks) * BNW, num_rows, W, ACT, F32,
+                          BMP, BNW, BKD, DOT_F32, PREFILL_STAGES, PREFILL_TMA)
+        else:  # ... or its every num_tasks-th (tile, K split), splits of a tile side by side
+            chunk = tl.cdiv(tl.cdiv(K, splits), BKD) * BKD
+            for item in range(tile, tiles * splits, num_tasks):
+                m0 = (item % row_blocks) * BMP
+                split = item // row_blocks % splits
+                n0 = item // (row_blocks * splits) * BNW
+                k_lo = split * chunk
+                k_hi = tl.multiple_of(tl.minimum(K, k_lo + chunk), 8)  # both are: keeps the K mask vector-wide
+                acc = dot_product(desc, m0, n0, k_lo, k_hi, num_rows, W, ACT, BMP, BNW, BKD, DOT_F32,
+                                  PREFILL_STAGES, PREFILL_TMA)
+                last, base = store_split(F32, part_off, ticket_off, n0 // BNW * row_blocks + m0 // BMP, split,
+                                         splits, acc)
+                if last:  # the epilogue 16 rows at a time, up to the step's last row
+                    for r0 in range(0, tl.minimum(BMP, num_rows - m0), 16):
+                        rows = m0 + r0 + tl.arange(0, 16)
+                        linear_epilogue(desc, sum_split_rows(F32, base, splits, r0, BMP, BNW, 16), rows,
+                                        rows < num_rows, n0, W, ACT, F32)

@@ -132,9 +132,11 @@ def test_bad_requests_are_clear_errors(compiled):
         kernel.generate([[10**6]], SamplingParams(max_tokens=2))
 
 
-@pytest.mark.parametrize("qkv_block_m, wide_m, block_n, tma", [(16, 16, 64, ""), (32, 32, 16, ""),
-                                                              (16, 16, 64, "prefill"), (32, 32, 16, "batch")])
-def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_m, wide_m, block_n, tma):
+@pytest.mark.parametrize("qkv_block_m, wide_m, block_n, tma, prefill_splits", [
+    (16, 16, 64, "", 0), (32, 32, 16, "", 0), (16, 16, 64, "prefill", 0), (32, 32, 16, "batch", 0),
+    (16, 16, 16, "", 3), (16, 16, 16, "prefill", 2)])
+def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_m, wide_m, block_n, tma,
+                                                prefill_splits):
     """Decode steps split each QKV head's K range, each sequence's context and its greedy argmax over
     tasks; the last to finish merges the parts in order. The first step (31 prompt tokens; two prompts
     have attention blocks of prefill rows, which all of the group's tasks share) either takes
@@ -143,11 +145,14 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
     columns divide into blocks of 32 (each block's K over two tasks of 16 columns); the others' tasks own
     whole blocks (gate/up: 272 columns; the LM head). Tasks are taken from the ticket counter
     (dynamic_tasks), carried over from step to step. With `tma`, the wide tiles ("prefill") or the blocks of 32
-    columns ("batch") load through tensor descriptors (rows and columns past the ends read as zeros)."""
+    columns ("batch") load through tensor descriptors (rows and columns past the ends read as zeros). With
+    `prefill_splits`, the first step's wide tiles also split K (chunks of 16: with 3 splits, [0, 32),
+    [32, 64) and an empty one), the last split of each running the epilogue."""
     directory = checkpoint("tiny-qwen3")
     model = fp32_model(directory)
     # K = 64: QKV parts [0, 32), [32, 64), empty; contexts up to 11 tokens: attention parts of 16 keys
     config = dataclasses.replace(CONFIG, qkv_splits=3, block_k=16, attention_splits=3, block_kv=16,
+                                 prefill_splits=prefill_splits, block_k_dot=16 if prefill_splits else 64,
                                  sample_splits=3,  # greedy argmax over three vocabulary chunks
                                  max_tokens_per_step=32, wide_m=wide_m, prefill_m=wide_m, wide_n=32, batch_n=32,
                                  dynamic_tasks=True, qkv_block_m=qkv_block_m, block_n=block_n,

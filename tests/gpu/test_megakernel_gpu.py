@@ -101,13 +101,24 @@ def test_the_loads_off_by_default_on_gpu(tmp_path):
     check_against_reference("llama3-8b", 64, config, tmp_path)
 
 
-def check_against_reference(preset: str, batch: int, config: CompileConfig, tmp_path) -> None:
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_short_prompt_splits_k_on_gpu(tmp_path):
+    """A 128-token prompt gives the prefill step's projections fewer [64, 128] tiles than tasks (o_proj: 64
+    for 256), so their K ranges split over the tasks (`prefill_splits`)."""
+    check_against_reference("llama3-8b", 1, case_config(1), tmp_path, lengths=[128])
+
+
+def check_against_reference(preset: str, batch: int, config: CompileConfig, tmp_path,
+                            lengths: list[int] | None = None) -> None:
     model = resolve_model(preset)
     out = compile_model(model, config, tmp_path / "model.cubin", WeightsSource(seed=1)).path
     kernel = Megakernel.load(out, device="cuda", timeout_s=300)
     g = torch.Generator().manual_seed(batch)
-    prompts = [torch.randint(0, model.config.vocab_size, (int(n),), generator=g).tolist()
-               for n in torch.randint(3, 40, (batch,), generator=g)]
+    if lengths is None:  # prompts of 3 to 39 tokens
+        lengths = torch.randint(3, 40, (batch,), generator=g).tolist()
+    prompts = [torch.randint(0, model.config.vocab_size, (int(n),), generator=g).tolist() for n in lengths]
     kernel.generate(prompts, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
     assert_within_bf16_tolerance(kernel, model, prompts)
     out = kernel.generate(prompts, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
