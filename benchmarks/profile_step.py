@@ -27,7 +27,6 @@ def summarize(kernel: Megakernel) -> list[str]:
         groups[int(tasks[index, 3])].append(index)
     kinds = defaultdict(lambda: [0, 0, 0])  # busy ns, waiting ns, tasks
     lines = [f"step span {(t_end - t0) / 1e3:.1f} us over {int(ran.sum())} tasks"]
-    programs = kernel.kernel.grid[0]
     rows, last_end = [], t0
     for event, members in sorted(groups.items()):
         t = times[members]
@@ -36,11 +35,10 @@ def summarize(kernel: Megakernel) -> list[str]:
         kinds[kind][0] += busy
         kinds[kind][1] += waiting
         kinds[kind][2] += len(members)
-        # each program's last end in the group (task i runs on program i % programs): how far the slowest
-        # program trails the median one
+        # each program's last end in the group: how far the slowest program trails the median one
         ends: dict[int, int] = {}
-        for index, end in zip(members, t[:, 2].tolist()):
-            ends[index % programs] = max(ends.get(index % programs, 0), int(end))
+        for program, end in zip(t[:, 3].tolist(), t[:, 2].tolist()):
+            ends[program] = max(ends.get(program, 0), int(end))
         finish = sorted(ends.values())
         end = int(t[:, 2].max())
         rows.append((kernel.manifest["events"][event], len(members), (int(t[:, 0].min()) - t0) / 1e3,

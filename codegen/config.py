@@ -69,10 +69,11 @@ class CompileConfig:
     # 396, target_programs 396): b1 8.31 ms against 7.06, b64 13.89 against 12.38, TTFT 512 23.77 against 23.33
     programs_per_sm: int = 2
     max_registers: int = 0
-    # programs take the next task from one ticket counter instead of task i on program i % P: slower on the
-    # H100, with acquire-release tickets (b1 7.22 -> 8.46 ms, b8 9.38 -> 12.72) and relaxed ones alike (b1
-    # 7.02 -> 8.24, b8 8.31 -> 11.30, b64 12.42 -> 14.47); likely because a group of one wave's tasks can
-    # land two to an SM while other SMs idle, where i % P spreads them
+    # programs take every task from one ticket counter instead of the launch's schedule (a group's first wave
+    # on programs i % P, the rest claimed by whichever program is done first: codegen/tasks.py, `schedule`):
+    # slower on the H100, with acquire-release tickets (b1 7.22 -> 8.46 ms, b8 9.38 -> 12.72) and relaxed
+    # ones alike (b1 7.02 -> 8.24, b8 8.31 -> 11.30, b64 12.42 -> 14.47); likely because a group of one
+    # wave's tasks can land two to an SM while other SMs idle, where i % P spreads them
     dynamic_tasks: bool = False
     prefetch_kb: int = 32  # weights each projection/QKV task asks L2 for before waiting on its inputs
     # ... and each task of a projection of attention's output: attention reads little (a decode step's keys

@@ -3,7 +3,8 @@
 A task is (kind, descriptor row, tile, the event it signals, up to three waits, an L2 prefetch). A wait
 (event, count, lag) is satisfied in step s when `events[event] >= count * (s + 1 - lag)`: counters only
 grow, so nothing is reset between steps. The prefetch names weights the task will stream whatever its
-inputs are: the kernel asks for them before waiting, so they arrive while the producers finish.
+inputs are: the kernel asks for them before waiting, so they arrive while the producers finish. Which
+program runs which task is the launch's: `schedule` fills the last words of each row for its grid.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-TASK_WORDS = 17  # kind, desc, tile, signal, 3 x (event, count, lag), 4 prefetch words
+TASK_WORDS = 21  # kind, desc, tile, signal, 3 x (event, count, lag), 4 prefetch words, 4 schedule words
+NEXT, CLAIM, GROUP_START, GROUP_SIZE = 17, 18, 19, 20  # the schedule words (see `schedule`)
 DESC_WORDS = 24
 MAX_WAITS = 3
 
@@ -117,8 +119,44 @@ class TaskGraph:
         for t in self.tasks:
             waits = [w for wait in t.waits for w in (wait.event, wait.count, wait.lag)]
             waits += [-1, 0, 0] * (MAX_WAITS - len(t.waits))
-            rows.append([int(t.kind), t.desc, t.tile, t.signal, *waits, *t.prefetch.words()])
+            rows.append([int(t.kind), t.desc, t.tile, t.signal, *waits, *t.prefetch.words(), -1, -1, 0, 0])
         return torch.tensor(rows, dtype=torch.int64)
 
     def desc_table(self) -> torch.Tensor:
         return torch.tensor(self.descs or [[0] * DESC_WORDS], dtype=torch.int64)
+
+
+def schedule(table: torch.Tensor, num_events: int, programs: int) -> tuple[torch.Tensor, int]:
+    """The task table of a launch on `programs` programs, [num_tasks + programs, TASK_WORDS], and the number
+    of claim counters it uses (events past the `num_events` of the graph).
+
+    The first `programs` tasks of each group (a run of tasks that signal one event) are static: task t runs
+    on program t % programs, each program taking its static tasks in order (NEXT: the index of its next one,
+    num_tasks after its last; row num_tasks + p holds program p's first). A group of more tasks hands out
+    the rest at run time: a program done with one of the group's tasks takes the next from the group's claim
+    counter (CLAIM, an index into the events past the graph's; -1 where the group fits one wave), so that a
+    slow SM runs fewer of them than a fast one instead of making the whole group wait on its last round.
+    GROUP_START and GROUP_SIZE: the group's first task and its number of tasks."""
+    num_tasks = table.shape[0]
+    nexts, claims = [num_tasks] * (num_tasks + programs), [-1] * (num_tasks + programs)
+    starts, sizes = [0] * (num_tasks + programs), [0] * (num_tasks + programs)
+    signals = table[:, 3].tolist()
+    last = list(range(num_tasks, num_tasks + programs))  # the row whose NEXT is each program's next static task
+    counters, start = 0, 0
+    while start < num_tasks:
+        end = start + 1
+        while end < num_tasks and signals[end] == signals[start]:
+            end += 1
+        starts[start:end], sizes[start:end] = [start] * (end - start), [end - start] * (end - start)
+        if end - start > programs:
+            claims[start:end] = [num_events + counters] * (end - start)
+            counters += 1
+        for t in range(start, min(end, start + programs)):
+            nexts[last[t % programs]] = t
+            last[t % programs] = t
+        start = end
+    out = torch.zeros(num_tasks + programs, TASK_WORDS, dtype=torch.int64)
+    out[:num_tasks, :NEXT] = table[:, :NEXT]
+    out[:, NEXT], out[:, CLAIM] = torch.tensor(nexts), torch.tensor(claims)
+    out[:, GROUP_START], out[:, GROUP_SIZE] = torch.tensor(starts), torch.tensor(sizes)
+    return out, counters

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 
 import torch
 
+from codegen.tasks import schedule as task_schedule
 from ir.ops.attention import rope_cos_sin
 from runtime.artifact import Artifact, import_source
 from runtime.checkpoint import CheckpointIndex
@@ -68,7 +69,6 @@ class Megakernel:
         self.act = torch.zeros(max(sizes["ACT"], 1), dtype=self.dtype, device=self.device)
         self.f32 = torch.zeros(sizes["F32"], dtype=torch.float32, device=self.device)
         self.i32 = torch.zeros(sizes["I32"], dtype=torch.int32, device=self.device)
-        self.events = torch.zeros(len(self.manifest["events"]), dtype=torch.int32, device=self.device)
         self.tasks = artifact.tables["tasks"].to(self.device)
         self.descs = artifact.tables["descs"].to(self.device)
         for name, inv_freq in artifact.tables.items():  # each position's rotary cos and sin, as HF's
@@ -80,8 +80,13 @@ class Megakernel:
                 self.f32[offset:offset + table.numel()] = table
         self.kv = torch.zeros(0, dtype=self.dtype, device=self.device)
         is_profiled = getattr(self.config, "profile", False)
-        self.profile = torch.zeros(self.tasks.shape[0] * 3 if is_profiled else 1, dtype=torch.int64, device=self.device)
+        self.profile = torch.zeros(self.tasks.shape[0] * 4 if is_profiled else 1, dtype=torch.int64, device=self.device)
         self.kernel, self.grid = self._load_kernel()
+        # which program runs which task, for this launch's grid; the groups' claim counters follow the events
+        programs = (self.grid or self.kernel.grid)[0]
+        schedule, counters = task_schedule(artifact.tables["tasks"], len(self.manifest["events"]), programs)
+        self.schedule = schedule.to(self.device)
+        self.events = torch.zeros(len(self.manifest["events"]) + counters, dtype=torch.int32, device=self.device)
 
     @classmethod
     def load(cls, path: Path, device: str | torch.device | None = None, checkpoint_dir: Path | None = None,
@@ -215,7 +220,7 @@ class Megakernel:
             self.kv = torch.zeros(needed, dtype=self.dtype, device=self.device)
 
     def _args(self, max_steps: int) -> tuple:
-        return (self.tasks, self.descs, self.weights, self.act, self.f32, self.i32, self.kv, self.events,
+        return (self.schedule, self.descs, self.weights, self.act, self.f32, self.i32, self.kv, self.events,
                 self.profile, self.kv_plane, self.tasks.shape[0], max_steps)
 
     def _launch(self, max_steps: int) -> None:
@@ -244,9 +249,9 @@ class Megakernel:
                             f"reached {seen} of {target}")
 
     def task_profile(self) -> torch.Tensor:
-        """[num_tasks, 3] global-timer ns (start, waits done, signalled) of each task in the profiled step
-        (compiled with `profile`); zeros for tasks that did not run then."""
-        return self.profile.view(-1, 3).cpu()
+        """[num_tasks, 4]: global-timer ns (start, waits done, signalled) of each task in the profiled step
+        (compiled with `profile`), and the program that ran it; zeros for tasks that did not run then."""
+        return self.profile.view(-1, 4).cpu()
 
     def last_logits(self, num_rows: int) -> torch.Tensor:
         """The fp32 logits [num_rows, vocab] of the last step's sequences (for checks against the reference)."""

@@ -113,13 +113,16 @@ def test_sampling_on_the_kernel_is_seeded_and_top_k_one_is_greedy(compiled):
 
 def test_a_wait_that_is_never_satisfied_is_reported_as_a_hang(compiled):
     kernel, _ = compiled("tiny-phi")
-    saved = kernel.tasks.clone()
-    kernel.tasks[5, 4:7] = torch.tensor([kernel.tasks[5, 3], 1000, 0])  # a count its group never reaches
+    launch = kernel.schedule  # the launch's task table (a group's tasks share their waits)
+    saved = launch.clone()
+    group = torch.nonzero(launch[:kernel.tasks.shape[0], 3] == launch[5, 3]).flatten()
+    launch[group, 4:7] = torch.tensor([launch[5, 3], 1000, 0])  # a count the group's own event never reaches
     try:
-        with pytest.raises(HangError, match=r"step 0, task 5 waited on event \d+ \(.*\): reached \d+ of 1000"):
+        with pytest.raises(HangError, match=rf"step 0, task {int(group[0])} waited on event \d+ \(.*\): "
+                                            r"reached \d+ of 1000"):
             kernel.generate(PROMPTS[:1], SamplingParams(max_tokens=2, temperature=0))
     finally:
-        kernel.tasks.copy_(saved)
+        launch.copy_(saved)
 
 
 def test_bad_requests_are_clear_errors(compiled):

@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 import pytest
+import torch
 
 from blinkc.compile_model import build_graph
 from codegen.check import ScheduleError, check_schedule
@@ -14,7 +15,7 @@ from codegen.config import CompileConfig
 from codegen.layout import ALIGN, Layout
 from codegen.lower import lower
 from codegen.render import BODY_MODULES, KERNEL_NAME, render_kernel
-from codegen.tasks import Kind, Task, TaskGraph, Wait
+from codegen.tasks import CLAIM, GROUP_SIZE, GROUP_START, NEXT, TASK_WORDS, Kind, Task, TaskGraph, Wait, schedule
 from ir.passes.pipeline import PIPELINE, run_pipeline
 from models.registry import resolve_model
 from models.trace import trace_model
@@ -219,11 +220,35 @@ def test_task_bodies_defining_one_name_twice_are_rejected(tmp_path, monkeypatch)
         render.inline_bodies()
 
 
+# -- which program runs which task ---------------------------------------------------------------------------
+def test_a_launch_runs_each_groups_first_wave_statically_and_claims_the_rest():
+    """Groups of 3, 1, 5 and 1 tasks on 2 programs: task t of a group's first two on program t % 2, in order;
+    the 3rd task of the first group and the last 3 of the third are claimed at run time, each group from its
+    own counter past the graph's 4 events."""
+    table = torch.zeros(10, TASK_WORDS, dtype=torch.int64)
+    table[:, 3] = torch.tensor([0, 0, 0, 1, 2, 2, 2, 2, 2, 3])
+    launch, counters = schedule(table, num_events=4, programs=2)
+    assert counters == 2 and launch.shape == (12, TASK_WORDS)
+    assert torch.equal(launch[:10, :NEXT], table[:, :NEXT])
+
+    def chain(program):
+        t, order = int(launch[10 + program, NEXT]), []
+        while t < 10:
+            order.append(t)
+            t = int(launch[t, NEXT])
+        return order
+
+    assert chain(0) == [0, 4] and chain(1) == [1, 3, 5, 9]
+    assert launch[:10, CLAIM].tolist() == [4, 4, 4, -1, 5, 5, 5, 5, 5, -1]
+    assert launch[:10, GROUP_START].tolist() == [0, 0, 0, 3, 4, 4, 4, 4, 4, 9]
+    assert launch[:10, GROUP_SIZE].tolist() == [3, 3, 3, 1, 5, 5, 5, 5, 5, 1]
+
+
 # -- prefetch and splits -----------------------------------------------------------------------------------
 def test_projection_tasks_prefetch_the_first_chunks_of_their_own_weight_rows():
     lw = _lowered("tiny-llama")
     table = lw.tasks.task_table()
-    assert table.shape[1] == 17
+    assert table.shape[1] == TASK_WORDS
     (up,) = [n for n in lw.graph.nodes if n.op == "fused_linear" and "layers.0.mlp.gate_up" in n.inputs[1].name]
     w = up.inputs[1]
     n, k, bn, size = w.shape[0], w.shape[1], CONFIG.block_n, w.dtype.itemsize
@@ -235,7 +260,7 @@ def test_projection_tasks_prefetch_the_first_chunks_of_their_own_weight_rows():
         first_row = task.tile * bn
         assert (p.offset, p.stride, p.rows) == (lw.weight(w) + first_row * k, k * size, min(bn, n - first_row))
         assert 16 <= p.row_bytes <= k * size and p.row_bytes % 16 == 0 and p.rows * p.row_bytes <= 32 << 10
-        assert table[i, 13:].tolist() == [p.offset, p.stride, p.rows, p.row_bytes]
+        assert table[i, 13:NEXT].tolist() == [p.offset, p.stride, p.rows, p.row_bytes]
     # attention reads pages the planner assigns at run time: nothing to prefetch
     assert all(t.prefetch.rows == 0 for t in lw.tasks.tasks if t.kind == Kind.ATTENTION)
 
