@@ -136,6 +136,7 @@ def schedule(table: torch.Tensor, num_events: int, programs: int) -> tuple[torch
     the rest at run time: a program done with one of the group's tasks takes the next from the group's claim
     counter (CLAIM, an index into the events past the graph's; -1 where the group fits one wave), so that a
     slow SM runs fewer of them than a fast one instead of making the whole group wait on its last round.
+    A claimed task is known by its place in the group (its tile: `TaskGraph.add_group` numbers them so).
     GROUP_START and GROUP_SIZE: the group's first task and its number of tasks."""
     num_tasks = table.shape[0]
     nexts, claims = [num_tasks] * (num_tasks + programs), [-1] * (num_tasks + programs)
@@ -149,6 +150,8 @@ def schedule(table: torch.Tensor, num_events: int, programs: int) -> tuple[torch
             end += 1
         starts[start:end], sizes[start:end] = [start] * (end - start), [end - start] * (end - start)
         if end - start > programs:
+            if table[start:end, 2].tolist() != list(range(end - start)):
+                raise ValueError(f"the tasks of group {signals[start]} are not numbered by their place in it")
             claims[start:end] = [num_events + counters] * (end - start)
             counters += 1
         for t in range(start, min(end, start + programs)):

@@ -226,6 +226,7 @@ def test_a_launch_runs_each_groups_first_wave_statically_and_claims_the_rest():
     the 3rd task of the first group and the last 3 of the third are claimed at run time, each group from its
     own counter past the graph's 4 events."""
     table = torch.zeros(10, TASK_WORDS, dtype=torch.int64)
+    table[:, 2] = torch.tensor([0, 1, 2, 0, 0, 1, 2, 3, 4, 0])  # tiles: each task's place in its group
     table[:, 3] = torch.tensor([0, 0, 0, 1, 2, 2, 2, 2, 2, 3])
     launch, counters = schedule(table, num_events=4, programs=2)
     assert counters == 2 and launch.shape == (12, TASK_WORDS)
@@ -242,6 +243,9 @@ def test_a_launch_runs_each_groups_first_wave_statically_and_claims_the_rest():
     assert launch[:10, CLAIM].tolist() == [4, 4, 4, -1, 5, 5, 5, 5, 5, -1]
     assert launch[:10, GROUP_START].tolist() == [0, 0, 0, 3, 4, 4, 4, 4, 4, 9]
     assert launch[:10, GROUP_SIZE].tolist() == [3, 3, 3, 1, 5, 5, 5, 5, 5, 1]
+    table[6, 2] = 7  # a claimed task is known by its place in the group
+    with pytest.raises(ValueError, match="not numbered by their place"):
+        schedule(table, num_events=4, programs=2)
 
 
 # -- prefetch and splits -----------------------------------------------------------------------------------
