@@ -42,9 +42,10 @@ class CompileConfig:
     num_stages: int = 3
     batch_stages: int = 6
     prefill_stages: int = 3
-    # ... and of attention's key loop (3: 7.08 / 15.78 ms at b1 / b64 against 7.00 / 15.76, once the
-    # launch stopped giving up L1 past 48 KB of shared memory, runtime/cuda_driver.py)
-    attention_stages: int = 2
+    # ... and of attention's key loop. H100, with claimed tasks (one call): 3 / 2 stages b1 6.77 / 6.75 ms,
+    # b8 7.94 / 7.94, b64 10.93 / 11.18, TTFT 512 23.05 / 23.21, 2048 84.11 / 84.43 (before them, session 5:
+    # b1 7.08 / 7.00, b64 15.78 / 15.76)
+    attention_stages: int = 3
     # ... and of the loop that merges a decode's context splits, a query row an iteration (every split of the
     # row in one load). H100, b1 at 512 / 4096 tokens of context: 1 / 4 stages 6.90 / 7.02, 7.33 / 7.46 ms
     merge_stages: int = 1
