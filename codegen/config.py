@@ -44,7 +44,8 @@ class CompileConfig:
     prefill_stages: int = 3
     # ... and of attention's key loop. H100, with claimed tasks (one call): 3 / 2 stages b1 6.77 / 6.75 ms,
     # b8 7.94 / 7.94, b64 10.93 / 11.18, TTFT 512 23.05 / 23.21, 2048 84.11 / 84.43 (before them, session 5:
-    # b1 7.08 / 7.00, b64 15.78 / 15.76)
+    # b1 7.08 / 7.00, b64 15.78 / 15.76). With the page ids read an iteration ahead (keys and values then
+    # double-buffered), 3 / 4 stages: b1 6.71 / 6.96, b64 10.56 / 11.10 (4: 82 KB of shared memory a program)
     attention_stages: int = 3
     # ... and of the loop that merges a decode's context splits, a query row an iteration (every split of the
     # row in one load). H100, b1 at 512 / 4096 tokens of context: 1 / 4 stages 6.90 / 7.02, 7.33 / 7.46 ms

@@ -24,11 +24,17 @@ def attend(q, q_pos, j_lo, j_hi, pages, k_base, v_base, row_stride, d, d_ok, sca
     m_i = tl.full((q.shape[0],), NEG, tl.float32)
     l_i = tl.zeros((q.shape[0],), tl.float32)
     acc = tl.zeros(q.shape, tl.float32)
+    # each block's page ids are read an iteration ahead, so that its keys' and values' addresses do not
+    # come from a load of the same iteration. Read in the iteration, the pipeliner spent a stage on them and
+    # gave keys and values one buffer: every block waited for its own loads in full (sm_90 TTGIR, 3 stages).
+    # Now they get STAGES - 1 buffers: the next block's loads are in flight while this one's dots run
+    first = j_lo + tl.arange(0, BKV)
+    page = tl.load(pages + first // PAGE_SIZE, mask=first < j_hi, other=0)
     for j0 in tl.range(j_lo, j_hi, BKV, num_stages=STAGES):
         j = j0 + tl.arange(0, BKV)
         j_ok = j < j_hi
-        page = tl.load(pages + j // PAGE_SIZE, mask=j_ok, other=0).to(tl.int64)
-        slot = page * PAGE_SIZE + j % PAGE_SIZE
+        slot = page.to(tl.int64) * PAGE_SIZE + j % PAGE_SIZE
+        page = tl.load(pages + (j + BKV) // PAGE_SIZE, mask=j + BKV < j_hi, other=0)
         kv_mask = j_ok[:, None] & d_ok[None, :]
         k = tl.load(k_base + slot[:, None] * row_stride + d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_base + slot[:, None] * row_stride + d[None, :], mask=kv_mask, other=0.0)
