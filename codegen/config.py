@@ -14,7 +14,9 @@ class CompileConfig:
     interpret: bool = False  # Triton interpreter on CPU: grid of one program, fp32 dot operands
     num_warps: int = 4
     block_n: int = 16  # output columns per projection tile
-    block_k: int = 512
+    # input columns per chunk of the batch-1 GEMV (two chunks in flight). H100, b1 ctx512, two runs: 512 / 1024
+    # 6.71 / 6.61 ms, 6.78 / 6.63 (2 KB of each weight row a load instead of 1 KB)
+    block_k: int = 1024
     expert_block_n: int = 64  # output columns per MoE expert tile (most expert slots are idle at decode)
     # input columns per chunk of an expert tile's K loop, and its pipelining depth. Qwen3-30B-A3B on the
     # H100: b1 7.67 ms at (64, 3), 7.66 at (128, 3), 7.45 at (64, 4); b8 19.38 at (64, 3), 19.39 at (128, 4)
