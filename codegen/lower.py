@@ -393,14 +393,19 @@ def _paged_attention(lw: Lowering, node: Node) -> None:
     layer = int(cache.name.rsplit(".", 1)[1]) if cache.name else _layer_of(lw, cache)
     splits = attention_splits(lw.config, a["num_kv_heads"])
     lw.constants["ATTENTION_SPLITS_MAX"] = max(lw.constants.get("ATTENTION_SPLITS_MAX", 1), splits)
+    # a decode step's tasks are (sequence, KV head, split); a prefill step's blocks are shared by every task of
+    # the group, so it has at least one a program: the tasks past the decode ones only prefill (batch 1 has
+    # 128 decode tasks; a 512-token prompt's 256 blocks then ran two to a task on half the programs), and in
+    # a step that only decodes they signal without waiting
+    decode_tasks = lw.config.max_batch * a["num_kv_heads"] * splits
+    num_tasks = max(decode_tasks, 1 if lw.config.interpret else lw.config.target_programs)
     desc = lw.tasks.add_desc(ATTENTION_FIELDS, dict(
         q_off=lw.act(q), out_off=lw.act(node.output), num_heads=a["num_heads"], num_kv_heads=a["num_kv_heads"],
         head_dim=a["head_dim"], layer=layer, scale=float(a["scale"]), splits=splits,
         part_off=lw.layout.offset("attention_parts"), ticket_off=lw.layout.offset(f"tickets:v{node.output.id}"),
-        num_tasks=lw.config.max_batch * a["num_kv_heads"] * splits))
-    num_tiles = lw.config.max_batch * a["num_kv_heads"] * splits
-    lw.ready[node.output.id] = lw.tasks.add_group(Kind.ATTENTION, desc, num_tiles, f"attention.{layer}",
-                                                  lw.waits(q, cache))
+        num_tasks=num_tasks))
+    lw.ready[node.output.id] = lw.tasks.add_group(Kind.ATTENTION, desc, num_tasks, f"attention.{layer}",
+                                                  lw.waits(q, cache), prefill_only_from=decode_tasks)
 
 
 def _layer_of(lw: Lowering, cache: Value) -> int:

@@ -14,7 +14,7 @@ import triton
 from codegen.kernel_abi import KERNEL_NAME
 from codegen.layout import CONTROL_FIELDS, STEP_LOG, STEP_REGIONS
 from codegen.lower import Lowering, qkv_block_k, sample_splits
-from codegen.tasks import CLAIM, DESC_WORDS, GROUP_SIZE, GROUP_START, MAX_WAITS, NEXT, TASK_WORDS, Kind
+from codegen.tasks import CLAIM, DESC_WORDS, GROUP_SIZE, GROUP_START, MAX_WAITS, NEXT, PREFILL_ONLY, TASK_WORDS, Kind
 
 TEMPLATES = Path(__file__).parent / "templates"
 # (token, slot) pairs per iteration of the MoE grouping, each against every expert: [32, experts] tiles.
@@ -106,6 +106,7 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
         prefetch=not cfg.interpret,  # inline PTX: the interpreter cannot run it
         timer=not cfg.interpret,  # the global timer is inline PTX too: GPU builds log each step's start
         step_log=STEP_LOG, dynamic=cfg.dynamic_tasks, tickets_word=CONTROL_FIELDS.index("task_tickets"),
-        words=SimpleNamespace(next=NEXT, claim=CLAIM, group_start=GROUP_START, group_size=GROUP_SIZE),
+        words=SimpleNamespace(next=NEXT, claim=CLAIM, group_start=GROUP_START, group_size=GROUP_SIZE,
+                              prefill_only=PREFILL_ONLY),
     )
     return env.get_template("megakernel.py.j2").render(**context)

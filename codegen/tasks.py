@@ -1,6 +1,8 @@
 """The task graph: descriptors, tasks and events, encoded as the int64 tables the megakernel reads.
 
-A task is (kind, descriptor row, tile, the event it signals, up to three waits, an L2 prefetch). A wait
+A task is (kind, descriptor row, tile, the event it signals, up to three waits, an L2 prefetch, whether it has
+work only in steps that prefill: one that does not neither waits nor runs in a step that only decodes, it
+signals at once). A wait
 (event, count, lag) is satisfied in step s when `events[event] >= count * (s + 1 - lag)`: counters only
 grow, so nothing is reset between steps. The prefetch names weights the task will stream whatever its
 inputs are: the kernel asks for them before waiting, so they arrive while the producers finish. Which
@@ -15,8 +17,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-TASK_WORDS = 21  # kind, desc, tile, signal, 3 x (event, count, lag), 4 prefetch words, 4 schedule words
-NEXT, CLAIM, GROUP_START, GROUP_SIZE = 17, 18, 19, 20  # the schedule words (see `schedule`)
+TASK_WORDS = 22  # kind, desc, tile, signal, 3 x (event, count, lag), 4 prefetch words, prefill only, 4 schedule
+PREFILL_ONLY = 17
+NEXT, CLAIM, GROUP_START, GROUP_SIZE = 18, 19, 20, 21  # the schedule words (see `schedule`)
 DESC_WORDS = 24
 MAX_WAITS = 3
 
@@ -62,6 +65,7 @@ class Task:
     signal: int
     waits: tuple[Wait, ...] = ()
     prefetch: Prefetch = Prefetch()
+    prefill_only: bool = False
 
 
 def float_word(x: float) -> int:
@@ -91,14 +95,15 @@ class TaskGraph:
         return len(self.descs) - 1
 
     def add_group(self, kind: Kind, desc: int, num_tiles: int, name: str, waits: tuple[Wait, ...],
-                  prefetch: Callable[[int], Prefetch] | None = None) -> Wait:
-        """`num_tiles` tasks that all signal one new event; returns the wait that covers them."""
+                  prefetch: Callable[[int], Prefetch] | None = None, prefill_only_from: int | None = None) -> Wait:
+        """`num_tiles` tasks that all signal one new event (those from tile `prefill_only_from` on have work
+        only in steps that prefill); returns the wait that covers them."""
         if len(waits) > MAX_WAITS:
             raise ValueError(f"{name}: {len(waits)} waits, at most {MAX_WAITS}")
         event = self.new_event(name)
         self.event_waits[event] = waits
-        self.tasks += [Task(kind, desc, tile, event, waits, prefetch(tile) if prefetch else Prefetch())
-                       for tile in range(num_tiles)]
+        self.tasks += [Task(kind, desc, tile, event, waits, prefetch(tile) if prefetch else Prefetch(),
+                            prefill_only_from is not None and tile >= prefill_only_from) for tile in range(num_tiles)]
         return Wait(event, num_tiles)
 
     def follows(self, waits: tuple[Wait, ...], event: int) -> bool:
@@ -119,7 +124,8 @@ class TaskGraph:
         for t in self.tasks:
             waits = [w for wait in t.waits for w in (wait.event, wait.count, wait.lag)]
             waits += [-1, 0, 0] * (MAX_WAITS - len(t.waits))
-            rows.append([int(t.kind), t.desc, t.tile, t.signal, *waits, *t.prefetch.words(), -1, -1, 0, 0])
+            rows.append([int(t.kind), t.desc, t.tile, t.signal, *waits, *t.prefetch.words(), int(t.prefill_only),
+                         -1, -1, 0, 0])
         return torch.tensor(rows, dtype=torch.int64)
 
     def desc_table(self) -> torch.Tensor:

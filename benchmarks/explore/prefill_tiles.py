@@ -5,7 +5,7 @@ SM, TMA descriptors made in the kernel), not part of it. Each variant is a stand
 takes every P-th tile, row blocks innermost. Prints TFLOP/s per shape next to cuBLAS (torch.matmul) in the
 same run. GPU only:
 
-    python -m benchmarks.explore.prefill_tiles [--tokens 512,2048]
+    python -m benchmarks.explore.prefill_tiles [--tokens 512,2048] [--variants 128x128x64/3/4/2,64x128x64/3/4/2]
 """
 from __future__ import annotations
 
@@ -55,12 +55,16 @@ def time_ms(fn, reps: int = 10) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", default="512,2048")
+    parser.add_argument("--variants", help="BMxBNxBK/stages/warps/programs an SM, comma-separated (default: the "
+                                           "module's list)")
     args = parser.parse_args()
+    variants = VARIANTS if not args.variants else [
+        tuple(int(v) for v in spec.replace("x", "/").split("/")) for spec in args.variants.split(",")]
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{torch.cuda.get_device_name(0)}, {sms} SMs, Triton {triton.__version__}")
     print("tokens | shape | cuBLAS TFLOP/s | " + " | ".join(
-        f"{bm}x{bn}x{bk} s{s} w{w} {p}/SM" for bm, bn, bk, s, w, p in VARIANTS))
+        f"{bm}x{bn}x{bk} s{s} w{w} {p}/SM" for bm, bn, bk, s, w, p in variants))
     for tokens in (int(t) for t in args.tokens.split(",")):
         for name, n, k in SHAPES:
             x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
@@ -68,7 +72,7 @@ def main() -> None:
             flop = 2 * tokens * n * k
             ref = x @ w.T
             cells = [f"{flop / time_ms(lambda: x @ w.T) / 1e9:.0f}"]
-            for bm, bn, bk, stages, warps, per_sm in VARIANTS:
+            for bm, bn, bk, stages, warps, per_sm in variants:
                 out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
 
                 def run():

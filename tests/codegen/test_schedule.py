@@ -15,7 +15,8 @@ from codegen.config import CompileConfig
 from codegen.layout import ALIGN, Layout
 from codegen.lower import lower
 from codegen.render import BODY_MODULES, KERNEL_NAME, render_kernel
-from codegen.tasks import CLAIM, GROUP_SIZE, GROUP_START, NEXT, TASK_WORDS, Kind, Task, TaskGraph, Wait, schedule
+from codegen.tasks import (CLAIM, GROUP_SIZE, GROUP_START, NEXT, PREFILL_ONLY, TASK_WORDS, Kind, Task, TaskGraph, Wait,
+                           schedule)
 from ir.passes.pipeline import PIPELINE, run_pipeline
 from models.registry import resolve_model
 from models.trace import trace_model
@@ -264,7 +265,7 @@ def test_projection_tasks_prefetch_the_first_chunks_of_their_own_weight_rows():
         first_row = task.tile * bn
         assert (p.offset, p.stride, p.rows) == (lw.weight(w) + first_row * k, k * size, min(bn, n - first_row))
         assert 16 <= p.row_bytes <= k * size and p.row_bytes % 16 == 0 and p.rows * p.row_bytes <= 32 << 10
-        assert table[i, 13:NEXT].tolist() == [p.offset, p.stride, p.rows, p.row_bytes]
+        assert table[i, 13:PREFILL_ONLY].tolist() == [p.offset, p.stride, p.rows, p.row_bytes]
     # attention reads pages the planner assigns at run time: nothing to prefetch
     assert all(t.prefetch.rows == 0 for t in lw.tasks.tasks if t.kind == Kind.ATTENTION)
 
@@ -298,6 +299,19 @@ def test_attention_splits_aim_at_about_256_tasks_per_layer(max_batch, kv_heads, 
 
     config = CompileConfig(max_batch=max_batch, max_model_len=max_len, max_tokens_per_step=256)
     assert attention_splits(config, kv_heads) == expected
+
+
+def test_a_prefill_has_an_attention_task_a_program_and_those_past_the_decode_ones_only_prefill():
+    from codegen.lower import attention_splits
+
+    config = dataclasses.replace(CONFIG, interpret=False, target_programs=40)
+    lw = lower(build_graph(resolve_model("tiny-llama"), config), config)
+    first = next(t for t in lw.tasks.tasks if t.kind == Kind.ATTENTION)
+    rows = [i for i, t in enumerate(lw.tasks.tasks) if t.signal == first.signal]
+    decode = config.max_batch * 2 * attention_splits(config, 2)  # sequences x KV heads x splits: 6
+    assert len(rows) == 40 and lw.tasks.task_table()[rows, PREFILL_ONLY].tolist() == [0] * decode + [1] * (40 - decode)
+    # the interpreter's grid is one program: no task only prefills
+    assert not any(t.prefill_only for t in _lowered("tiny-llama").tasks.tasks)
 
 
 def test_batched_projections_split_blocks_that_divide_and_are_few():
