@@ -1,12 +1,11 @@
 """The task graph: descriptors, tasks and events, encoded as the int64 tables the megakernel reads.
 
 A task is (kind, descriptor row, tile, the event it signals, up to three waits, an L2 prefetch, whether it has
-work only in steps that prefill: one that does not neither waits nor runs in a step that only decodes, it
-signals at once). A wait
-(event, count, lag) is satisfied in step s when `events[event] >= count * (s + 1 - lag)`: counters only
-grow, so nothing is reset between steps. The prefetch names weights the task will stream whatever its
-inputs are: the kernel asks for them before waiting, so they arrive while the producers finish. Which
-program runs which task is the launch's: `schedule` fills the last words of each row for its grid.
+work only in steps that prefill: such a task neither waits nor runs in a step that only decodes, it signals at
+once). A wait (event, count, lag) is satisfied in step s when `events[event] >= count * (s + 1 - lag)`:
+counters only grow, so nothing is reset between steps. The prefetch names weights the task will stream
+whatever its inputs are: the kernel asks for them before waiting, so they arrive while the producers finish.
+Which program runs which task is the launch's: `schedule` fills the last words of each row for its grid.
 """
 from __future__ import annotations
 
