@@ -138,27 +138,29 @@ def _build_into(entry: Path, model: ResolvedModel, config: CompileConfig, dtype:
     progress(f"lowered to {len(lw.tasks.tasks)} tasks in {len(lw.tasks.event_names)} groups; schedule checked")
     entry.parent.mkdir(parents=True, exist_ok=True)  # a build of its own: others of the same key may run beside
     tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".", suffix=".tmp", dir=entry.parent))
-    (tmp / "model.cubin.py").write_text(source)
-    kernel_meta, cubin = {"triton_metadata": None, "resources": None}, None
-    if not config.interpret:
-        progress(f"compiling for sm_{arch} with Triton {version('triton')} (ptxas)...")
-        cubin, metadata = compile_cubin(tmp / "model.cubin.py", model_dtype, arch, config.num_warps,
-                                       config.max_registers)
-        (tmp / "model.cubin").write_bytes(cubin)
-        triton_metadata = json.loads(json.dumps(metadata, default=vars))
-        # the cubin lists only its static shared memory; a program also takes Triton's dynamic allocation
-        used = resource_usage(tmp / "model.cubin")
-        used = dataclasses.replace(used, shared_bytes=used.shared_bytes + triton_metadata["shared"])
-        kernel_meta = {"triton_metadata": triton_metadata, "resources": dataclasses.asdict(used)}
-    manifest = _manifest(model, config, lw, graph, kernel_meta, model_dtype, source)
-    Artifact(manifest, _tables(lw), tmp / "model.cubin.py", None).save(tmp / "model.cubin", cubin)
-    shutil.rmtree(entry, ignore_errors=True)  # what a build that stopped halfway left
     try:
-        tmp.rename(entry)
-    except OSError:  # a build of the same key beside this one got there first: the same artifact
+        (tmp / "model.cubin.py").write_text(source)
+        kernel_meta, cubin = {"triton_metadata": None, "resources": None}, None
+        if not config.interpret:
+            progress(f"compiling for sm_{arch} with Triton {version('triton')} (ptxas)...")
+            cubin, metadata = compile_cubin(tmp / "model.cubin.py", model_dtype, arch, config.num_warps,
+                                           config.max_registers)
+            (tmp / "model.cubin").write_bytes(cubin)
+            triton_metadata = json.loads(json.dumps(metadata, default=vars))
+            # the cubin lists only its static shared memory; a program also takes Triton's dynamic allocation
+            used = resource_usage(tmp / "model.cubin")
+            used = dataclasses.replace(used, shared_bytes=used.shared_bytes + triton_metadata["shared"])
+            kernel_meta = {"triton_metadata": triton_metadata, "resources": dataclasses.asdict(used)}
+        manifest = _manifest(model, config, lw, graph, kernel_meta, model_dtype, source)
+        Artifact(manifest, _tables(lw), tmp / "model.cubin.py", None).save(tmp / "model.cubin", cubin)
+        shutil.rmtree(entry, ignore_errors=True)  # what a build that stopped halfway left
+        try:
+            tmp.rename(entry)
+        except OSError:  # a build of the same key beside this one got there first: the same artifact
+            if not (entry / "model.cubin.json").exists():
+                raise
+    finally:  # gone after the rename; otherwise what a failed (or beaten) build wrote
         shutil.rmtree(tmp, ignore_errors=True)
-        if not (entry / "model.cubin.json").exists():
-            raise
 
 
 def _copy_artifact(cached: Path, out: Path, manifest: dict) -> None:

@@ -148,6 +148,22 @@ def test_kernels_compiled_side_by_side_are_found_in_the_cache(cache, tmp_path):
         assert result.cached and _manifest(result.path)["weights"]["source"] == WeightsSource(seed=3).to_dict()
 
 
+def test_a_compile_that_fails_leaves_nothing_in_the_cache(cache, tmp_path, monkeypatch):
+    import codegen.compile
+    from blinkc.compile_model import WeightsSource, compile_model
+    from codegen.config import CompileConfig
+    from models.registry import resolve_model
+
+    def ptxas_fails(*args, **kwargs):
+        raise RuntimeError("ptxas failed")
+
+    monkeypatch.setattr(codegen.compile, "compile_cubin", ptxas_fails)
+    config = CompileConfig(max_batch=1, max_tokens_per_step=16, max_model_len=48, max_new_tokens=8, page_size=4)
+    with pytest.raises(RuntimeError, match="ptxas failed"):
+        compile_model(resolve_model("tiny-llama"), config, tmp_path / "m.cubin", WeightsSource(seed=0))
+    assert not list((cache / "artifacts").iterdir())
+
+
 def test_compile_for_the_gpu_prints_the_kernels_resources(cache, tmp_path):
     """The sm_90 compile (Triton's bundled ptxas: no GPU needed; a process of its own, since the tests run
     Triton as the interpreter) reports registers, spills and the shared memory a program takes, Triton's
