@@ -142,6 +142,8 @@ def schedule(table: torch.Tensor, num_events: int, programs: int) -> tuple[torch
     counter (CLAIM, an index into the events past the graph's; -1 where the group fits one wave), so that a
     slow SM runs fewer of them than a fast one instead of making the whole group wait on its last round.
     A claimed task is known by its place in the group (its tile: `TaskGraph.add_group` numbers them so).
+    Every wait is for all of a group's signals, so a program signals its run of a group's tasks once, when it
+    leaves the group (the claim past the end), adding their number.
     GROUP_START and GROUP_SIZE: the group's first task and its number of tasks."""
     num_tasks = table.shape[0]
     nexts, claims = [num_tasks] * (num_tasks + programs), [-1] * (num_tasks + programs)

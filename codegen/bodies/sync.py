@@ -28,9 +28,9 @@ def wait_event(EVENTS, I32, CONTROL: tl.constexpr, event, target, step, task, SP
 
 
 @triton.jit
-def signal_event(EVENTS, event):
+def signal_event(EVENTS, event, count=1):
     tl.debug_barrier()  # every thread's writes happen before the release
-    tl.atomic_add(EVENTS + event, 1, sem="release")
+    tl.atomic_add(EVENTS + event, count, sem="release")
 
 
 @triton.jit
