@@ -31,8 +31,9 @@ def loops(code: list[tuple[int, str]]) -> list[tuple[int, int]]:
     found = []
     for i, (address, text) in enumerate(code):
         m = BRANCH.search(text)
-        if m and int(m.group(1), 16) < address and int(m.group(1), 16) in index:
-            found.append((index[int(m.group(1), 16)], i))
+        target = int(m.group(1), 16) if m else address
+        if target < address and target in index:
+            found.append((index[target], i))
     return found
 
 
