@@ -36,11 +36,7 @@ def task_kernels_graph_ms(kernel: Megakernel, batch: int, context: int, num_repl
     """Baseline (c): one decode step of the same task bodies, one kernel per task group, replayed from
     one CUDA graph (median ms per replay), once every sequence decodes (sequences that finish their prefill
     early decode beside the others' chunks: those steps are larger)."""
-    driver = HostDriven(kernel)
-    prompts = [torch.randint(0, 1000, (context,)).tolist() for _ in range(batch)]
-    max_tokens = decode_tokens(batch, context, kernel.config.max_tokens_per_step, num_replays + 2)
-    num_steps = kernel.prepare(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
-    graph = capture_step(driver, steps_until_all_decode(driver, batch, num_steps))
+    graph = capture_decode_step(HostDriven(kernel), batch, context, num_replays + 2)
     times = []
     for _ in range(num_replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -52,6 +48,16 @@ def task_kernels_graph_ms(kernel: Megakernel, batch: int, context: int, num_repl
     if kernel.last_step_size() != (batch, batch):
         raise RuntimeError(f"(c): a sequence finished before the last of {num_replays} replays")
     return sorted(times)[len(times) // 2]
+
+
+def capture_decode_step(driver: HostDriven, batch: int, context: int, num_replays: int) -> torch.cuda.CUDAGraph:
+    """Prepares `batch` random prompts of `context` tokens with room for `num_replays` more steps, runs the
+    task groups step by step until every sequence decodes, and captures the next step in one CUDA graph."""
+    kernel = driver.kernel
+    prompts = [torch.randint(0, 1000, (context,)).tolist() for _ in range(batch)]
+    max_tokens = decode_tokens(batch, context, kernel.config.max_tokens_per_step, num_replays)
+    num_steps = kernel.prepare(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+    return capture_step(driver, steps_until_all_decode(driver, batch, num_steps))
 
 
 def steps_until_all_decode(driver: HostDriven, batch: int, num_steps: int) -> int:

@@ -12,6 +12,9 @@ from triton.compiler import ASTSource
 from codegen.kernel_abi import ARGS, KERNEL_NAME, Resources, signature
 from runtime.artifact import import_source
 
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"  # Triton's, CPU or GPU
+
+
 def compile_cubin(source_path: Path, model_dtype: str, arch: int, num_warps: int, max_registers: int = 0):
     """-> (cubin bytes, Triton's metadata dict). max_registers: a cap on registers a thread (0: none)."""
     fn = getattr(import_source(source_path), KERNEL_NAME)
@@ -26,8 +29,7 @@ def compile_cubin(source_path: Path, model_dtype: str, arch: int, num_warps: int
 
 def resource_usage(cubin_path: Path) -> Resources:
     """Registers, stack and shared memory of the kernel, read from the cubin with cuobjdump."""
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    out = subprocess.run([str(tool), "--dump-resource-usage", str(cubin_path)], capture_output=True, text=True,
+    out = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", str(cubin_path)], capture_output=True, text=True,
                          check=True).stdout
     found = dict(re.findall(r"(REG|STACK|SHARED):(\d+)", out))
     return Resources(int(found.get("REG", 0)), int(found.get("STACK", 0)), int(found.get("SHARED", 0)))

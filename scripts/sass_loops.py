@@ -13,9 +13,8 @@ import re
 import subprocess
 from pathlib import Path
 
-import triton
+from codegen.compile import CUOBJDUMP
 
-CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 INSTRUCTION = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
 BRANCH = re.compile(r"\bBRA\b.*?0x([0-9a-f]+)")
 

@@ -14,10 +14,9 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.decode import load_kernel, steps_until_all_decode
-from benchmarks.megakernel_tpot import artifact_path, decode_config, decode_tokens
-from runtime.host_driven import HostDriven, capture_step
-from runtime.sampling import SamplingParams
+from benchmarks.decode import capture_decode_step, load_kernel
+from benchmarks.megakernel_tpot import artifact_path, decode_config
+from runtime.host_driven import HostDriven
 
 
 def main() -> None:
@@ -29,10 +28,7 @@ def main() -> None:
     args = parser.parse_args()
     kernel = load_kernel(args.preset, decode_config(args.batch, args.context, 16), artifact_path("groups"))
     driver = HostDriven(kernel)
-    prompts = [torch.randint(0, 1000, (args.context,)).tolist() for _ in range(args.batch)]
-    max_tokens = decode_tokens(args.batch, args.context, kernel.config.max_tokens_per_step, args.replays + 4)
-    num_steps = kernel.prepare(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
-    graph = capture_step(driver, steps_until_all_decode(driver, args.batch, num_steps))
+    graph = capture_decode_step(driver, args.batch, args.context, args.replays + 4)
     graph.replay()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
