@@ -7,7 +7,8 @@ rows interleaved, so every tile holds both halves of its outputs), residual add,
 squares of the stored rows when a norm reads the output.
 
 Three shapes of the same computation, by the number of rows in the step:
-- one row (batch-1 decode): a GEMV streaming [BN, BK] weight chunks into fp32 accumulators;
+- one row (batch-1 decode): a GEMV streaming [BN, BK] weight chunks into fp32 accumulators, and up to
+  ROWS_GEMV rows the same chunks times each row in turn;
 - a few rows (batched decode): one tensor-core dot over all rows and this task's columns, so the weights
   stream once whatever the batch. Up to BM rows, the task's BN columns; up to BMW rows, the task's share
   of a block of BNB columns: its split of the K range (the last split to finish sums the fp32 partials
@@ -116,6 +117,28 @@ def gemv_row(desc, tile, W, ACT, F32, BN: tl.constexpr, BK: tl.constexpr, STAGES
 
 
 @triton.jit
+def gemv_rows(desc, tile, num_rows, W, ACT, F32, R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+              STAGES: tl.constexpr):
+    """A few rows (up to R): the GEMV's chunks of this task's BN weight rows, each times every input row in
+    turn, so that as many bytes of weights are in flight as at batch 1."""
+    x_off, x_stride, K, w_off, N = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 3), word(desc, 4)
+    cols = tile * BN + tl.arange(0, BN)
+    col_ok = cols < N
+    w_rows = W + w_off + cols[:, None].to(tl.int64) * K
+    rows = tl.arange(0, R)
+    row_ok = rows < num_rows
+    acc = tl.zeros((R, BN), tl.float32)
+    for k0 in tl.range(0, K, BK, num_stages=STAGES):
+        ks = k0 + tl.arange(0, BK)
+        k_ok = ks < K
+        w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        for r in tl.static_range(R):
+            x = tl.load(ACT + x_off + r * x_stride + ks, mask=k_ok & (r < num_rows), other=0.0).to(tl.float32)
+            acc += tl.where(rows[:, None] == r, tl.sum(w * x[None, :], 1)[None, :], 0.0)
+    linear_epilogue(desc, acc, rows, row_ok, tile * BN, W, ACT, F32)
+
+
+@triton.jit
 def dot_product(desc, m0, n0, k_lo, k_hi, num_rows, W, ACT, BM: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr = False):
     """`tile_product` of a projection's input and weight (its descriptor's words)."""
@@ -205,16 +228,21 @@ def linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr,
                 BK: tl.constexpr, BKM: tl.constexpr, BMW: tl.constexpr, BMP: tl.constexpr, BNW: tl.constexpr,
                 BNB: tl.constexpr, BKD: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
                 BATCH_STAGES: tl.constexpr, PREFILL_STAGES: tl.constexpr, BATCH_TMA: tl.constexpr,
-                PREFILL_TMA: tl.constexpr, PREFILL_PARTS: tl.constexpr, PREFILL_SPLITS: tl.constexpr):
+                PREFILL_TMA: tl.constexpr, PREFILL_PARTS: tl.constexpr, PREFILL_SPLITS: tl.constexpr,
+                ROWS_GEMV: tl.constexpr, ROWS_STAGES: tl.constexpr):
     """BK, BKM, BKD: the K chunk of the GEMV, of the dots over up to BM rows, of the [BMW, BNB] batched
     blocks and [BMP, BNW] prefill tiles; STAGES, BATCH_STAGES, PREFILL_STAGES: their pipelining depths;
     BATCH_TMA, PREFILL_TMA: the batched blocks, the prefill tiles load through tensor descriptors;
-    PREFILL_PARTS, PREFILL_SPLITS: the prefill tiles' split-K scratch in parts, and its splits (0: auto)."""
+    PREFILL_PARTS, PREFILL_SPLITS: the prefill tiles' split-K scratch in parts, and its splits (0: auto);
+    ROWS_GEMV: steps of up to this many rows take `gemv_rows` (0: none); ROWS_STAGES: the few-row dots' depth."""
     num_rows = tl.where(word(desc, 15) == 1, num_seqs, num_tokens)
     if num_rows == 1:
         gemv_row(desc, tile, W, ACT, F32, BN, BK, STAGES)
+    elif num_rows <= ROWS_GEMV:
+        if ROWS_GEMV > 1:
+            gemv_rows(desc, tile, num_rows, W, ACT, F32, ROWS_GEMV, BN, BK, STAGES)
     elif num_rows <= BM:
-        dot_block(desc, 0, tile * BN, num_rows, W, ACT, F32, BM, BN, BKM, DOT_F32, STAGES)
+        dot_block(desc, 0, tile * BN, num_rows, W, ACT, F32, BM, BN, BKM, DOT_F32, ROWS_STAGES)
     elif num_rows <= BMW:  # batched decode: BNB columns per dot, so that inputs are read no more than weights
         split_block(desc, tile, num_rows, W, ACT, F32, BMW, BNB, BKD, DOT_F32, BATCH_STAGES, BATCH_TMA)
     else:  # prefill: this task takes every num_tasks-th wide tile, row blocks innermost (weights shared in L2)

@@ -172,6 +172,22 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
         assert completion.tokens == expected, f"first differing token at {first_difference(completion.tokens, expected)}"
 
 
+def test_few_row_gemv_matches_the_reference_engine(checkpoint, tmp_path):
+    """Steps of two and three decoding sequences take `gemv_rows` (each weight chunk times every row in turn,
+    the rows past the step's masked) instead of the tensor-core dots, and still match token for token."""
+    directory = checkpoint("tiny-llama")
+    model = fp32_model(directory)
+    config = dataclasses.replace(CONFIG, rows_gemv=4)
+    out = compile_model(model, config, tmp_path / "rows.cubin", WeightsSource(directory), dtype=DType.f32).path
+    kernel = Megakernel.load(out, device="cpu")
+    graph = trace_model(model.definition, model.config, page_size=4)
+    engine = ReferenceEngine(graph, load_weights(graph, directory), config=EngineConfig(num_pages=64))
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (7, 12, 4)]
+    for prompt, p, completion in zip(PROMPTS, params, kernel.generate(PROMPTS, params)):
+        (expected,) = engine.generate([prompt], p)
+        assert completion.tokens == expected, f"first differing token at {first_difference(completion.tokens, expected)}"
+
+
 def test_host_driven_task_kernels_match_the_persistent_kernel(compiled):
     """The same bodies launched group by group from the host give the same tokens (MoE included)."""
     from runtime.host_driven import HostDriven

@@ -20,7 +20,7 @@ from runtime.step import SeqChunk, build_step
 from ir import DType
 from tests.conftest import relative_error
 
-CASES = [("llama3-8b", 1), ("llama3-8b", 8), ("llama3-8b", 64), ("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 8),
+CASES = [("llama3-8b", 1), ("llama3-8b", 2), ("llama3-8b", 8), ("llama3-8b", 64), ("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 8),
          ("qwen3-30b-a3b", 64), ("phi-4", 1), ("qwen3-32b", 1)]
 
 
