@@ -62,6 +62,10 @@ class CompileConfig:
     # ... and of the loop that merges a decode's context splits, a query row an iteration (every split of the
     # row in one load). H100, b1 at 512 / 4096 tokens of context: 1 / 4 stages 6.90 / 7.02, 7.33 / 7.46 ms
     merge_stages: int = 1
+    # ... or the splits only store their partials, and a group of its own (a task a sequence and query head)
+    # merges them. H100, Llama-3-8B, against the last split merging its (sequence, KV head)'s: b1 ctx512 6.50 /
+    # 6.58 ms, ctx4096 6.86 / 6.98, b2 7.26 / 7.40, b8 7.62 / 7.69
+    attention_merge_group: bool = True
     # the batched decode blocks, the prefill tiles load through tensor descriptors made in the kernel (TMA)
     # instead of masked pointer tiles: fewer instructions a chunk (benchmarks/explore/tma_tiles.py), 256 B of
     # global scratch a program. H100: TTFT 512 / 2048 24.05 / 90.03 ms against 24.29 / 94.85 with pointer

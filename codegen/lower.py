@@ -204,10 +204,11 @@ def sample_splits(lw: Lowering) -> int:
 def attention_splits(config: CompileConfig, num_kv_heads: int) -> int:
     """Tasks per (sequence, KV head) at decode: enough for about 256 tasks per layer at full batch (a
     decode step's attention is latency, not bandwidth: short tasks side by side), each at least a key block,
-    and at most 16 (H100, Llama-3-8B b1: 16 / 32 splits 6.98 / 7.13 ms at 4096 tokens of context)."""
+    and at most 32. (H100, Llama-3-8B b1 at 4096 tokens of context, 32 / 16 splits: 6.80 / 6.87 ms with the
+    merge group, 7.13 / 6.98 with the last split merging.)"""
     if config.attention_splits:
         return config.attention_splits
-    return max(1, min(16, 256 // (config.max_batch * num_kv_heads), config.max_model_len // config.block_kv))
+    return max(1, min(32, 256 // (config.max_batch * num_kv_heads), config.max_model_len // config.block_kv))
 
 
 def linear_splits(config: CompileConfig, n: int) -> int:
@@ -410,13 +411,19 @@ def _paged_attention(lw: Lowering, node: Node) -> None:
     # a step that only decodes they signal without waiting
     decode_tasks = lw.config.max_batch * a["num_kv_heads"] * splits
     num_tasks = max(decode_tasks, 1 if lw.config.interpret else lw.config.target_programs)
-    desc = lw.tasks.add_desc(ATTENTION_FIELDS, dict(
+    merge = lw.config.attention_merge_group and splits > 1
+    fields = dict(
         q_off=lw.act(q), out_off=lw.act(node.output), num_heads=a["num_heads"], num_kv_heads=a["num_kv_heads"],
         head_dim=a["head_dim"], layer=layer, scale=float(a["scale"]), splits=splits,
         part_off=lw.layout.offset("attention_parts"), ticket_off=lw.layout.offset(f"tickets:v{node.output.id}"),
-        num_tasks=num_tasks))
-    lw.ready[node.output.id] = lw.tasks.add_group(Kind.ATTENTION, desc, num_tasks, f"attention.{layer}",
-                                                  lw.waits(q, cache), prefill_only_from=decode_tasks)
+        num_tasks=num_tasks, merger=int(merge))
+    done = lw.tasks.add_group(Kind.ATTENTION, lw.tasks.add_desc(ATTENTION_FIELDS, fields), num_tasks,
+                              f"attention.{layer}", lw.waits(q, cache), prefill_only_from=decode_tasks)
+    if merge:  # a task a (sequence, query head) merges the splits' partials
+        merges = lw.config.max_batch * a["num_heads"]
+        desc = lw.tasks.add_desc(ATTENTION_FIELDS, {**fields, "num_tasks": merges, "merger": 2})
+        done = lw.tasks.add_group(Kind.ATTENTION, desc, merges, f"attention_merge.{layer}", (done,))
+    lw.ready[node.output.id] = done
 
 
 def _layer_of(lw: Lowering, cache: Value) -> int:

@@ -2,7 +2,9 @@
 token of the step): flash-attention's online softmax over the sequence's pages.
 
 At decode (the group's query rows fit one block) the context is split over `splits` tasks; each stores
-its partial (running max, sum, unnormalised output) and the last to finish merges them. At
+its partial (running max, sum, unnormalised output), and a group of its own merges them (`merge_head`, a
+task a sequence and query head: the merge then waits on one signal and runs on many programs), or the last
+split to finish does (`_merge_parts`). At
 prefill every task of the group shares the step's query row blocks, round by round, in a zigzag that gives a
 task long and short causal blocks alike.
 """
@@ -12,7 +14,9 @@ import triton.language as tl
 from codegen.bodies.common import arrives_last, round_to, word, word8, word_f32
 
 ATTENTION_FIELDS = ("q_off", "out_off", "num_heads", "num_kv_heads", "head_dim", "layer", "scale", "splits",
-                    "part_off", "ticket_off", "num_tasks")
+                    "part_off", "ticket_off", "num_tasks", "merger")
+# merger: 0, the last split of a (sequence, KV head) merges its splits; 1, they only store their partials, and
+# a group of its own merges them (task (sequence, query head)); 2, this is that group
 NEG = tl.constexpr(-1.0e30)
 
 
@@ -71,33 +75,36 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs
     sequence alone would leave most of the group idle when a step prefills a few of many sequences)."""
     H, HKV, splits, num_tasks = word(desc, 2), word(desc, 3), word(desc, 7), word(desc, 10)
     rep = H // HKV
-    group = tile // splits  # = sequence * HKV + kv head
-    b = group // HKV
-    if b < num_seqs:
-        q_len = tl.load(I32 + SEQ_STARTS + b + 1) - tl.load(I32 + SEQ_STARTS + b)
-        if q_len * rep <= BM:
-            decode_rows(desc, b, group % HKV, tile % splits, ACT, F32, I32, KV, kv_plane, SEQ_STARTS,
-                        CONTEXT_LENS, SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ, PAGE_SIZE, BM, BKV, HDP, DOT_F32, STAGES,
-                        MERGE_STAGES, SPLITS)
-    if num_tokens > num_seqs:  # some sequence has more than one token: prefill blocks, numbered over the step
-        seqs = tl.arange(0, MAX_SEQS)
-        live = seqs < num_seqs
-        starts = tl.load(I32 + SEQ_STARTS + seqs, mask=live, other=0)
-        rows = (tl.load(I32 + SEQ_STARTS + seqs + 1, mask=live, other=0) - starts) * rep
-        items = tl.where(rows > BM, tl.cdiv(rows, BMP), 0) * HKV  # (block, KV head) items per sequence
-        ends = tl.cumsum(items, 0)
-        total = tl.sum(items)
-        # round r's items r * num_tasks ..: a task takes item `tile` of the even rounds and `num_tasks - 1 -
-        # tile` of the odd ones, so that a task with a sequence's early (short, causal) blocks in one round
-        # has late (long) ones in the next
-        for r in range(0, tl.cdiv(total, num_tasks)):
-            item = r * num_tasks + tl.where(r % 2 == 0, tile, num_tasks - 1 - tile)
-            if item < total:
-                seq = tl.sum((ends <= item).to(tl.int32))
-                local = item - tl.sum(tl.where(seqs == seq, ends - items, 0))
-                prefill_rows(desc, seq, local % HKV, (local // HKV) * BMP, ACT, I32, KV, kv_plane, SEQ_STARTS,
-                             CONTEXT_LENS, SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ, PAGE_SIZE, BMP, BKV, HDP, DOT_F32,
-                             STAGES)
+    if word(desc, 11) == 2:
+        merge_head(desc, tile, ACT, F32, I32, num_seqs, SEQ_STARTS, BM, HDP, MERGE_STAGES, SPLITS)
+    else:
+        group = tile // splits  # = sequence * HKV + kv head
+        b = group // HKV
+        if b < num_seqs:
+            q_len = tl.load(I32 + SEQ_STARTS + b + 1) - tl.load(I32 + SEQ_STARTS + b)
+            if q_len * rep <= BM:
+                decode_rows(desc, b, group % HKV, tile % splits, ACT, F32, I32, KV, kv_plane, SEQ_STARTS,
+                            CONTEXT_LENS, SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ, PAGE_SIZE, BM, BKV, HDP, DOT_F32, STAGES,
+                            MERGE_STAGES, SPLITS)
+        if num_tokens > num_seqs:  # some sequence has more than one token: prefill blocks, numbered over the step
+            seqs = tl.arange(0, MAX_SEQS)
+            live = seqs < num_seqs
+            starts = tl.load(I32 + SEQ_STARTS + seqs, mask=live, other=0)
+            rows = (tl.load(I32 + SEQ_STARTS + seqs + 1, mask=live, other=0) - starts) * rep
+            items = tl.where(rows > BM, tl.cdiv(rows, BMP), 0) * HKV  # (block, KV head) items per sequence
+            ends = tl.cumsum(items, 0)
+            total = tl.sum(items)
+            # round r's items r * num_tasks ..: a task takes item `tile` of the even rounds and `num_tasks - 1 -
+            # tile` of the odd ones, so that a task with a sequence's early (short, causal) blocks in one round
+            # has late (long) ones in the next
+            for r in range(0, tl.cdiv(total, num_tasks)):
+                item = r * num_tasks + tl.where(r % 2 == 0, tile, num_tasks - 1 - tile)
+                if item < total:
+                    seq = tl.sum((ends <= item).to(tl.int32))
+                    local = item - tl.sum(tl.where(seqs == seq, ends - items, 0))
+                    prefill_rows(desc, seq, local % HKV, (local // HKV) * BMP, ACT, I32, KV, kv_plane, SEQ_STARTS,
+                                 CONTEXT_LENS, SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ, PAGE_SIZE, BMP, BKV, HDP, DOT_F32,
+                                 STAGES)
 
 
 @triton.jit
@@ -122,8 +129,8 @@ def decode_rows(desc, b, g, split, ACT, F32, I32, KV, kv_plane, SEQ_STARTS: tl.c
                 PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, BM: tl.constexpr, BKV: tl.constexpr,
                 HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, MERGE_STAGES: tl.constexpr,
                 SPLITS: tl.constexpr):
-    """Split `split` of sequence b's context for KV head g's query rows; the last split merges them all
-    (SPLITS: at least `splits`, a power of two), a query row an iteration, MERGE_STAGES deep."""
+    """Split `split` of sequence b's context for KV head g's query rows. Without a merge group the last split
+    merges them all (SPLITS: at least `splits`, a power of two), a query row an iteration, MERGE_STAGES deep."""
     q_off, out_off, H, HKV = word8(desc, 0), word8(desc, 1), word(desc, 2), word(desc, 3)
     HD, scale = word8(desc, 4), word_f32(desc, 6)
     splits, part_off, ticket_off = word(desc, 7), word(desc, 8), word(desc, 9)
@@ -150,9 +157,10 @@ def decode_rows(desc, b, g, split, ACT, F32, I32, KV, kv_plane, SEQ_STARTS: tl.c
         # stores and the merge's loads move 16 bytes a thread instead of 4
         part = F32 + tl.multiple_of(part_off + group * splits * (BM * (HDP + 2)), 16)
         _store_part(part + split * (BM * (HDP + 2)), m_i, l_i, acc, r_ok, BM, HDP)
-        if arrives_last(F32 + ticket_off + group, splits):
-            _merge_parts(part, splits, q_len * rep, ACT + out_off + start * (H * HD) + g * rep * HD, rep, H * HD, HD,
-                         d, d_ok, BM, HDP, MERGE_STAGES, SPLITS)
+        if word(desc, 11) == 0:  # (1: merged by the group after this one)
+            if arrives_last(F32 + ticket_off + group, splits):
+                _merge_parts(part, splits, q_len * rep, ACT + out_off + start * (H * HD) + g * rep * HD, rep,
+                             H * HD, HD, d, d_ok, BM, HDP, MERGE_STAGES, SPLITS)
 
 
 @triton.jit
@@ -191,20 +199,46 @@ def _store_part(part, m_i, l_i, acc, r_ok, BM: tl.constexpr, HDP: tl.constexpr):
 
 
 @triton.jit
+def merge_head(desc, tile, ACT, F32, I32, num_seqs, SEQ_STARTS: tl.constexpr, BM: tl.constexpr, HDP: tl.constexpr,
+               STAGES: tl.constexpr, SPLITS: tl.constexpr):
+    """Task (sequence b, query head h) of the group after a decode step's splits: merges the partials of
+    h's rows (one a token) into the attention output."""
+    out_off, H, HKV, HD = word8(desc, 1), word(desc, 2), word(desc, 3), word8(desc, 4)
+    splits, part_off = word(desc, 7), word(desc, 8)
+    b, h = tile // H, tile % H
+    if b < num_seqs:
+        start = tl.load(I32 + SEQ_STARTS + b)
+        q_len = tl.load(I32 + SEQ_STARTS + b + 1) - start
+        rep = H // HKV
+        if q_len * rep <= BM:  # the splits decoded it (a longer sequence prefilled)
+            d = tl.arange(0, HDP)
+            part = F32 + tl.multiple_of(part_off + (b * HKV + h // rep) * splits * (BM * (HDP + 2)), 16)
+            out = ACT + out_off + start * (H * HD) + h * HD
+            for t in tl.range(0, q_len, num_stages=STAGES):
+                _merge_row(part, splits, t * rep + h % rep, out + t * (H * HD), d, d < HD, BM, HDP, SPLITS)
+
+
+@triton.jit
+def _merge_row(part, splits, r, out, d, d_ok, BM: tl.constexpr, HDP: tl.constexpr, SPLITS: tl.constexpr):
+    """Query row r of the splits' partials at `part`, merged and stored at out (see `_merge_parts`)."""
+    size = BM * (HDP + 2)
+    s = tl.arange(0, SPLITS)
+    s_ok = s < splits
+    m_s = tl.load(part + s * size + r, mask=s_ok, other=NEG)
+    l_s = tl.load(part + s * size + BM + r, mask=s_ok, other=0.0)
+    acc_s = tl.load(part + s[:, None] * size + 2 * BM + r * HDP + tl.arange(0, HDP)[None, :], mask=s_ok[:, None],
+                    other=0.0)
+    weight = tl.exp(m_s - tl.max(m_s, 0))
+    row = tl.sum(acc_s * weight[:, None], 0) / tl.sum(l_s * weight, 0)
+    tl.store(out + d, row.to(out.dtype.element_ty), mask=d_ok)
+
+
+@triton.jit
 def _merge_parts(part, splits, num_rows, out, rep, token_stride, HD, d, d_ok, BM: tl.constexpr, HDP: tl.constexpr,
                  STAGES: tl.constexpr, SPLITS: tl.constexpr):
     """Merges the splits' partial softmaxes of each of the group's num_rows query rows (row r: token r // rep,
     head r % rep of the group, stored at out): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M the
     largest m_s. Every split of a row comes in one load (a pass over the splits with a running maximum took
     a trip to memory a split)."""
-    size = BM * (HDP + 2)
-    s = tl.arange(0, SPLITS)
-    s_ok = s < splits
     for r in tl.range(0, num_rows, num_stages=STAGES):
-        m_s = tl.load(part + s * size + r, mask=s_ok, other=NEG)
-        l_s = tl.load(part + s * size + BM + r, mask=s_ok, other=0.0)
-        acc_s = tl.load(part + s[:, None] * size + 2 * BM + r * HDP + tl.arange(0, HDP)[None, :],
-                        mask=s_ok[:, None], other=0.0)
-        weight = tl.exp(m_s - tl.max(m_s, 0))
-        row = tl.sum(acc_s * weight[:, None], 0) / tl.sum(l_s * weight, 0)
-        tl.store(out + (r // rep) * token_stride + (r % rep) * HD + d, row.to(out.dtype.element_ty), mask=d_ok)
+        _merge_row(part, splits, r, out + (r // rep) * token_stride + (r % rep) * HD, d, d_ok, BM, HDP, SPLITS)

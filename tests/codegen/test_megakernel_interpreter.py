@@ -135,11 +135,11 @@ def test_bad_requests_are_clear_errors(compiled):
         kernel.generate([[10**6]], SamplingParams(max_tokens=2))
 
 
-@pytest.mark.parametrize("qkv_block_m, wide_m, block_n, tma, prefill_splits", [
-    (16, 16, 64, "", 0), (32, 32, 16, "", 0), (16, 16, 64, "prefill", 0), (32, 32, 16, "batch", 0),
-    (16, 16, 16, "", 3), (16, 16, 16, "prefill", 2)])
+@pytest.mark.parametrize("qkv_block_m, wide_m, block_n, tma, prefill_splits, merge_group", [
+    (16, 16, 64, "", 0, True), (32, 32, 16, "", 0, False), (16, 16, 64, "prefill", 0, True),
+    (32, 32, 16, "batch", 0, True), (16, 16, 16, "", 3, True), (16, 16, 16, "prefill", 2, True)])
 def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_m, wide_m, block_n, tma,
-                                                prefill_splits):
+                                                prefill_splits, merge_group):
     """Decode steps split each QKV head's K range, each sequence's context and its greedy argmax over
     tasks; the last to finish merges the parts in order. The first step (31 prompt tokens; two prompts
     have attention blocks of prefill rows, which all of the group's tasks share) either takes
@@ -150,7 +150,9 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
     (dynamic_tasks), carried over from step to step. With `tma`, the wide tiles ("prefill") or the blocks of 32
     columns ("batch") load through tensor descriptors (rows and columns past the ends read as zeros). With
     `prefill_splits`, the first step's wide tiles also split K (chunks of 16: with 3 splits, [0, 32),
-    [32, 64) and an empty one), the last split of each running the epilogue."""
+    [32, 64) and an empty one), the last split of each running the epilogue. With `merge_group` (the default), the
+    attention splits only store their partials and a group of their own (a task a sequence and query head)
+    merges them; without, the last split of a sequence and KV head to finish merges its group's."""
     directory = checkpoint("tiny-qwen3")
     model = fp32_model(directory)
     # K = 64: QKV parts [0, 32), [32, 64), empty; contexts up to 11 tokens: attention parts of 16 keys
@@ -159,7 +161,8 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
                                  sample_splits=3,  # greedy argmax over three vocabulary chunks
                                  max_tokens_per_step=32, wide_m=wide_m, prefill_m=wide_m, wide_n=32, batch_n=32,
                                  dynamic_tasks=True, qkv_block_m=qkv_block_m, block_n=block_n,
-                                 prefill_tma=tma == "prefill", batch_tma=tma == "batch")
+                                 prefill_tma=tma == "prefill", batch_tma=tma == "batch",
+                                 attention_merge_group=merge_group)
     out = compile_model(model, config, tmp_path / "split.cubin", WeightsSource(directory), dtype=DType.f32).path
     kernel = Megakernel.load(out, device="cpu")
     graph = trace_model(model.definition, model.config, page_size=4)

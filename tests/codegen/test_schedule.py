@@ -289,8 +289,8 @@ def test_qkv_split_tasks_prefetch_their_own_k_range():
 
 
 @pytest.mark.parametrize("max_batch, kv_heads, max_len, expected", [
-    (1, 8, 4096, 16),  # one sequence: split its context 16 ways, no more
-    (1, 2, 4096, 16),
+    (1, 8, 4096, 32),  # one sequence: split its context 32 ways, no more
+    (1, 2, 4096, 32),
     (8, 8, 4096, 4),  # ~256 tasks per layer
     (64, 8, 4096, 1),
     (1, 8, 64, 2),  # never shorter than a key block
