@@ -52,7 +52,7 @@ class CompileConfig:
     # b8, b16 7.52 / 7.60 / 7.99 against 7.76 / 7.84 / 8.29; rows_block_k 128 at 8 stages 7.83 (b8)
     rows_gemv: int = 2
     rows_block_k: int = 0
-    rows_stages: int = 4  # (the QKV heads' dots over a few rows at 2 / 4 stages: b8 7.74 / 7.67 against 7.59)
+    rows_stages: int = 4  # (the QKV heads' few-row dots stay at num_stages: 2 / 4 gave b8 7.74 / 7.67 against 7.59)
     prefill_stages: int = 3
     # ... and of attention's key loop. H100, with claimed tasks (one call): 3 / 2 stages b1 6.77 / 6.75 ms,
     # b8 7.94 / 7.94, b64 10.93 / 11.18, TTFT 512 23.05 / 23.21, 2048 84.11 / 84.43 (before them, session 5:
