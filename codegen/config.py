@@ -45,13 +45,12 @@ class CompileConfig:
     num_stages: int = 3
     batch_stages: int = 6
     # steps of 2 .. rows_gemv rows take the GEMV, a row at a time over each weight chunk, instead of the
-    # tensor-core dots (0: none); the dots over up to block_m rows take K chunks of rows_block_k (0: half the
-    # GEMV's, at most 256) rows_stages deep (0: num_stages). H100, Llama-3-8B ctx512, against the dots at 3
-    # stages: b2 rows_gemv 2 7.41-7.44 ms against 7.83 (4 / 8: 10.38 / 18.36 at b4 / b8: a row at a time is
-    # compute-bound there, and stages the rows' inputs past 73.7 KB of shared memory); rows_stages 4 at b4,
-    # b8, b16 7.52 / 7.60 / 7.99 against 7.76 / 7.84 / 8.29; rows_block_k 128 at 8 stages 7.83 (b8)
+    # tensor-core dots (0: none); the dots over up to block_m rows pipeline rows_stages deep (0: num_stages).
+    # H100, Llama-3-8B ctx512, against the dots at 3 stages: b2 rows_gemv 2 7.41-7.44 ms against 7.83 (4 / 8:
+    # 10.38 / 18.36 at b4 / b8: a row at a time is compute-bound there, and stages the rows' inputs past 73.7 KB
+    # of shared memory); rows_stages 4 at b4, b8, b16 7.52 / 7.60 / 7.99 against 7.76 / 7.84 / 8.29; the dots
+    # over K chunks of 128 (half the GEMV's, at most 256) at 8 stages 7.83 (b8)
     rows_gemv: int = 2
-    rows_block_k: int = 0
     rows_stages: int = 4  # (the QKV heads' few-row dots stay at num_stages: 2 / 4 gave b8 7.74 / 7.67 against 7.59)
     prefill_stages: int = 3
     # ... and of attention's key loop. H100, with claimed tasks (one call): 3 / 2 stages b1 6.77 / 6.75 ms,
@@ -109,10 +108,10 @@ class CompileConfig:
                      "attention_stages", "merge_stages", "expert_stages"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("rows_gemv", "rows_block_k", "rows_stages"):
-            value = getattr(self, name)
-            if value < 0 or (name != "rows_stages" and value & (value - 1)):
-                raise ValueError(f"{name} must be 0 or a power of two, got {value}")
+        if self.rows_gemv < 0 or self.rows_gemv & (self.rows_gemv - 1):
+            raise ValueError(f"rows_gemv must be 0 or a power of two, got {self.rows_gemv}")
+        if self.rows_stages < 0:
+            raise ValueError(f"rows_stages must be at least 0, got {self.rows_stages}")
         for name in ("block_n", "expert_block_n", "expert_block_k", "block_k", "block_k_dot", "block_m",
                      "qkv_block_m", "attention_block_m", "wide_m", "prefill_m", "wide_n", "batch_n", "block_kv",
                      "page_size"):

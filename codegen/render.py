@@ -30,7 +30,7 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     cfg, c, r = lw.config, lw.constants, SimpleNamespace(**{k: lw.layout.offset(k) for k in STEP_REGIONS})
     bm, bn, bk = cfg.block_m, cfg.block_n, gemv_block_k(lw)
     bk_small = qkv_block_k(lw)  # qkv tiles are [head_dim, bk]: keep them in registers
-    bk_rows = cfg.rows_block_k or max(16, min(256, bk // 2))  # few-row dots stage inputs as large as weights
+    bk_rows = max(16, min(256, bk // 2))  # few-row dots stage inputs as large as their weights: smaller chunks
     hdp = _pow2(max(16, c.get("HEAD_DIM_MAX", 16)))
     qkv_prefill_bk = max(16, min(bk_small, 2048 // cfg.qkv_block_m))  # [rows + head_dim, chunk] staged: <= 48 KB
     full_rotary = hdp == c.get("HEAD_DIM_MAX") and not c.get("PARTIAL_ROTARY")  # rotary over the whole padded head
