@@ -314,7 +314,8 @@ def _load_cubin(artifact: Artifact, manifest: dict):
     per_sm = min(wanted, max_active_programs(compiled.function, threads, shared))
     if per_sm < 1:
         raise RuntimeError(f"the kernel does not fit on an SM ({compiled.n_regs} registers, {shared} B shared)")
-    grid = (props.multi_processor_count * per_sm, 1, 1)
+    # every co-resident slot, or as many as the tasks were sized for where fewer (whole waves of a group)
+    grid = (min(props.multi_processor_count * per_sm, kernel_meta.get("max_programs", 1 << 30)), 1, 1)
     launcher = compiled[grid]
     launcher.grid, launcher.shared = grid, shared
     launcher.n_regs, launcher.n_spills = compiled.n_regs, compiled.n_spills

@@ -152,7 +152,9 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
     `prefill_splits`, the first step's wide tiles also split K (chunks of 16: with 3 splits, [0, 32),
     [32, 64) and an empty one), the last split of each running the epilogue. With `merge_group` (the default), the
     attention splits only store their partials and a group of their own (a task a sequence and query head)
-    merges them; without, the last split of a sequence and KV head to finish merges its group's."""
+    merges them; without, the last split of a sequence and KV head to finish merges its group's, and (for that
+    case only) the kernel's loop waits for attention's inputs instead of its body (`attention_preload`).
+    Decode splits past the first hold 16 keys of earlier steps: loaded before the body's wait."""
     directory = checkpoint("tiny-qwen3")
     model = fp32_model(directory)
     # K = 64: QKV parts [0, 32), [32, 64), empty; contexts up to 11 tokens: attention parts of 16 keys
@@ -162,7 +164,7 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
                                  max_tokens_per_step=32, wide_m=wide_m, prefill_m=wide_m, wide_n=32, batch_n=32,
                                  dynamic_tasks=True, qkv_block_m=qkv_block_m, block_n=block_n,
                                  prefill_tma=tma == "prefill", batch_tma=tma == "batch",
-                                 attention_merge_group=merge_group)
+                                 attention_merge_group=merge_group, attention_preload=merge_group)
     out = compile_model(model, config, tmp_path / "split.cubin", WeightsSource(directory), dtype=DType.f32).path
     kernel = Megakernel.load(out, device="cpu")
     graph = trace_model(model.definition, model.config, page_size=4)
