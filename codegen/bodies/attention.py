@@ -190,12 +190,15 @@ def decode_rows(desc, b, g, split, ACT, F32, I32, KV, kv_plane, EVENTS, event, t
     tok, head, q_pos = start + r // rep, g * rep + r % rep, ctx - q_len + r // rep
     q = tl.load(ACT + q_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :],
                 mask=r_ok[:, None] & d_ok[None, :], other=0.0)
-    # the blocks after the first, then the first (in hand already: the loop's loads start at once)
-    m_i, l_i, acc = attend(q, q_pos, j_lo + BKV, j_hi, tl.full((BM,), NEG, tl.float32), tl.zeros((BM,), tl.float32),
-                           tl.zeros((BM, HDP), tl.float32), pages, k_base, v_base, HKV * HD, d, d_ok, scale, PAGE_SIZE,
-                           BKV, DOT_F32, STAGES)
+    # the first block (in hand), then the others. (The first last, so that the loop's loads start at once, held
+    # its keys and values through the loop: 15 spilled loads an iteration against 12, and b8 / b64 +2%.)
+    m_i = tl.full((BM,), NEG, tl.float32)
+    l_i = tl.zeros((BM,), tl.float32)
+    acc = tl.zeros((BM, HDP), tl.float32)
     if j_lo < j_hi:
         m_i, l_i, acc = attend_block(q, q_pos, j_lo + tl.arange(0, BKV), j_hi, k0, v0, m_i, l_i, acc, scale, DOT_F32)
+    m_i, l_i, acc = attend(q, q_pos, j_lo + BKV, j_hi, m_i, l_i, acc, pages, k_base, v_base, HKV * HD, d, d_ok, scale,
+                           PAGE_SIZE, BKV, DOT_F32, STAGES)
     out_ptr = ACT + out_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
     if splits == 1:
         tl.store(out_ptr, (acc / l_i[:, None]).to(dt), mask=r_ok[:, None] & d_ok[None, :])

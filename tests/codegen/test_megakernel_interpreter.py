@@ -70,12 +70,15 @@ def test_greedy_tokens_match_the_reference_engine(preset, compiled):
 
 def test_partial_rotary_matches_the_reference_engine(tmp_path):
     """Rotary on the first half of each head only (`partial_rotary_factor`): the epilogue gathers each
-    column's partner and leaves the other half alone. Decode steps run one row, the first step 19."""
+    column's partner and leaves the other half alone. Decode steps run one row, the first step 19. The
+    context is one attention task's (no splits) in blocks of 8 keys: the first, of earlier steps' tokens,
+    loaded before the task waits on QKV, the rest in the loop after it."""
     hf_config = {**preset_config("tiny-llama"), "partial_rotary_factor": 0.5}
     directory = write_random_checkpoint(hf_config, tmp_path / "ckpt", seed=3, std=0.05)
     model = fp32_model(directory)
     assert model.config.rotary_dim < model.config.head_dim
-    out = compile_model(model, CONFIG, tmp_path / "partial.cubin", WeightsSource(directory), dtype=DType.f32).path
+    config = dataclasses.replace(CONFIG, attention_splits=1, block_kv=8)
+    out = compile_model(model, config, tmp_path / "partial.cubin", WeightsSource(directory), dtype=DType.f32).path
     kernel = Megakernel.load(out, device="cpu")
     graph = trace_model(model.definition, model.config, page_size=4)
     engine = ReferenceEngine(graph, load_weights(graph, directory), config=EngineConfig(num_pages=64))
