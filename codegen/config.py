@@ -65,10 +65,6 @@ class CompileConfig:
     # merges them. H100, Llama-3-8B, against the last split merging its (sequence, KV head)'s: b1 ctx512 6.50 /
     # 6.58 ms, ctx4096 6.86 / 6.98, b2 7.26 / 7.40, b8 7.62 / 7.69
     attention_merge_group: bool = True
-    # attention tasks wait on QKV in their bodies, after loading what the step's plan fixes: the sequence's
-    # extents, its page ids and, where they hold only earlier steps' tokens, the keys and values of the first
-    # block (at a short context a decode split is one block: only the query is left to load after the wait)
-    attention_preload: bool = True
     # the batched decode blocks, the prefill tiles load through tensor descriptors made in the kernel (TMA)
     # instead of masked pointer tiles: fewer instructions a chunk (benchmarks/explore/tma_tiles.py), 256 B of
     # global scratch a program. H100: TTFT 512 / 2048 24.05 / 90.03 ms against 24.29 / 94.85 with pointer
@@ -85,7 +81,9 @@ class CompileConfig:
     sample_splits: int = 0  # tasks per sequence for greedy sampling; 0: one per ~8192 logits
     qkv_splits: int = 0  # tasks per QKV head at decode (split K, last one runs the epilogue); 0: ~one wave
     # programs the kernel runs on where that many fit co-resident (2 per SM of a 132-SM H100/H200): the groups'
-    # task counts are sized for it, and the launch takes no more
+    # task counts are sized for it, and the launch takes no more. H100, Llama-3-8B, 256 (gate/up's 1,792 tasks
+    # then 7 whole waves, down's and o_proj's 256 one) against 264: b1 6.44 / 6.45 ms, b64 10.96 / 10.88, TTFT
+    # 512 22.28 / 22.38
     target_programs: int = 264
     # the most programs the launch puts on an SM (fewer where they do not fit), and a cap on a thread's
     # registers (0: none; Triton takes 255). H100, 3 programs an SM at 168 registers (596 B of spills, grid

@@ -46,7 +46,6 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
                   f"{bm}, {cfg.qkv_block_m}, {bk_small}, {qkv_prefill_bk}, {hdp}, {dot_f32}, {cfg.num_stages}, "
                   f"{full_rotary}, {cfg.block_k_dot}, {cfg.prefill_stages}, {cfg.prefill_tma})",
         Kind.ATTENTION: f"attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs, "
-                        f"EVENTS, body_event, body_target, step, t, {lw.layout.offset('control')}, {cfg.spin_limit}, "
                         f"{r.seq_starts}, {r.context_lens}, {r.seq_req}, {r.req_pages}, {cfg.max_pages_per_seq}, "
                         f"{cfg.page_size}, {_pow2(cfg.max_batch)}, {bm}, {cfg.attention_block_m}, {cfg.block_kv}, "
                         f"{hdp}, {dot_f32}, {cfg.attention_stages}, {cfg.merge_stages}, "
@@ -108,7 +107,6 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
         prefetch=not cfg.interpret,  # inline PTX: the interpreter cannot run it
         timer=not cfg.interpret,  # the global timer is inline PTX too: GPU builds log each step's start
         step_log=STEP_LOG, dynamic=cfg.dynamic_tasks, tickets_word=CONTROL_FIELDS.index("task_tickets"),
-        body_waits=[int(Kind.ATTENTION)] if cfg.attention_preload else [],
         words=SimpleNamespace(next=NEXT, claim=CLAIM, group_start=GROUP_START, group_size=GROUP_SIZE,
                               prefill_only=PREFILL_ONLY),
     )

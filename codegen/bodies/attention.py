@@ -12,7 +12,6 @@ import triton
 import triton.language as tl
 
 from codegen.bodies.common import arrives_last, round_to, word, word8, word_f32
-from codegen.bodies.sync import wait_event
 
 ATTENTION_FIELDS = ("q_off", "out_off", "num_heads", "num_kv_heads", "head_dim", "layer", "scale", "splits",
                     "part_off", "ticket_off", "num_tasks", "merger")
@@ -22,45 +21,13 @@ NEG = tl.constexpr(-1.0e30)
 
 
 @triton.jit
-def attend_block(q, q_pos, j, j_hi, k, v, m_i, l_i, acc, scale, DOT_F32: tl.constexpr):
-    """The online softmax's update by one block of keys j (k, v: [BKV, HDP]; keys at or past j_hi masked)."""
+def attend(q, q_pos, j_lo, j_hi, pages, k_base, v_base, row_stride, d, d_ok, scale, PAGE_SIZE: tl.constexpr,
+           BKV: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+    """(running max [BM], sum [BM], unnormalised output [BM, HDP]) over keys j_lo .. j_hi."""
     dt: tl.constexpr = q.dtype
-    j_ok = j < j_hi
-    if DOT_F32:
-        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k))
-    s = round_to(round_to(s, dt) * scale, dt)
-    s = tl.where((j[None, :] <= q_pos[:, None]) & j_ok[None, :], s, NEG)
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    p = tl.exp(s - m_new[:, None])
-    alpha = tl.exp(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    if DOT_F32:
-        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-    else:
-        pv = tl.dot(p.to(dt), v)
-    return m_new, l_i, acc * alpha[:, None] + pv
-
-
-@triton.jit
-def load_block(pages, j0, j_hi, k_base, v_base, row_stride, d, d_ok, is_wanted, PAGE_SIZE: tl.constexpr,
-               BKV: tl.constexpr):
-    """Keys and values j0 .. j0 + BKV (those at or past j_hi, or all where not `is_wanted`, as zeros)."""
-    j = j0 + tl.arange(0, BKV)
-    j_ok = (j < j_hi) & is_wanted
-    slot = tl.load(pages + j // PAGE_SIZE, mask=j_ok, other=0).to(tl.int64) * PAGE_SIZE + j % PAGE_SIZE
-    kv_mask = j_ok[:, None] & d_ok[None, :]
-    k = tl.load(k_base + slot[:, None] * row_stride + d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(v_base + slot[:, None] * row_stride + d[None, :], mask=kv_mask, other=0.0)
-    return k, v
-
-
-@triton.jit
-def attend(q, q_pos, j_lo, j_hi, m_i, l_i, acc, pages, k_base, v_base, row_stride, d, d_ok, scale,
-           PAGE_SIZE: tl.constexpr, BKV: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr):
-    """The online softmax's state (running max [BM], sum [BM], unnormalised output [BM, HDP]) carried on
-    over keys j_lo .. j_hi."""
+    m_i = tl.full((q.shape[0],), NEG, tl.float32)
+    l_i = tl.zeros((q.shape[0],), tl.float32)
+    acc = tl.zeros(q.shape, tl.float32)
     # each block's page ids are read an iteration ahead, so that its keys' and values' addresses do not
     # come from a load of the same iteration. Read in the iteration, the pipeliner spent a stage on them and
     # gave keys and values one buffer: every block waited for its own loads in full (sm_90 TTGIR, 3 stages).
@@ -75,22 +42,27 @@ def attend(q, q_pos, j_lo, j_hi, m_i, l_i, acc, pages, k_base, v_base, row_strid
         kv_mask = j_ok[:, None] & d_ok[None, :]
         k = tl.load(k_base + slot[:, None] * row_stride + d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_base + slot[:, None] * row_stride + d[None, :], mask=kv_mask, other=0.0)
-        m_i, l_i, acc = attend_block(q, q_pos, j, j_hi, k, v, m_i, l_i, acc, scale, DOT_F32)
+        if DOT_F32:
+            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = round_to(round_to(s, dt) * scale, dt)
+        s = tl.where((j[None, :] <= q_pos[:, None]) & j_ok[None, :], s, NEG)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if DOT_F32:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(dt), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
     return m_i, l_i, acc
 
 
 @triton.jit
-def wait_inputs(EVENTS, I32, event, target, step, task, CONTROL: tl.constexpr, SPIN_LIMIT: tl.constexpr):
-    """The task's wait, which the kernel's loop left to the body (`attention_preload`; event -1: none, as for
-    a claimed task, whose group's waits were met, or in the host-driven launch). A wait that gives up has set
-    the abort flag: the launch ends with the step, and reports the hang."""
-    if event >= 0:
-        wait_event(EVENTS, I32, CONTROL, event, target, step, task, SPIN_LIMIT)
-
-
-@triton.jit
-def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs, EVENTS, event, target, step,
-                   task, CONTROL: tl.constexpr, SPIN_LIMIT: tl.constexpr, SEQ_STARTS: tl.constexpr,
+def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs, SEQ_STARTS: tl.constexpr,
                    CONTEXT_LENS: tl.constexpr, SEQ_REQ: tl.constexpr, REQ_PAGES: tl.constexpr,
                    PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, MAX_SEQS: tl.constexpr,
                    BM: tl.constexpr, BMP: tl.constexpr, BKV: tl.constexpr, HDP: tl.constexpr,
@@ -100,25 +72,20 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs
     rounded up to a power of two). A sequence whose query rows (its tokens x the group's heads) fit BM
     decodes: the task takes its split of the context. Longer ones (prefill) come in blocks of BMP rows, and
     every task of the group shares the step's blocks, whichever sequence they belong to (the tasks of one
-    sequence alone would leave most of the group idle when a step prefills a few of many sequences).
-    The task waits on its inputs (`wait_inputs`: event, target) once it has loaded what the plan fixes; a task
-    with no work in the step does not wait."""
+    sequence alone would leave most of the group idle when a step prefills a few of many sequences)."""
     H, HKV, splits, num_tasks = word(desc, 2), word(desc, 3), word(desc, 7), word(desc, 10)
     rep = H // HKV
     if word(desc, 11) == 2:
-        merge_head(desc, tile, ACT, F32, I32, num_seqs, EVENTS, event, target, step, task, CONTROL, SPIN_LIMIT,
-                   SEQ_STARTS, BM, HDP, MERGE_STAGES, SPLITS)
+        merge_head(desc, tile, ACT, F32, I32, num_seqs, SEQ_STARTS, BM, HDP, MERGE_STAGES, SPLITS)
     else:
-        waited = 0
         group = tile // splits  # = sequence * HKV + kv head
         b = group // HKV
         if b < num_seqs:
             q_len = tl.load(I32 + SEQ_STARTS + b + 1) - tl.load(I32 + SEQ_STARTS + b)
             if q_len * rep <= BM:
-                decode_rows(desc, b, group % HKV, tile % splits, ACT, F32, I32, KV, kv_plane, EVENTS, event, target,
-                            step, task, CONTROL, SPIN_LIMIT, SEQ_STARTS, CONTEXT_LENS, SEQ_REQ, REQ_PAGES,
-                            PAGES_PER_SEQ, PAGE_SIZE, BM, BKV, HDP, DOT_F32, STAGES, MERGE_STAGES, SPLITS)
-                waited = 1
+                decode_rows(desc, b, group % HKV, tile % splits, ACT, F32, I32, KV, kv_plane, SEQ_STARTS,
+                            CONTEXT_LENS, SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ, PAGE_SIZE, BM, BKV, HDP, DOT_F32, STAGES,
+                            MERGE_STAGES, SPLITS)
         if num_tokens > num_seqs:  # some sequence has more than one token: prefill blocks, numbered over the step
             seqs = tl.arange(0, MAX_SEQS)
             live = seqs < num_seqs
@@ -127,8 +94,6 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs
             items = tl.where(rows > BM, tl.cdiv(rows, BMP), 0) * HKV  # (block, KV head) items per sequence
             ends = tl.cumsum(items, 0)
             total = tl.sum(items)
-            if (waited == 0) & (tile < total):
-                wait_inputs(EVENTS, I32, event, target, step, task, CONTROL, SPIN_LIMIT)
             # round r's items r * num_tasks ..: a task takes item `tile` of the even rounds and `num_tasks - 1 -
             # tile` of the odd ones, so that a task with a sequence's early (short, causal) blocks in one round
             # has late (long) ones in the next
@@ -159,16 +124,13 @@ def kv_head(desc, b, g, I32, KV, kv_plane, SEQ_STARTS: tl.constexpr, CONTEXT_LEN
 
 
 @triton.jit
-def decode_rows(desc, b, g, split, ACT, F32, I32, KV, kv_plane, EVENTS, event, target, step, task,
-                CONTROL: tl.constexpr, SPIN_LIMIT: tl.constexpr, SEQ_STARTS: tl.constexpr,
+def decode_rows(desc, b, g, split, ACT, F32, I32, KV, kv_plane, SEQ_STARTS: tl.constexpr,
                 CONTEXT_LENS: tl.constexpr, SEQ_REQ: tl.constexpr, REQ_PAGES: tl.constexpr,
                 PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, BM: tl.constexpr, BKV: tl.constexpr,
                 HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, MERGE_STAGES: tl.constexpr,
                 SPLITS: tl.constexpr):
     """Split `split` of sequence b's context for KV head g's query rows. Without a merge group the last split
-    merges them all (SPLITS: at least `splits`, a power of two), a query row an iteration, MERGE_STAGES deep.
-    Before its wait it loads the sequence's extents and page ids (the plan's) and, where they are all of
-    earlier steps' tokens, the first block's keys and values: after it, the query and the rest."""
+    merges them all (SPLITS: at least `splits`, a power of two), a query row an iteration, MERGE_STAGES deep."""
     q_off, out_off, H, HKV = word8(desc, 0), word8(desc, 1), word(desc, 2), word(desc, 3)
     HD, scale = word8(desc, 4), word_f32(desc, 6)
     splits, part_off, ticket_off = word(desc, 7), word(desc, 8), word(desc, 9)
@@ -178,27 +140,14 @@ def decode_rows(desc, b, g, split, ACT, F32, I32, KV, kv_plane, EVENTS, event, t
     rep = H // HKV
     d = tl.arange(0, HDP)
     d_ok = d < HD
-    chunk = tl.cdiv(tl.cdiv(ctx, splits), BKV) * BKV
-    j_lo, j_hi = split * chunk, tl.minimum(ctx, (split + 1) * chunk)
-    is_cached = j_lo + BKV <= ctx - q_len  # the first block holds no key of this step's tokens
-    k0, v0 = load_block(pages, j_lo, j_hi, k_base, v_base, HKV * HD, d, d_ok, is_cached, PAGE_SIZE, BKV)
-    wait_inputs(EVENTS, I32, event, target, step, task, CONTROL, SPIN_LIMIT)
-    if j_lo + BKV > ctx - q_len:  # (not is_cached)
-        k0, v0 = load_block(pages, j_lo, j_hi, k_base, v_base, HKV * HD, d, d_ok, True, PAGE_SIZE, BKV)
     r = tl.arange(0, BM)
     r_ok = r < q_len * rep
     tok, head, q_pos = start + r // rep, g * rep + r % rep, ctx - q_len + r // rep
     q = tl.load(ACT + q_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :],
                 mask=r_ok[:, None] & d_ok[None, :], other=0.0)
-    # the first block (in hand), then the others. (The first last, so that the loop's loads start at once, held
-    # its keys and values through the loop: 15 spilled loads an iteration against 12, and b8 / b64 +2%.)
-    m_i = tl.full((BM,), NEG, tl.float32)
-    l_i = tl.zeros((BM,), tl.float32)
-    acc = tl.zeros((BM, HDP), tl.float32)
-    if j_lo < j_hi:
-        m_i, l_i, acc = attend_block(q, q_pos, j_lo + tl.arange(0, BKV), j_hi, k0, v0, m_i, l_i, acc, scale, DOT_F32)
-    m_i, l_i, acc = attend(q, q_pos, j_lo + BKV, j_hi, m_i, l_i, acc, pages, k_base, v_base, HKV * HD, d, d_ok, scale,
-                           PAGE_SIZE, BKV, DOT_F32, STAGES)
+    chunk = tl.cdiv(tl.cdiv(ctx, splits), BKV) * BKV
+    m_i, l_i, acc = attend(q, q_pos, split * chunk, tl.minimum(ctx, (split + 1) * chunk), pages, k_base, v_base,
+                           HKV * HD, d, d_ok, scale, PAGE_SIZE, BKV, DOT_F32, STAGES)
     out_ptr = ACT + out_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
     if splits == 1:
         tl.store(out_ptr, (acc / l_i[:, None]).to(dt), mask=r_ok[:, None] & d_ok[None, :])
@@ -234,9 +183,8 @@ def prefill_rows(desc, b, g, m0, ACT, I32, KV, kv_plane, SEQ_STARTS: tl.constexp
     q_ptr = ACT + q_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
     q = tl.load(q_ptr, mask=r_ok[:, None] & d_ok[None, :], other=0.0)
     last = tl.minimum(ctx, ctx - q_len + (m0 + BMP - 1) // rep + 1)
-    m_i, l_i, acc = attend(q, q_pos, 0, last, tl.full((BMP,), NEG, tl.float32), tl.zeros((BMP,), tl.float32),
-                           tl.zeros((BMP, HDP), tl.float32), pages, k_base, v_base, HKV * HD, d, d_ok, scale, PAGE_SIZE,
-                           BKV, DOT_F32, STAGES)
+    m_i, l_i, acc = attend(q, q_pos, 0, last, pages, k_base, v_base, HKV * HD, d, d_ok, scale, PAGE_SIZE, BKV,
+                           DOT_F32, STAGES)
     out_ptr = ACT + out_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
     tl.store(out_ptr, (acc / l_i[:, None]).to(dt), mask=r_ok[:, None] & d_ok[None, :])
 
@@ -251,11 +199,10 @@ def _store_part(part, m_i, l_i, acc, r_ok, BM: tl.constexpr, HDP: tl.constexpr):
 
 
 @triton.jit
-def merge_head(desc, tile, ACT, F32, I32, num_seqs, EVENTS, event, target, step, task, CONTROL: tl.constexpr,
-               SPIN_LIMIT: tl.constexpr, SEQ_STARTS: tl.constexpr, BM: tl.constexpr, HDP: tl.constexpr,
+def merge_head(desc, tile, ACT, F32, I32, num_seqs, SEQ_STARTS: tl.constexpr, BM: tl.constexpr, HDP: tl.constexpr,
                STAGES: tl.constexpr, SPLITS: tl.constexpr):
     """Task (sequence b, query head h) of the group after a decode step's splits: merges the partials of
-    h's rows (one a token) into the attention output, once the splits are done (the wait)."""
+    h's rows (one a token) into the attention output."""
     out_off, H, HKV, HD = word8(desc, 1), word(desc, 2), word(desc, 3), word8(desc, 4)
     splits, part_off = word(desc, 7), word(desc, 8)
     b, h = tile // H, tile % H
@@ -264,7 +211,6 @@ def merge_head(desc, tile, ACT, F32, I32, num_seqs, EVENTS, event, target, step,
         q_len = tl.load(I32 + SEQ_STARTS + b + 1) - start
         rep = H // HKV
         if q_len * rep <= BM:  # the splits decoded it (a longer sequence prefilled)
-            wait_inputs(EVENTS, I32, event, target, step, task, CONTROL, SPIN_LIMIT)
             d = tl.arange(0, HDP)
             part = F32 + tl.multiple_of(part_off + (b * HKV + h // rep) * splits * (BM * (HDP + 2)), 16)
             out = ACT + out_off + start * (H * HD) + h * HD

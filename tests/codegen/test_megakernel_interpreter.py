@@ -70,15 +70,12 @@ def test_greedy_tokens_match_the_reference_engine(preset, compiled):
 
 def test_partial_rotary_matches_the_reference_engine(tmp_path):
     """Rotary on the first half of each head only (`partial_rotary_factor`): the epilogue gathers each
-    column's partner and leaves the other half alone. Decode steps run one row, the first step 19. The
-    context is one attention task's (no splits) in blocks of 8 keys: the first, of earlier steps' tokens,
-    loaded before the task waits on QKV, the rest in the loop after it."""
+    column's partner and leaves the other half alone. Decode steps run one row, the first step 19."""
     hf_config = {**preset_config("tiny-llama"), "partial_rotary_factor": 0.5}
     directory = write_random_checkpoint(hf_config, tmp_path / "ckpt", seed=3, std=0.05)
     model = fp32_model(directory)
     assert model.config.rotary_dim < model.config.head_dim
-    config = dataclasses.replace(CONFIG, attention_splits=1, block_kv=8)
-    out = compile_model(model, config, tmp_path / "partial.cubin", WeightsSource(directory), dtype=DType.f32).path
+    out = compile_model(model, CONFIG, tmp_path / "partial.cubin", WeightsSource(directory), dtype=DType.f32).path
     kernel = Megakernel.load(out, device="cpu")
     graph = trace_model(model.definition, model.config, page_size=4)
     engine = ReferenceEngine(graph, load_weights(graph, directory), config=EngineConfig(num_pages=64))
@@ -155,9 +152,7 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
     `prefill_splits`, the first step's wide tiles also split K (chunks of 16: with 3 splits, [0, 32),
     [32, 64) and an empty one), the last split of each running the epilogue. With `merge_group` (the default), the
     attention splits only store their partials and a group of their own (a task a sequence and query head)
-    merges them; without, the last split of a sequence and KV head to finish merges its group's, and (for that
-    case only) the kernel's loop waits for attention's inputs instead of its body (`attention_preload`).
-    Decode splits past the first hold 16 keys of earlier steps: loaded before the body's wait."""
+    merges them; without, the last split of a sequence and KV head to finish merges its group's."""
     directory = checkpoint("tiny-qwen3")
     model = fp32_model(directory)
     # K = 64: QKV parts [0, 32), [32, 64), empty; contexts up to 11 tokens: attention parts of 16 keys
@@ -167,7 +162,7 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
                                  max_tokens_per_step=32, wide_m=wide_m, prefill_m=wide_m, wide_n=32, batch_n=32,
                                  dynamic_tasks=True, qkv_block_m=qkv_block_m, block_n=block_n,
                                  prefill_tma=tma == "prefill", batch_tma=tma == "batch",
-                                 attention_merge_group=merge_group, attention_preload=merge_group)
+                                 attention_merge_group=merge_group)
     out = compile_model(model, config, tmp_path / "split.cubin", WeightsSource(directory), dtype=DType.f32).path
     kernel = Megakernel.load(out, device="cpu")
     graph = trace_model(model.definition, model.config, page_size=4)
