@@ -96,9 +96,6 @@ class CompileConfig:
     # ones alike (b1 7.02 -> 8.24, b8 8.31 -> 11.30, b64 12.42 -> 14.47); likely because a group of one
     # wave's tasks can land two to an SM while other SMs idle, where i % P spreads them
     dynamic_tasks: bool = False
-    # a batch-1 projection task of a group that hands out tasks claims the program's next one when its K loop is
-    # done, so that the claim's round trip overlaps its epilogue (else the kernel's loop claims after the body)
-    early_claim: bool = True
     prefetch_kb: int = 32  # weights each projection/QKV task asks L2 for before waiting on its inputs
     # ... and each task of a projection of attention's output: attention reads little (a decode step's keys
     # and values), so the projection's weights can come into L2 meanwhile

@@ -37,8 +37,7 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     vocab = lw.graph.outputs["logits"].shape[1]
     sample_block = min(1024, _pow2(-(-vocab // sample_splits(lw))))  # logits per iteration of the argmax
     calls = {
-        Kind.LINEAR: f"early_claim = linear_task(desc, tile, W, ACT, F32, EVENTS, body_claim, num_tokens, num_seqs, "
-                     f"{bm}, {bn}, {bk}, {bk_rows}, "
+        Kind.LINEAR: f"linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn}, {bk}, {bk_rows}, "
                      f"{cfg.wide_m}, {cfg.prefill_m}, {cfg.wide_n}, {cfg.batch_n}, {cfg.block_k_dot}, {dot_f32}, "
                      f"{cfg.num_stages}, {cfg.batch_stages}, {cfg.prefill_stages}, {cfg.batch_tma}, {cfg.prefill_tma}, "
                      f"{c.get('PREFILL_PARTS', 0)}, {cfg.prefill_splits}, {cfg.rows_gemv}, "
@@ -108,7 +107,6 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
         prefetch=not cfg.interpret,  # inline PTX: the interpreter cannot run it
         timer=not cfg.interpret,  # the global timer is inline PTX too: GPU builds log each step's start
         step_log=STEP_LOG, dynamic=cfg.dynamic_tasks, tickets_word=CONTROL_FIELDS.index("task_tickets"),
-        early_claim=cfg.early_claim,
         words=SimpleNamespace(next=NEXT, claim=CLAIM, group_start=GROUP_START, group_size=GROUP_SIZE,
                               prefill_only=PREFILL_ONLY),
     )

@@ -86,10 +86,8 @@ def linear_epilogue(desc, y, rows, row_ok, n0, W, ACT, F32):
 
 
 @triton.jit
-def gemv_row(desc, tile, W, ACT, F32, CLAIMS, claim, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr):
-    """Batch-1 decode: one input row times this task's BN weight rows. Where its group hands out tasks (claim:
-    the index of its counter in CLAIMS, else -1), takes the program's next one once the K loop is done, so
-    that the claim's round trip overlaps the epilogue; returns it (-1 where it took none)."""
+def gemv_row(desc, tile, W, ACT, F32, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr):
+    """Batch-1 decode: one input row times this task's BN weight rows."""
     x_off, K, w_off, N = word8(desc, 0), word8(desc, 2), word8(desc, 3), word(desc, 4)
     cols = tile * BN + tl.arange(0, BN)
     col_ok = cols < N
@@ -110,16 +108,12 @@ def gemv_row(desc, tile, W, ACT, F32, CLAIMS, claim, BN: tl.constexpr, BK: tl.co
             acc += w.to(tl.float32) * x[None, :]
         else:
             acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
-    claimed = -1
-    if claim >= 0:
-        claimed = tl.atomic_add(CLAIMS + claim, 1, sem="relaxed")
     if ACC2D:
         y = tl.sum(acc, 1)
     else:
         y = acc
     row = tl.arange(0, 1)
     linear_epilogue(desc, y[None, :], row, row < 1, tile * BN, W, ACT, F32)
-    return claimed
 
 
 @triton.jit
@@ -230,7 +224,7 @@ def split_block(desc, tile, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
 
 
 @triton.jit
-def linear_task(desc, tile, W, ACT, F32, CLAIMS, claim, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr,
+def linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, BKM: tl.constexpr, BMW: tl.constexpr, BMP: tl.constexpr, BNW: tl.constexpr,
                 BNB: tl.constexpr, BKD: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
                 BATCH_STAGES: tl.constexpr, PREFILL_STAGES: tl.constexpr, BATCH_TMA: tl.constexpr,
@@ -240,13 +234,10 @@ def linear_task(desc, tile, W, ACT, F32, CLAIMS, claim, num_tokens, num_seqs, BM
     blocks and [BMP, BNW] prefill tiles; STAGES, BATCH_STAGES, PREFILL_STAGES: their pipelining depths;
     BATCH_TMA, PREFILL_TMA: the batched blocks, the prefill tiles load through tensor descriptors;
     PREFILL_PARTS, PREFILL_SPLITS: the prefill tiles' split-K scratch in parts, and its splits (0: auto);
-    ROWS_GEMV: steps of up to this many rows take `gemv_rows` (0: none); ROWS_STAGES: the few-row dots' depth.
-    Returns the program's next task of the group if the body claimed it (CLAIMS, claim: see `gemv_row`), else
-    -1: the kernel's loop claims it after the body."""
+    ROWS_GEMV: steps of up to this many rows take `gemv_rows` (0: none); ROWS_STAGES: the few-row dots' depth."""
     num_rows = tl.where(word(desc, 15) == 1, num_seqs, num_tokens)
-    claimed = -1
     if num_rows == 1:
-        claimed = gemv_row(desc, tile, W, ACT, F32, CLAIMS, claim, BN, BK, STAGES)
+        gemv_row(desc, tile, W, ACT, F32, BN, BK, STAGES)
     elif num_rows <= ROWS_GEMV:
         if ROWS_GEMV > 1:
             gemv_rows(desc, tile, num_rows, W, ACT, F32, ROWS_GEMV, BN, BK, STAGES)
@@ -281,4 +272,3 @@ def linear_task(desc, tile, W, ACT, F32, CLAIMS, claim, num_tokens, num_seqs, BM
                         rows = m0 + r0 + tl.arange(0, 16)
                         linear_epilogue(desc, sum_split_rows(F32, base, splits, r0, BMP, BNW, 16), rows,
                                         rows < num_rows, n0, W, ACT, F32)
-    return claimed
