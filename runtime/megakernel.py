@@ -283,6 +283,12 @@ def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda")  # torch's blocks are aligned to 512 B
 
 
+def launch_programs(num_sms: int, per_sm: int, max_programs: int | None) -> int:
+    """The launch's grid: every co-resident slot, or no more than the tasks were sized for (the manifest's
+    `max_programs`, the compile's `target_programs`; absent in manifests written before it)."""
+    return min(num_sms * per_sm, max_programs or num_sms * per_sm)
+
+
 def _load_cubin(artifact: Artifact, manifest: dict):
     """The cubin as a Triton CompiledKernel, launched on as many programs as fit co-resident."""
     from triton.compiler.compiler import CompiledKernel
@@ -314,8 +320,7 @@ def _load_cubin(artifact: Artifact, manifest: dict):
     per_sm = min(wanted, max_active_programs(compiled.function, threads, shared))
     if per_sm < 1:
         raise RuntimeError(f"the kernel does not fit on an SM ({compiled.n_regs} registers, {shared} B shared)")
-    # every co-resident slot, or as many as the tasks were sized for where fewer (whole waves of a group)
-    grid = (min(props.multi_processor_count * per_sm, kernel_meta.get("max_programs", 1 << 30)), 1, 1)
+    grid = (launch_programs(props.multi_processor_count, per_sm, kernel_meta.get("max_programs")), 1, 1)
     launcher = compiled[grid]
     launcher.grid, launcher.shared = grid, shared
     launcher.n_regs, launcher.n_spills = compiled.n_regs, compiled.n_spills
