@@ -2,8 +2,8 @@
 
 No model definition and no recompilation: the manifest says how to lay out memory, where the weights
 come from and how to launch. On a GPU the cubin is launched with one program per co-resident slot
-(as many as the driver's occupancy query allows, up to the manifest's per-SM count, with L1 kept
-for what shared memory does not need); on a CPU the kernel source runs in the Triton interpreter
+(as many as the driver's occupancy query allows, up to the manifest's per-SM count and its total, with L1
+kept for what shared memory does not need); on a CPU the kernel source runs in the Triton interpreter
 with a grid of one program.
 """
 from __future__ import annotations
@@ -290,7 +290,8 @@ def launch_programs(num_sms: int, per_sm: int, max_programs: int | None) -> int:
 
 
 def _load_cubin(artifact: Artifact, manifest: dict):
-    """The cubin as a Triton CompiledKernel, launched on as many programs as fit co-resident."""
+    """The cubin as a Triton CompiledKernel, launched on as many programs as fit co-resident, at most the
+    manifest's `max_programs` (`launch_programs`)."""
     from triton.compiler.compiler import CompiledKernel
 
     kernel_meta = manifest["kernel"]
