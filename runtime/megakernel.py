@@ -2,7 +2,7 @@
 
 No model definition and no recompilation: the manifest says how to lay out memory, where the weights
 come from and how to launch. On a GPU the cubin is launched with one program per co-resident slot
-(as many as the driver's occupancy query allows, up to the manifest's per-SM count and its total, with L1
+(as many as the driver's occupancy query allows, up to the manifest's per-SM count and target_programs, with L1
 kept for what shared memory does not need); on a CPU the kernel source runs in the Triton interpreter
 with a grid of one program.
 """
@@ -284,14 +284,14 @@ def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
 
 
 def launch_programs(num_sms: int, per_sm: int, max_programs: int | None) -> int:
-    """The launch's grid: every co-resident slot, or no more than the tasks were sized for (the manifest's
-    `max_programs`, the compile's `target_programs`; absent in manifests written before it)."""
+    """The launch's grid: every co-resident slot, or no more than the tasks were sized for (the compile's
+    `target_programs`; None: no cap)."""
     return min(num_sms * per_sm, max_programs or num_sms * per_sm)
 
 
 def _load_cubin(artifact: Artifact, manifest: dict):
     """The cubin as a Triton CompiledKernel, launched on as many programs as fit co-resident, at most the
-    manifest's `max_programs` (`launch_programs`)."""
+    compile's `target_programs` (`launch_programs`)."""
     from triton.compiler.compiler import CompiledKernel
 
     kernel_meta = manifest["kernel"]
@@ -321,7 +321,7 @@ def _load_cubin(artifact: Artifact, manifest: dict):
     per_sm = min(wanted, max_active_programs(compiled.function, threads, shared))
     if per_sm < 1:
         raise RuntimeError(f"the kernel does not fit on an SM ({compiled.n_regs} registers, {shared} B shared)")
-    grid = (launch_programs(props.multi_processor_count, per_sm, kernel_meta.get("max_programs")), 1, 1)
+    grid = (launch_programs(props.multi_processor_count, per_sm, manifest["config"].get("target_programs")), 1, 1)
     launcher = compiled[grid]
     launcher.grid, launcher.shared = grid, shared
     launcher.n_regs, launcher.n_spills = compiled.n_regs, compiled.n_spills

@@ -27,7 +27,7 @@ def test_carveout_holds_the_programs(shared, programs, expected):
     (132, 2, 264, 264),  # an H100 or H200: every slot
     (132, 2, 256, 256),  # tasks sized for fewer programs: no more than that
     (108, 2, 264, 216),  # fewer slots than the tasks were sized for: every slot
-    (132, 2, None, 264),  # a manifest from before the cap
+    (132, 2, None, 264),  # no cap
 ])
 def test_the_grid_takes_the_slots_up_to_the_programs_the_tasks_were_sized_for(num_sms, per_sm, max_programs,
                                                                              expected):
