@@ -88,6 +88,14 @@ def ttft_ms(kernel: Megakernel, prompt_len: int) -> float:
     return min(times)
 
 
+def _field(value: str) -> int | str:
+    """A variant's field value: an integer, or a string whose commas are written `+` (`outline=rows+small`)."""
+    try:
+        return int(value)
+    except ValueError:
+        return value.replace("+", ",")
+
+
 @dataclass(frozen=True)
 class Variant:
     """One kernel to time: `BATCHxCONTEXT[:field=v,...]` (decode TPOT) or `ttftN[:field=v,...]`."""
@@ -100,7 +108,7 @@ class Variant:
     @classmethod
     def parse(cls, spec: str) -> Variant:
         shape, _, rest = spec.partition(":")
-        fields = {key: int(value) for key, value in (item.split("=", 1) for item in filter(None, rest.split(",")))}
+        fields = {key: _field(value) for key, value in (item.split("=", 1) for item in filter(None, rest.split(",")))}
         if shape.startswith("ttft"):
             return cls(spec, 1, int(shape[4:]), True, fields)
         batch, context = (int(v) for v in shape.split("x"))
@@ -116,7 +124,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Megakernel TPOT / TTFT of each variant, compiled side by side first")
     parser.add_argument("variants", nargs="+", metavar="VARIANT",
                         help="BATCHxCONTEXT or ttftPROMPT, then optional :field=value,... CompileConfig fields "
-                             "(e.g. 1x512 1x512:attention_stages=3 ttft512:wide_n=128)")
+                             "(e.g. 1x512 1x512:attention_stages=3 ttft512:wide_n=128 1x512:outline=rows+small)")
     parser.add_argument("--preset", default="llama3-8b")
     parser.add_argument("--tokens", type=int, default=32, help="full-batch decode steps to take the median of")
     args = parser.parse_args()

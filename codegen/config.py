@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from codegen.bodies import OUTLINE_GROUPS
+
 
 @dataclass(frozen=True)
 class CompileConfig:
@@ -100,6 +102,14 @@ class CompileConfig:
     # ... and each task of a projection of attention's output: attention reads little (a decode step's keys
     # and values), so the projection's weights can come into L2 meanwhile
     prefetch_attention_kb: int = 128
+    # task bodies compiled as functions of their own (`noinline`), by group (codegen/render.py, OUTLINE_GROUPS),
+    # comma-separated. Inlined, every body's per-thread index math is hoisted out of the persistent loop and
+    # spilled (166 values stored at the kernel's start, reloaded in the bodies); outlined, a body computes its
+    # own. A body with Hopper tensor-core dots (wgmma, 64 rows and more) must stay inlined: ptxas serializes
+    # every wgmma of a kernel where one is in a called function. H100, Llama-3-8B ctx512, none / rows,small,
+    # decode_attention / every body ("dots" too): b1 6.47 / 6.39 / 6.31 ms, b8 7.63 / 7.38 / 7.46, b64 10.61 /
+    # 10.80 / 10.42, TTFT 512 22.92 / 23.16 / 24.45
+    outline: str = "rows,small,decode_attention"
     spin_limit: int = 1 << 26  # spins before a wait is reported as a hang
     profile: bool = False  # record each task's start, end of waits and end in step `profile_step` (GPU only)
     profile_step: int = 2
@@ -124,6 +134,9 @@ class CompileConfig:
                 raise ValueError(f"{name} must be a power of two, got {value}")
         if min(self.block_m, self.qkv_block_m, self.attention_block_m) < 16:
             raise ValueError("block_m, qkv_block_m and attention_block_m must be at least 16 (tl.dot)")
+        unknown = set(filter(None, self.outline.split(","))) - set(OUTLINE_GROUPS)
+        if unknown:
+            raise ValueError(f"outline: unknown groups {sorted(unknown)}; known: {sorted(OUTLINE_GROUPS)}")
         if self.max_tokens_per_step < self.max_batch:
             raise ValueError("max_tokens_per_step must be at least max_batch (one decode token each)")
 

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import jinja2
 import triton
 
+from codegen.bodies import OUTLINE_GROUPS
 from codegen.kernel_abi import KERNEL_NAME
 from codegen.layout import CONTROL_FIELDS, STEP_LOG, STEP_REGIONS
 from codegen.lower import Lowering, gemv_block_k, qkv_block_k, sample_splits
@@ -73,6 +74,17 @@ BODY_MODULES = ("common", "sync", "schedule", "linear", "qkv", "attention", "row
 BODIES = Path(__file__).parent / "bodies"
 
 
+def outline(source: str, groups: str) -> str:
+    """`source` with the functions of the comma-separated `groups` compiled as functions of their own."""
+    for group in filter(None, groups.split(",")):
+        for fn in OUTLINE_GROUPS[group]:
+            head = f"@triton.jit\ndef {fn}("
+            if head not in source:
+                raise ValueError(f"outline group {group}: no plain @triton.jit function {fn}() in the bodies")
+            source = source.replace(head, f"@triton.jit(noinline=True)\ndef {fn}(")
+    return source
+
+
 def inline_bodies() -> str:
     """The task bodies' source, inlined so that the artifact's kernel source stands alone (and its hash,
     the compile-cache key, covers every line of code that runs)."""
@@ -97,7 +109,7 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
     regions = {k: lw.layout.offset(k) for k in (*STEP_REGIONS, "control")}
     sample = lw.sample
     context = dict(
-        model_name=model_name, kernel_name=KERNEL_NAME, bodies=inline_bodies(),
+        model_name=model_name, kernel_name=KERNEL_NAME, bodies=outline(inline_bodies(), cfg.outline),
         r=SimpleNamespace(**regions), dispatch=_dispatch(lw, cfg.interpret),
         sample_event=sample.event, num_sample_tasks=sample.count, plan_event=lw.plan_event,
         spin_limit=cfg.spin_limit, pages_per_seq=cfg.max_pages_per_seq, page_size=cfg.page_size,

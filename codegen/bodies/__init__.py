@@ -3,3 +3,13 @@
 Each body reads its operands from a descriptor row (int64 words, laid out by the `*_FIELDS` tuple next
 to it) and the step's metadata, and is unit-tested on its own against the op's reference implementation.
 """
+
+# The bodies `CompileConfig.outline` can compile as functions of their own (`noinline`), by group. None but "dots"
+# issues Hopper's tensor-core dots (wgmma: Triton takes them for 64 rows and more), and outlining those serializes
+# every wgmma of the kernel (ptxas: "wgmma pipeline crossing function boundary").
+OUTLINE_GROUPS = {
+    "rows": ("linear_rows", "qkv_rows"),  # projections of up to block_m rows: the GEMV and the few-row dots
+    "decode_attention": ("decode_rows", "merge_head"),
+    "small": ("embed_task", "gather_task", "rms_norm_task", "add_task", "route_task", "combine_task", "sample_task"),
+    "dots": ("linear_task", "qkv_task", "attention_task", "expert_task"),
+}

@@ -224,6 +224,19 @@ def split_block(desc, tile, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
 
 
 @triton.jit
+def linear_rows(desc, tile, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                BKM: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, ROWS_GEMV: tl.constexpr,
+                ROWS_STAGES: tl.constexpr):
+    if num_rows == 1:
+        gemv_row(desc, tile, W, ACT, F32, BN, BK, STAGES)
+    elif num_rows <= ROWS_GEMV:
+        if ROWS_GEMV > 1:
+            gemv_rows(desc, tile, num_rows, W, ACT, F32, ROWS_GEMV, BN, BK, STAGES)
+    else:
+        dot_block(desc, 0, tile * BN, num_rows, W, ACT, F32, BM, BN, BKM, DOT_F32, ROWS_STAGES)
+
+
+@triton.jit
 def linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, BKM: tl.constexpr, BMW: tl.constexpr, BMP: tl.constexpr, BNW: tl.constexpr,
                 BNB: tl.constexpr, BKD: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
@@ -236,13 +249,8 @@ def linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr,
     PREFILL_PARTS, PREFILL_SPLITS: the prefill tiles' split-K scratch in parts, and its splits (0: auto);
     ROWS_GEMV: steps of up to this many rows take `gemv_rows` (0: none); ROWS_STAGES: the few-row dots' depth."""
     num_rows = tl.where(word(desc, 15) == 1, num_seqs, num_tokens)
-    if num_rows == 1:
-        gemv_row(desc, tile, W, ACT, F32, BN, BK, STAGES)
-    elif num_rows <= ROWS_GEMV:
-        if ROWS_GEMV > 1:
-            gemv_rows(desc, tile, num_rows, W, ACT, F32, ROWS_GEMV, BN, BK, STAGES)
-    elif num_rows <= BM:
-        dot_block(desc, 0, tile * BN, num_rows, W, ACT, F32, BM, BN, BKM, DOT_F32, ROWS_STAGES)
+    if num_rows <= BM:
+        linear_rows(desc, tile, num_rows, W, ACT, F32, BM, BN, BK, BKM, DOT_F32, STAGES, ROWS_GEMV, ROWS_STAGES)
     elif num_rows <= BMW:  # batched decode: BNB columns per dot, so that inputs are read no more than weights
         split_block(desc, tile, num_rows, W, ACT, F32, BMW, BNB, BKD, DOT_F32, BATCH_STAGES, BATCH_TMA)
     else:  # prefill: this task takes every num_tasks-th wide tile, row blocks innermost (weights shared in L2)

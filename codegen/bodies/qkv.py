@@ -132,6 +132,18 @@ def split_head(desc, head, split, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, 
 
 
 @triton.jit
+def qkv_rows(desc, head, split, num_tokens, W, ACT, F32, I32, KV, kv_plane, POSITIONS: tl.constexpr,
+             SLOTS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, HDP: tl.constexpr, DOT_F32: tl.constexpr,
+             STAGES: tl.constexpr, FULL_ROTARY: tl.constexpr):
+    if num_tokens == 1:
+        split_head(desc, head, split, tl.arange(0, 1), tl.arange(0, 1) < 1, W, ACT, F32, I32, KV, kv_plane,
+                   POSITIONS, SLOTS, BM, BK, HDP, DOT_F32, STAGES, FULL_ROTARY)
+    else:
+        split_head(desc, head, split, tl.arange(0, BM), tl.arange(0, BM) < num_tokens, W, ACT, F32, I32, KV,
+                   kv_plane, POSITIONS, SLOTS, BM, BK, HDP, DOT_F32, STAGES, FULL_ROTARY)
+
+
+@triton.jit
 def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: tl.constexpr,
              SLOTS: tl.constexpr, BM: tl.constexpr, BMP: tl.constexpr, BK: tl.constexpr, BKP: tl.constexpr,
              HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, FULL_ROTARY: tl.constexpr,
@@ -143,12 +155,9 @@ def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: 
     splits = word(desc, 17)
     head = tile // splits
     split = tile % splits
-    if num_tokens == 1:
-        split_head(desc, head, split, tl.arange(0, 1), tl.arange(0, 1) < 1, W, ACT, F32, I32, KV, kv_plane,
-                   POSITIONS, SLOTS, BM, BK, HDP, DOT_F32, STAGES, FULL_ROTARY)
-    elif num_tokens <= BM:
-        split_head(desc, head, split, tl.arange(0, BM), tl.arange(0, BM) < num_tokens, W, ACT, F32, I32, KV,
-                   kv_plane, POSITIONS, SLOTS, BM, BK, HDP, DOT_F32, STAGES, FULL_ROTARY)
+    if num_tokens <= BM:
+        qkv_rows(desc, head, split, num_tokens, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, BM, BK, HDP,
+                 DOT_F32, STAGES, FULL_ROTARY)
     elif num_tokens <= BMP:
         split_head(desc, head, split, tl.arange(0, BMP), tl.arange(0, BMP) < num_tokens, W, ACT, F32, I32, KV,
                    kv_plane, POSITIONS, SLOTS, BMP, BKP, HDP, DOT_F32, STAGES, FULL_ROTARY)

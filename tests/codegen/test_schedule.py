@@ -149,6 +149,7 @@ def test_lowering_without_the_lowering_prep_passes_names_the_unsupported_ops():
     (dict(max_batch=8, max_tokens_per_step=7), "max_tokens_per_step must be at least max_batch"),
     (dict(max_model_len=0), "max_model_len must be positive, got 0"),
     (dict(block_n=0), "block_n must be a power of two, got 0"),
+    (dict(outline="rows,gemv"), r"outline: unknown groups \['gemv'\]"),
 ])
 def test_compile_config_rejects(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -207,6 +208,23 @@ def test_rendered_source_stands_alone_and_dispatches_only_used_kinds(preset, has
     calls = _dispatched_calls(source)
     assert {"linear_task", "qkv_task", "attention_task", "embed_task", "sample_task"} <= calls
     assert (MOE_CALLS <= calls) if has_moe else not (MOE_CALLS & calls)
+
+
+def test_outlined_bodies_are_compiled_as_functions_of_their_own():
+    """Each outline group names plain @triton.jit bodies; outlined, exactly they become noinline."""
+    from codegen.bodies import OUTLINE_GROUPS
+    from codegen.render import inline_bodies, outline
+
+    def noinline(source):
+        tree = ast.parse(source)
+        return {n.name for n in tree.body if isinstance(n, ast.FunctionDef)
+                and any("noinline" in ast.unparse(d) for d in n.decorator_list)}
+
+    assert noinline(inline_bodies()) == set()
+    for group, names in OUTLINE_GROUPS.items():
+        assert noinline(outline(inline_bodies(), group)) == set(names)
+    source = render_kernel(_lowered("tiny-llama"), "tiny-llama")
+    assert noinline(source) == {fn for group in CONFIG.outline.split(",") for fn in OUTLINE_GROUPS[group]}
 
 
 def test_task_bodies_defining_one_name_twice_are_rejected(tmp_path, monkeypatch):
