@@ -227,6 +227,8 @@ def split_block(desc, tile, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
 def linear_rows(desc, tile, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                 BKM: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, ROWS_GEMV: tl.constexpr,
                 ROWS_STAGES: tl.constexpr):
+    """Up to BM rows: the GEMV, the few-row GEMV or the 16-row dots (none of them wgmma, so `outline` can make
+    this a function of its own)."""
     if num_rows == 1:
         gemv_row(desc, tile, W, ACT, F32, BN, BK, STAGES)
     elif num_rows <= ROWS_GEMV:

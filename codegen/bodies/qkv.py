@@ -135,6 +135,8 @@ def split_head(desc, head, split, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, 
 def qkv_rows(desc, head, split, num_tokens, W, ACT, F32, I32, KV, kv_plane, POSITIONS: tl.constexpr,
              SLOTS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, HDP: tl.constexpr, DOT_F32: tl.constexpr,
              STAGES: tl.constexpr, FULL_ROTARY: tl.constexpr):
+    """Up to BM rows of (head, split): one row as a GEMV, more on 16-row dots (not wgmma: `outline` can make
+    this a function of its own)."""
     if num_tokens == 1:
         split_head(desc, head, split, tl.arange(0, 1), tl.arange(0, 1) < 1, W, ACT, F32, I32, KV, kv_plane,
                    POSITIONS, SLOTS, BM, BK, HDP, DOT_F32, STAGES, FULL_ROTARY)
