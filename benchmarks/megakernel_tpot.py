@@ -88,7 +88,7 @@ def ttft_ms(kernel: Megakernel, prompt_len: int) -> float:
     return min(times)
 
 
-def _field(value: str) -> int | str:
+def parse_field(value: str) -> int | str:
     """A variant's field value: an integer, or a string whose commas are written `+` (`outline=rows+small`)."""
     try:
         return int(value)
@@ -108,7 +108,8 @@ class Variant:
     @classmethod
     def parse(cls, spec: str) -> Variant:
         shape, _, rest = spec.partition(":")
-        fields = {key: _field(value) for key, value in (item.split("=", 1) for item in filter(None, rest.split(",")))}
+        items = (item.split("=", 1) for item in filter(None, rest.split(",")))
+        fields = {key: parse_field(value) for key, value in items}
         if shape.startswith("ttft"):
             return cls(spec, 1, int(shape[4:]), True, fields)
         batch, context = (int(v) for v in shape.split("x"))

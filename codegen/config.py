@@ -102,11 +102,8 @@ class CompileConfig:
     # ... and each task of a projection of attention's output: attention reads little (a decode step's keys
     # and values), so the projection's weights can come into L2 meanwhile
     prefetch_attention_kb: int = 128
-    # task bodies compiled as functions of their own (`noinline`), by group (codegen/render.py, OUTLINE_GROUPS),
-    # comma-separated. Inlined, every body's per-thread index math is hoisted out of the persistent loop and
-    # spilled (166 values stored at the kernel's start, reloaded in the bodies); outlined, a body computes its
-    # own. A body with Hopper tensor-core dots (wgmma, 64 rows and more) must stay inlined: ptxas serializes
-    # every wgmma of a kernel where one is in a called function. H100, Llama-3-8B ctx512, none / rows,small,
+    # task bodies compiled as functions of their own (`noinline`), comma-separated groups of
+    # codegen.bodies.OUTLINE_GROUPS (why, and which cannot be: there). H100, Llama-3-8B ctx512, none / rows,small,
     # decode_attention / every body ("dots" too): b1 6.47 / 6.39 / 6.31 ms, b8 7.63 / 7.38 / 7.46, b64 10.61 /
     # 10.80 / 10.42, TTFT 512 22.92 / 23.16 / 24.45
     outline: str = "rows,small,decode_attention"

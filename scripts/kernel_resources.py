@@ -20,6 +20,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 import codegen.render as render
+from benchmarks.megakernel_tpot import parse_field
 from blinkc.compile_model import build_graph
 from codegen.compile import CUOBJDUMP, resource_usage
 from codegen.config import CompileConfig
@@ -37,9 +38,8 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="CompileConfig field=value (an integer or a string)")
     parser.add_argument("--keep", help="directory for the source, TTGIR and cubin")
     args = parser.parse_args()
-    fields = (s.split("=", 1) for s in args.set)
     config = dataclasses.replace(CompileConfig(max_batch=1),
-                                 **{k: int(v) if v.lstrip("-").isdigit() else v for k, v in fields})
+                                 **{k: parse_field(v) for k, v in (s.split("=", 1) for s in args.set)})
     kinds = {Kind[k] for k in args.kinds.split(",") if k}
     lowered = lower(build_graph(resolve_model(args.model), config), config)
     dispatch = render._dispatch
