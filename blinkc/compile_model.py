@@ -144,7 +144,7 @@ def _build_into(entry: Path, model: ResolvedModel, config: CompileConfig, dtype:
         if not config.interpret:
             progress(f"compiling for sm_{arch} with Triton {version('triton')} (ptxas)...")
             cubin, metadata = compile_cubin(tmp / "model.cubin.py", model_dtype, arch, config.num_warps,
-                                           config.max_registers)
+                                           config.max_registers, config.pin_thread_ids)
             (tmp / "model.cubin").write_bytes(cubin)
             triton_metadata = json.loads(json.dumps(metadata, default=vars))
             # the cubin lists only its static shared memory; a program also takes Triton's dynamic allocation

@@ -10,18 +10,28 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from codegen.kernel_abi import ARGS, KERNEL_NAME, Resources, signature
+from codegen.llir import pinned_thread_ids
 from runtime.artifact import import_source
 
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"  # Triton's, CPU or GPU
 
 
-def compile_cubin(source_path: Path, model_dtype: str, arch: int, num_warps: int, max_registers: int = 0):
-    """-> (cubin bytes, Triton's metadata dict). max_registers: a cap on registers a thread (0: none)."""
-    fn = getattr(import_source(source_path), KERNEL_NAME)
+def compile_kernel(fn, model_dtype: str, arch: int, num_warps: int, max_registers: int = 0,
+                   pin_thread_ids: bool = True):
+    """The megakernel `fn` compiled by Triton (its `asm` holds every stage). max_registers: a cap on registers a
+    thread (0: none); pin_thread_ids: `codegen.llir`'s LLVM stage."""
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(ARGS) if name.isupper()}
     src = ASTSource(fn, signature(model_dtype), {}, attrs)
     options = {"num_warps": num_warps, "maxnreg": max_registers or None}
-    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    with pinned_thread_ids(pin_thread_ids):
+        return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def compile_cubin(source_path: Path, model_dtype: str, arch: int, num_warps: int, max_registers: int = 0,
+                  pin_thread_ids: bool = True):
+    """-> (cubin bytes, Triton's metadata dict) of the rendered kernel at source_path (`compile_kernel`)."""
+    kernel = compile_kernel(getattr(import_source(source_path), KERNEL_NAME), model_dtype, arch, num_warps,
+                            max_registers, pin_thread_ids)
     metadata = {k: v for k, v in kernel.metadata._asdict().items()}
     metadata["target"] = {"backend": "cuda", "arch": arch, "warp_size": 32}
     return kernel.asm["cubin"], metadata

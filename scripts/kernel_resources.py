@@ -15,16 +15,12 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-
 import codegen.render as render
 from benchmarks.megakernel_tpot import parse_field
 from blinkc.compile_model import build_graph
-from codegen.compile import CUOBJDUMP, resource_usage
+from codegen.compile import CUOBJDUMP, compile_kernel, resource_usage
 from codegen.config import CompileConfig
-from codegen.kernel_abi import ARGS, KERNEL_NAME, signature
+from codegen.kernel_abi import KERNEL_NAME
 from codegen.lower import lower
 from codegen.tasks import Kind
 from models.registry import resolve_model
@@ -48,9 +44,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernel.py").write_text(render.render_kernel(lowered, args.model))
     fn = getattr(import_source(out / "kernel.py"), KERNEL_NAME)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(ARGS) if name.isupper()}
-    compiled = triton.compile(ASTSource(fn, signature("bf16"), {}, attrs), target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": config.num_warps})
+    compiled = compile_kernel(fn, "bf16", 90, config.num_warps, config.max_registers, config.pin_thread_ids)
     (out / "kernel.ttgir").write_text(compiled.asm["ttgir"])
     (out / "kernel.cubin").write_bytes(compiled.asm["cubin"])
     (out / "kernel.ptx").write_text(compiled.asm["ptx"])
