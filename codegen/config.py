@@ -36,6 +36,9 @@ class CompileConfig:
     # prefill_m 64 / 128: 25.76 / 30.57 (128 rows spill: 338 -> 758 B a thread).
     wide_m: int = 64
     prefill_m: int = 64
+    # input columns per chunk of the prefill tiles (QKV's too); 0: block_k_dot. H100, 128-row tiles, TTFT 2048:
+    # chunks of 64 at 3 stages (96 KB) 72.48 ms; of 32 at 4 / 5 / 6 stages (64 / 80 / 96 KB) 78.47 / 80.27 / 82.47
+    prefill_block_k: int = 0
     wide_n: int = 128
     batch_n: int = 32
     block_kv: int = 32  # keys per attention block
@@ -126,11 +129,11 @@ class CompileConfig:
             raise ValueError(f"rows_gemv must be 0 or a power of two, got {self.rows_gemv}")
         if self.rows_stages < 0:
             raise ValueError(f"rows_stages must be at least 0, got {self.rows_stages}")
-        for name in ("block_n", "expert_block_n", "expert_block_k", "block_k", "block_k_dot", "block_m",
-                     "qkv_block_m", "attention_block_m", "wide_m", "prefill_m", "wide_n", "batch_n", "block_kv",
-                     "page_size"):
+        for name in ("block_n", "expert_block_n", "expert_block_k", "block_k", "block_k_dot", "prefill_block_k",
+                     "block_m", "qkv_block_m", "attention_block_m", "wide_m", "prefill_m", "wide_n", "batch_n",
+                     "block_kv", "page_size"):
             value = getattr(self, name)
-            if (value <= 0 or value & (value - 1)) and not (name == "block_k" and value == 0):
+            if (value <= 0 or value & (value - 1)) and not (name in ("block_k", "prefill_block_k") and value == 0):
                 raise ValueError(f"{name} must be a power of two, got {value}")
         if min(self.block_m, self.qkv_block_m, self.attention_block_m) < 16:
             raise ValueError("block_m, qkv_block_m and attention_block_m must be at least 16 (tl.dot)")

@@ -34,6 +34,7 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     bk_rows = max(16, min(256, bk // 2))  # few-row dots stage inputs as large as their weights: smaller chunks
     hdp = _pow2(max(16, c.get("HEAD_DIM_MAX", 16)))
     qkv_prefill_bk = max(16, min(bk_small, 2048 // cfg.qkv_block_m))  # [rows + head_dim, chunk] staged: <= 48 KB
+    prefill_bk = cfg.prefill_block_k or cfg.block_k_dot
     full_rotary = hdp == c.get("HEAD_DIM_MAX") and not c.get("PARTIAL_ROTARY")  # rotary over the whole padded head
     vocab = lw.graph.outputs["logits"].shape[1]
     sample_block = min(1024, _pow2(-(-vocab // sample_splits(lw))))  # logits per iteration of the argmax
@@ -42,10 +43,10 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
                      f"{cfg.wide_m}, {cfg.prefill_m}, {cfg.wide_n}, {cfg.batch_n}, {cfg.block_k_dot}, {dot_f32}, "
                      f"{cfg.num_stages}, {cfg.batch_stages}, {cfg.prefill_stages}, {cfg.batch_tma}, {cfg.prefill_tma}, "
                      f"{c.get('PREFILL_PARTS', 0)}, {cfg.prefill_splits}, {cfg.rows_gemv}, "
-                     f"{cfg.rows_stages or cfg.num_stages})",
+                     f"{cfg.rows_stages or cfg.num_stages}, {prefill_bk})",
         Kind.QKV: f"qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, {r.positions}, {r.slots}, "
                   f"{bm}, {cfg.qkv_block_m}, {bk_small}, {qkv_prefill_bk}, {hdp}, {dot_f32}, {cfg.num_stages}, "
-                  f"{full_rotary}, {cfg.block_k_dot}, {cfg.prefill_stages}, {cfg.prefill_tma})",
+                  f"{full_rotary}, {prefill_bk}, {cfg.prefill_stages}, {cfg.prefill_tma})",
         Kind.ATTENTION: f"attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs, "
                         f"{r.seq_starts}, {r.context_lens}, {r.seq_req}, {r.req_pages}, {cfg.max_pages_per_seq}, "
                         f"{cfg.page_size}, {_pow2(cfg.max_batch)}, {bm}, {cfg.attention_block_m}, {cfg.block_kv}, "

@@ -244,9 +244,9 @@ def linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr,
                 BNB: tl.constexpr, BKD: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
                 BATCH_STAGES: tl.constexpr, PREFILL_STAGES: tl.constexpr, BATCH_TMA: tl.constexpr,
                 PREFILL_TMA: tl.constexpr, PREFILL_PARTS: tl.constexpr, PREFILL_SPLITS: tl.constexpr,
-                ROWS_GEMV: tl.constexpr, ROWS_STAGES: tl.constexpr):
-    """BK, BKM, BKD: the K chunk of the GEMV, of the dots over up to BM rows, of the [BMW, BNB] batched
-    blocks and [BMP, BNW] prefill tiles; STAGES, BATCH_STAGES, PREFILL_STAGES: their pipelining depths;
+                ROWS_GEMV: tl.constexpr, ROWS_STAGES: tl.constexpr, PREFILL_BK: tl.constexpr):
+    """BK, BKM, BKD, PREFILL_BK: the K chunk of the GEMV, of the dots over up to BM rows, of the [BMW, BNB]
+    batched blocks, of the [BMP, BNW] prefill tiles; STAGES, BATCH_STAGES, PREFILL_STAGES: their pipelining depths;
     BATCH_TMA, PREFILL_TMA: the batched blocks, the prefill tiles load through tensor descriptors;
     PREFILL_PARTS, PREFILL_SPLITS: the prefill tiles' split-K scratch in parts, and its splits (0: auto);
     ROWS_GEMV: steps of up to this many rows take `gemv_rows` (0: none); ROWS_STAGES: the few-row dots' depth."""
@@ -260,20 +260,20 @@ def linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr,
         num_tasks = tl.cdiv(N, BN)
         row_blocks = tl.cdiv(num_rows, BMP)
         tiles = row_blocks * tl.cdiv(N, BNW)
-        splits = prefill_splits(tiles, num_tasks, K, PREFILL_PARTS, ticket_off, PREFILL_SPLITS, BKD)
+        splits = prefill_splits(tiles, num_tasks, K, PREFILL_PARTS, ticket_off, PREFILL_SPLITS, PREFILL_BK)
         if splits == 1:
             for item in range(tile, tiles, num_tasks):
                 dot_block(desc, (item % row_blocks) * BMP, (item // row_blocks) * BNW, num_rows, W, ACT, F32,
-                          BMP, BNW, BKD, DOT_F32, PREFILL_STAGES, PREFILL_TMA)
+                          BMP, BNW, PREFILL_BK, DOT_F32, PREFILL_STAGES, PREFILL_TMA)
         else:  # ... or its every num_tasks-th (tile, K split), splits of a tile side by side
-            chunk = tl.cdiv(tl.cdiv(K, splits), BKD) * BKD
+            chunk = tl.cdiv(tl.cdiv(K, splits), PREFILL_BK) * PREFILL_BK
             for item in range(tile, tiles * splits, num_tasks):
                 m0 = (item % row_blocks) * BMP
                 split = item // row_blocks % splits
                 n0 = item // (row_blocks * splits) * BNW
                 k_lo = split * chunk
                 k_hi = tl.multiple_of(tl.minimum(K, k_lo + chunk), 8)  # both are: keeps the K mask vector-wide
-                acc = dot_product(desc, m0, n0, k_lo, k_hi, num_rows, W, ACT, BMP, BNW, BKD, DOT_F32,
+                acc = dot_product(desc, m0, n0, k_lo, k_hi, num_rows, W, ACT, BMP, BNW, PREFILL_BK, DOT_F32,
                                   PREFILL_STAGES, PREFILL_TMA)
                 last, base = store_split(F32, part_off, ticket_off, n0 // BNW * row_blocks + m0 // BMP, split,
                                          splits, acc)

@@ -21,7 +21,8 @@ from codegen.llir import pinned_thread_ids
 @triton.jit
 def toy(x_ptr, y_ptr, n_tasks, BLOCK: tl.constexpr):
     for t in range(tl.program_id(0), n_tasks, tl.num_programs(0)):
-        tile = tl.load(x_ptr + t * BLOCK * BLOCK + tl.arange(0, BLOCK)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :])
+        cells = tl.arange(0, BLOCK)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+        tile = tl.load(x_ptr + t * BLOCK * BLOCK + cells)
         tl.store(y_ptr + t * BLOCK + tl.arange(0, BLOCK), tl.sum(tile, axis=1))
 
 for pin in (False, True):
@@ -45,8 +46,8 @@ def test_every_thread_id_read_becomes_an_asm_with_side_effects():
 def test_pinned_reads_stay_in_the_loop_where_triton_hoists_them_out(tmp_path):
     (tmp_path / "toy.py").write_text(TOY)  # Triton reads a kernel's source from its file
     env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, str(tmp_path / "toy.py")], capture_output=True, text=True, timeout=240, env=env,
-                            cwd=ROOT)
+    result = subprocess.run([sys.executable, str(tmp_path / "toy.py")], capture_output=True, text=True, timeout=240,
+                            env=env, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     (_, before, inside), (_, _, pinned_inside) = (line.split() for line in result.stdout.splitlines())
     assert (int(before), int(inside)) == (1, 0)  # Triton's stage: one read, at entry, its index math hoisted
