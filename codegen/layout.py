@@ -62,6 +62,7 @@ STEP_REGIONS = {  # name -> size: T tokens, B sequences, R requests, P pages, M 
     "step_log": "LOG",  # per step (mod STEP_LOG): global timer when planned (low, high word), tokens, sequences
 }
 STEP_LOG = 4096
+PARK_WORDS = 32  # a program's parked worker-loop state: one 128-byte line
 
 
 def add_step_regions(layout: Layout, *, T: int, B: int, R: int, P: int, M: int, O: int) -> None:

@@ -16,7 +16,7 @@ from codegen.bodies.qkv import QKV_FIELDS
 from codegen.bodies.rows import ADD_FIELDS, EMBED_FIELDS, GATHER_FIELDS, RMS_NORM_FIELDS
 from codegen.bodies.schedule import SAMPLE_FIELDS
 from codegen.config import CompileConfig
-from codegen.layout import Layout, add_step_regions
+from codegen.layout import PARK_WORDS, Layout, add_step_regions
 from codegen.tasks import Kind, Prefetch, TaskGraph, Wait
 from ir.graph import Graph, Node, Value
 from ir.ops.fused import fused_linear_inputs, qkv_rope_store_inputs
@@ -144,6 +144,7 @@ def _allocate(lw: Lowering) -> None:
         lw.layout.alloc(f"param:{p.name}", "W", p.num_elements)
     add_step_regions(lw.layout, T=cfg.max_tokens_per_step, B=cfg.max_batch, R=cfg.max_batch,
                      P=cfg.max_pages_per_seq, M=cfg.max_model_len, O=cfg.max_new_tokens)
+    lw.layout.alloc("park", "I32", cfg.target_programs * PARK_WORDS)  # the worker loop's parked state
     # Everything the planner zeroes each step, contiguous: the norms' sums of squares, the split tasks' tickets.
     lw.constants["STATS_OFF"] = lw.layout.sizes["F32"]
     for value in _values_read_by_norms(lw.graph):

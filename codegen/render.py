@@ -13,7 +13,7 @@ import triton
 
 from codegen.bodies import OUTLINE_GROUPS
 from codegen.kernel_abi import KERNEL_NAME
-from codegen.layout import CONTROL_FIELDS, STEP_LOG, STEP_REGIONS
+from codegen.layout import CONTROL_FIELDS, PARK_WORDS, STEP_LOG, STEP_REGIONS
 from codegen.lower import Lowering, gemv_block_k, qkv_block_k, sample_splits
 from codegen.tasks import CLAIM, DESC_WORDS, GROUP_SIZE, GROUP_START, MAX_WAITS, NEXT, PREFILL_ONLY, TASK_WORDS, Kind
 
@@ -75,6 +75,13 @@ BODY_MODULES = ("common", "sync", "schedule", "linear", "qkv", "attention", "row
 BODIES = Path(__file__).parent / "bodies"
 
 
+# the worker loop's state kept across a task body (name, an int64 stored as int32), parked when park_state
+PARKED = (("claim", False), ("group", False), ("group_size", False), ("pending", False), ("signal", False),
+          ("kind", True), ("desc_index", True), ("next_t", False), ("next_kind", True), ("next_desc", True),
+          ("next_tile", True), ("next_next", False), ("resume", False), ("prefill_only", False), ("step", False),
+          ("t", False), ("ok", False))
+
+
 def outline(source: str, groups: str) -> str:
     """`source` with the functions of the comma-separated `groups` compiled as functions of their own."""
     for group in filter(None, groups.split(",")):
@@ -122,5 +129,7 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
         step_log=STEP_LOG, dynamic=cfg.dynamic_tasks, tickets_word=CONTROL_FIELDS.index("task_tickets"),
         words=SimpleNamespace(next=NEXT, claim=CLAIM, group_start=GROUP_START, group_size=GROUP_SIZE,
                               prefill_only=PREFILL_ONLY),
+        park=cfg.park_state and not cfg.dynamic_tasks, park_off=lw.layout.offset("park"), park_words=PARK_WORDS,
+        parked=PARKED,
     )
     return env.get_template("megakernel.py.j2").render(**context)
