@@ -16,10 +16,12 @@ class CompileConfig:
     interpret: bool = False  # Triton interpreter on CPU: grid of one program, fp32 dot operands
     num_warps: int = 4
     block_n: int = 16  # output columns per projection tile
-    # input columns per chunk of the batch-1 GEMV (two chunks in flight); 0: 1024 where every projection's input
-    # is at least 4 such chunks, else 512 (`gemv_block_k`). H100, b1 ctx512, 512 / 1024: Llama-3-8B (inputs of
-    # 4096 and 14336) 6.71 / 6.61 ms and 6.78 / 6.63; Qwen3-30B-A3B (inputs of 2048) 6.48 / 6.65
-    block_k: int = 0
+    # input columns per chunk of the batch-1 GEMV (two chunks in flight). Llama-3-8B, 512 / 1024, one call each,
+    # with pinned thread ids and parked state: H200 b1 ctx512 4.83 / 4.88 and 4.82 / 4.89 ms, ctx4096 5.04 / 5.11,
+    # b8 6.86 / 6.90; H100 b1 6.05 / 6.09, ctx4096 6.32 / 6.35, b8 7.15 / 7.19. (Before both, 1024 was the faster
+    # where every input is 4 chunks or more: H100 b1 6.61 against 6.71 ms.) Qwen3-30B-A3B (inputs of 2048), H100:
+    # 6.48 / 6.65
+    block_k: int = 512
     expert_block_n: int = 64  # output columns per MoE expert tile (most expert slots are idle at decode)
     # input columns per chunk of an expert tile's K loop, and its pipelining depth. Qwen3-30B-A3B on the
     # H100: b1 7.67 ms at (64, 3), 7.66 at (128, 3), 7.45 at (64, 4); b8 19.38 at (64, 3), 19.39 at (128, 4)
@@ -138,7 +140,7 @@ class CompileConfig:
                      "block_m", "qkv_block_m", "attention_block_m", "wide_m", "prefill_m", "wide_n", "batch_n",
                      "block_kv", "page_size"):
             value = getattr(self, name)
-            if (value <= 0 or value & (value - 1)) and not (name in ("block_k", "prefill_block_k") and value == 0):
+            if (value <= 0 or value & (value - 1)) and not (name == "prefill_block_k" and value == 0):
                 raise ValueError(f"{name} must be a power of two, got {value}")
         if min(self.block_m, self.qkv_block_m, self.attention_block_m) < 16:
             raise ValueError("block_m, qkv_block_m and attention_block_m must be at least 16 (tl.dot)")

@@ -223,19 +223,9 @@ def linear_splits(config: CompileConfig, n: int) -> int:
     return splits
 
 
-def gemv_block_k(lw: Lowering) -> int:
-    """The batch-1 GEMV's K chunk: `block_k`, or (0) 1024 where every projection's input is at least four such
-    chunks (two are in flight; Qwen3-30B-A3B's inputs of 2048 ran slower at 1024 than at 512), else 512."""
-    if lw.config.block_k:
-        return lw.config.block_k
-    inputs = [n.inputs[fused_linear_inputs(n.attrs).index("w")].shape[1] for n in lw.graph.nodes
-              if n.op == "fused_linear"]
-    return 1024 if min(inputs, default=0) >= 4 * 1024 else 512
-
-
 def qkv_block_k(lw: Lowering) -> int:
     """The QKV body's K chunk (codegen/render.py passes the same)."""
-    return min(gemv_block_k(lw), 64)
+    return min(lw.config.block_k, 64)
 
 
 def _prefetch_rows(lw: Lowering, offset: int, stride: int, rows: int, row_elems: int, itemsize: int,

@@ -14,7 +14,7 @@ import triton
 from codegen.bodies import OUTLINE_GROUPS
 from codegen.kernel_abi import KERNEL_NAME
 from codegen.layout import CONTROL_FIELDS, PARK_WORDS, STEP_LOG, STEP_REGIONS
-from codegen.lower import Lowering, gemv_block_k, qkv_block_k, sample_splits
+from codegen.lower import Lowering, qkv_block_k, sample_splits
 from codegen.tasks import CLAIM, DESC_WORDS, GROUP_SIZE, GROUP_START, MAX_WAITS, NEXT, PREFILL_ONLY, TASK_WORDS, Kind
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -29,7 +29,7 @@ def _pow2(n: int) -> int:
 
 def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     cfg, c, r = lw.config, lw.constants, SimpleNamespace(**{k: lw.layout.offset(k) for k in STEP_REGIONS})
-    bm, bn, bk = cfg.block_m, cfg.block_n, gemv_block_k(lw)
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     bk_small = qkv_block_k(lw)  # qkv tiles are [head_dim, bk]: keep them in registers
     bk_rows = max(16, min(256, bk // 2))  # few-row dots stage inputs as large as their weights: smaller chunks
     hdp = _pow2(max(16, c.get("HEAD_DIM_MAX", 16)))

@@ -333,18 +333,6 @@ def test_a_prefill_has_an_attention_task_a_program_and_those_past_the_decode_one
     assert not any(t.prefill_only for t in _lowered("tiny-llama").tasks.tasks)
 
 
-@pytest.mark.parametrize("preset, block_k, expected", [
-    ("llama3-8b", 0, 1024),  # inputs of 4096 and 14336: four chunks or more
-    ("qwen3-30b-a3b", 0, 512),  # inputs of 2048
-    ("qwen3-30b-a3b", 256, 256),  # as asked
-])
-def test_the_gemv_chunk_is_1024_where_every_input_is_four_of_them(preset, block_k, expected):
-    from codegen.lower import gemv_block_k
-
-    config = CompileConfig(max_batch=1, block_k=block_k)
-    assert gemv_block_k(lower(build_graph(resolve_model(preset), config), config)) == expected
-
-
 def test_batched_projections_split_blocks_that_divide_and_are_few():
     from codegen.bodies.linear import LINEAR_FIELDS
     from codegen.lower import linear_splits
