@@ -110,7 +110,8 @@ class CompileConfig:
     # task bodies compiled as functions of their own (`noinline`), comma-separated groups of
     # codegen.bodies.OUTLINE_GROUPS (why, and which cannot be: there). H100, Llama-3-8B ctx512, none / rows,small,
     # decode_attention / every body ("dots" too): b1 6.47 / 6.39 / 6.31 ms, b8 7.63 / 7.38 / 7.46, b64 10.61 /
-    # 10.80 / 10.42, TTFT 512 22.92 / 23.16 / 24.45
+    # 10.80 / 10.42, TTFT 512 22.92 / 23.16 / 24.45 (before pin_thread_ids; with it and park_state, every body
+    # inlined against the default: H200 b1 4.86 / 4.90, b8 6.94 / 6.89, b64 8.94 / 8.78)
     outline: str = "rows,small,decode_attention"
     # every thread-id read stays where the lowering put it, so no body's index math is hoisted out of the task
     # loop and spilled (codegen/llir.py); Llama-3-8B: 976 -> 416 B of spills a thread

@@ -4,11 +4,12 @@ Each body reads its operands from a descriptor row (int64 words, laid out by the
 to it) and the step's metadata, and is unit-tested on its own against the op's reference implementation.
 """
 
-# The bodies `CompileConfig.outline` can compile as functions of their own (`noinline`), by group. Inlined, every
-# body's per-thread index math is hoisted out of the persistent loop and spilled (166 values stored at the kernel's
-# start, reloaded in the bodies); outlined, a body computes its own. None but "dots" issues Hopper's tensor-core
-# dots (wgmma: Triton takes them for 64 rows and more), and outlining those serializes every wgmma of the kernel
-# (ptxas: "wgmma pipeline crossing function boundary").
+# The bodies `CompileConfig.outline` can compile as functions of their own (`noinline`), by group. Without
+# `pin_thread_ids` (codegen/llir.py), an inlined body's per-thread index math is hoisted out of the persistent loop
+# and spilled (166 values stored at the kernel's start, reloaded in the bodies), and outlined, a body computes its
+# own; with it, outlining only changes how ptxas allocates registers (measured near even, RESULTS.md, session 15).
+# None but "dots" issues Hopper's tensor-core dots (wgmma: Triton takes them for 64 rows and more), and outlining
+# those serializes every wgmma of the kernel (ptxas: "wgmma pipeline crossing function boundary").
 OUTLINE_GROUPS = {
     "rows": ("linear_rows", "qkv_rows"),  # projections of up to block_m rows: the GEMV and the few-row dots
     "decode_attention": ("decode_rows", "merge_head"),
