@@ -103,6 +103,15 @@ class CompileConfig:
     # ones alike (b1 7.02 -> 8.24, b8 8.31 -> 11.30, b64 12.42 -> 14.47); likely because a group of one
     # wave's tasks can land two to an SM while other SMs idle, where i % P spreads them
     dynamic_tasks: bool = False
+    # a one-row step of a projection of at least stream_waves tiles a program shares out its (tile, K chunk)
+    # units evenly, a contiguous range a program, instead of a tile a task (codegen/bodies/linear.py,
+    # `gemv_stream`): K chunks of stream_block_k, pipelined stream_stages deep, the epilogue stream_tiles tiles
+    # at a time
+    stream_gemv: bool = True
+    stream_waves: int = 4
+    stream_block_k: int = 256
+    stream_stages: int = 5
+    stream_tiles: int = 16
     prefetch_kb: int = 32  # weights each projection/QKV task asks L2 for before waiting on its inputs
     # ... and each task of a projection of attention's output: attention reads little (a decode step's keys
     # and values), so the projection's weights can come into L2 meanwhile
@@ -130,7 +139,7 @@ class CompileConfig:
             raise ValueError(f"prefill_splits must be at least 0, got {self.prefill_splits}")
         for name in ("max_batch", "max_tokens_per_step", "max_model_len", "max_new_tokens", "page_size",
                      "target_programs", "programs_per_sm", "num_stages", "batch_stages", "prefill_stages",
-                     "attention_stages", "merge_stages", "expert_stages"):
+                     "attention_stages", "merge_stages", "expert_stages", "stream_waves", "stream_stages"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.rows_gemv < 0 or self.rows_gemv & (self.rows_gemv - 1):
@@ -139,7 +148,7 @@ class CompileConfig:
             raise ValueError(f"rows_stages must be at least 0, got {self.rows_stages}")
         for name in ("block_n", "expert_block_n", "expert_block_k", "block_k", "block_k_dot", "prefill_block_k",
                      "block_m", "qkv_block_m", "attention_block_m", "wide_m", "prefill_m", "wide_n", "batch_n",
-                     "block_kv", "page_size"):
+                     "block_kv", "page_size", "stream_tiles", "stream_block_k"):
             value = getattr(self, name)
             if (value <= 0 or value & (value - 1)) and not (name == "prefill_block_k" and value == 0):
                 raise ValueError(f"{name} must be a power of two, got {value}")

@@ -36,6 +36,7 @@ class Lowering:
     plan_event: int = -1
     split_linear_event: int = -1  # the last projection group that used the shared `linear_parts` scratch
     prefill_split_event: int = -1  # ... and the last group that may split its prefill tiles' K ranges
+    stream_event: int = -1  # ... and the last projection that streams its one-row steps (`stream_parts`)
     sample: Wait | None = None
     # weights placed in a form other than the checkpoint's (see `placed_weight`), in the order to apply them
     transforms: list[dict] = field(default_factory=list)
@@ -170,7 +171,17 @@ def _allocate(lw: Lowering) -> None:
     if max(cfg.max_tokens_per_step, cfg.max_batch) > cfg.wide_m:
         lw.layout.alloc("tickets:prefill", "F32", cfg.target_programs)
         lw.constants["PREFILL_PARTS"] = cfg.target_programs
+    # the projections that stream their one-row steps: a ticket a part, two [block_n] partials a part and the
+    # fp32 results of the whole tiles (one set for every such group: each starts after the one before; the
+    # last to arrive at a ticket zeroes it again)
+    streamed = [w.shape[0] for w in (n.inputs[fused_linear_inputs(n.attrs).index("w")] for n in lw.graph.nodes
+                                     if n.op == "fused_linear") if streamable(cfg, *w.shape)]
+    if streamed:
+        lw.layout.alloc("tickets:stream", "F32", cfg.target_programs)
     lw.constants["STATS_SIZE"] = lw.layout.sizes["F32"] - lw.constants["STATS_OFF"]
+    if streamed:
+        lw.layout.alloc("stream_parts", "F32", cfg.target_programs * 2 * cfg.block_n)
+        lw.layout.alloc("stream_out", "F32", -(-max(streamed) // cfg.block_n) * cfg.block_n)
     lw.layout.alloc("sample_parts", "F32", cfg.max_batch * sample_splits(lw) * 2)
     if attention_nodes:  # one scratch for every layer, as for the QKV parts
         head_dim = _pow2(max(16, max(n.attrs["head_dim"] for n in attention_nodes)))
@@ -221,6 +232,37 @@ def linear_splits(config: CompileConfig, n: int) -> int:
             n // config.batch_n >= 4 * config.target_programs:
         return 1
     return splits
+
+
+def launch_programs(config: CompileConfig) -> int:
+    """The most programs a launch runs (the interpreter runs one)."""
+    return 1 if config.interpret else config.target_programs
+
+
+def streamable(config: CompileConfig, n: int, k: int) -> bool:
+    """Whether a projection of `n` outputs streams its one-row steps (`gemv_stream`): where it has at least
+    `stream_waves` tiles for every program the launch may run (each program then has a unit of work). With
+    about one tile a program, nearly every tile is shared by two parts, and the ticket and second epilogue at
+    each end cost more than the balance gains: H200, Llama-3-8B b1, o_proj 18.9 / 11.7 us a layer streamed /
+    not, down 39.7 / 32.0, while gate/up (7 tiles a program) 62.8 / 67.7 and the LM head 247.9 / 267.2."""
+    programs = launch_programs(config)
+    return config.stream_gemv and not config.dynamic_tasks and -(-n // config.block_n) >= config.stream_waves * programs
+
+
+def _stream_prefetch(lw: Lowering, w_off: int, n: int, k: int, itemsize: int, kb: int, parts: int):
+    """The prefetch of a streamed group's task `part`: the first `kb` KB of its part's range, where a launch on
+    `parts` programs starts it (the same rows serve the group's steps of more rows: they are its weights)."""
+    bn, bk = lw.config.block_n, lw.config.stream_block_k
+    chunks = -(-k // bk)
+    units = -(-n // bn) * chunks
+
+    def prefetch(part: int) -> Prefetch:
+        if part >= parts:
+            return Prefetch()
+        tile, chunk = divmod(part * units // parts, chunks)
+        lo = chunk * bk
+        return _prefetch_rows(lw, w_off + tile * bn * k + lo, k, min(bn, n - tile * bn), k - lo, itemsize, kb)
+    return prefetch
 
 
 def qkv_block_k(lw: Lowering) -> int:
@@ -336,14 +378,25 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
     if splits > 1 and lw.split_linear_event >= 0 and not lw.tasks.follows(waits, lw.split_linear_event):
         raise ValueError(f"{name} may run beside {lw.tasks.event_names[lw.split_linear_event]}: they would share "
                          f"the split projections' scratch")
-    # The prefetch is batch 1's (a task's BN weight rows); a batched step's split of a wider block reads
-    # weights that a neighbouring task of the same group asked for.
+    # The prefetch is batch 1's (a task's BN weight rows, or its part's first where the group streams); a
+    # batched step's split of a wider block reads weights that a neighbouring task of the same group asked for.
     n, k, bn = w.shape[0], w.shape[1], lw.config.block_n
     after_attention = any(node.op == "paged_attention" and node.output.id == x.id for node in lw.graph.nodes)
     kb = lw.config.prefetch_attention_kb if after_attention else lw.config.prefetch_kb
-    done = lw.tasks.add_group(
-        Kind.LINEAR, desc, lw.column_tiles(n), name, waits,
-        lambda tile: _prefetch_rows(lw, w_off + tile * bn * k, k, min(bn, n - tile * bn), k, w.dtype.itemsize, kb))
+    # a streamed group shares one scratch with the others: it must start after the one before is done
+    streams = streamable(lw.config, n, k) and (lw.stream_event < 0 or lw.tasks.follows(waits, lw.stream_event))
+    tiles = lw.column_tiles(n)
+    if streams:  # a task a program at least, those past the tiles only for the streamed steps
+        num_tasks = max(tiles, launch_programs(lw.config))
+        prefetch = _stream_prefetch(lw, w_off, n, k, w.dtype.itemsize, kb, min(num_tasks, lw.config.target_programs))
+    else:
+        num_tasks = tiles
+        prefetch = lambda tile: _prefetch_rows(lw, w_off + tile * bn * k, k, min(bn, n - tile * bn), k,  # noqa: E731
+                                               w.dtype.itemsize, kb)
+    done = lw.tasks.add_group(Kind.LINEAR, desc, num_tasks, name, waits, prefetch, streams=streams,
+                              stream_only_from=tiles if num_tasks > tiles else None)
+    if streams:
+        lw.stream_event = done.event
     if splits > 1:
         lw.split_linear_event = done.event
     if split_prefill:

@@ -15,7 +15,8 @@ from codegen.bodies import OUTLINE_GROUPS
 from codegen.kernel_abi import KERNEL_NAME
 from codegen.layout import CONTROL_FIELDS, PARK_WORDS, STEP_LOG, STEP_REGIONS
 from codegen.lower import Lowering, qkv_block_k, sample_splits
-from codegen.tasks import CLAIM, DESC_WORDS, GROUP_SIZE, GROUP_START, MAX_WAITS, NEXT, PREFILL_ONLY, TASK_WORDS, Kind
+from codegen.tasks import (CLAIM, DESC_WORDS, FLAGS, GROUP_SIZE, GROUP_START, MAX_WAITS, NEXT, PREFILL_ONLY,
+                           STREAM_ONLY, STREAMS, TASK_WORDS, Kind)
 
 TEMPLATES = Path(__file__).parent / "templates"
 # (token, slot) pairs per iteration of the MoE grouping, each against every expert: [32, experts] tiles.
@@ -35,15 +36,21 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     hdp = _pow2(max(16, c.get("HEAD_DIM_MAX", 16)))
     qkv_prefill_bk = max(16, min(bk_small, 2048 // cfg.qkv_block_m))  # [rows + head_dim, chunk] staged: <= 48 KB
     prefill_bk = cfg.prefill_block_k or cfg.block_k_dot
+    streamed = "tickets:stream" in lw.layout.regions
+    stream_out = lw.layout.offset("stream_out") if streamed else -1
+    stream_parts = lw.layout.offset("stream_parts") if streamed else -1
+    stream_tickets = lw.layout.offset("tickets:stream") if streamed else -1
     full_rotary = hdp == c.get("HEAD_DIM_MAX") and not c.get("PARTIAL_ROTARY")  # rotary over the whole padded head
     vocab = lw.graph.outputs["logits"].shape[1]
     sample_block = min(1024, _pow2(-(-vocab // sample_splits(lw))))  # logits per iteration of the argmax
     calls = {
-        Kind.LINEAR: f"linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn}, {bk}, {bk_rows}, "
+        Kind.LINEAR: f"linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn}, {bk}, {bk_rows}, "
                      f"{cfg.wide_m}, {cfg.prefill_m}, {cfg.wide_n}, {cfg.batch_n}, {cfg.block_k_dot}, {dot_f32}, "
                      f"{cfg.num_stages}, {cfg.batch_stages}, {cfg.prefill_stages}, {cfg.batch_tma}, {cfg.prefill_tma}, "
                      f"{c.get('PREFILL_PARTS', 0)}, {cfg.prefill_splits}, {cfg.rows_gemv}, "
-                     f"{cfg.rows_stages or cfg.num_stages}, {prefill_bk})",
+                     f"{cfg.rows_stages or cfg.num_stages}, {prefill_bk}, {stream_out}, {stream_parts}, "
+                     f"{stream_tickets}, {cfg.stream_block_k if streamed else 0}, {cfg.stream_stages}, "
+                     f"{cfg.stream_tiles})",
         Kind.QKV: f"qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, {r.positions}, {r.slots}, "
                   f"{bm}, {cfg.qkv_block_m}, {bk_small}, {qkv_prefill_bk}, {hdp}, {dot_f32}, {cfg.num_stages}, "
                   f"{full_rotary}, {prefill_bk}, {cfg.prefill_stages}, {cfg.prefill_tma})",
@@ -78,8 +85,8 @@ BODIES = Path(__file__).parent / "bodies"
 # the worker loop's state kept across a task body (name, an int64 stored as int32), parked when park_state
 PARKED = (("claim", False), ("group", False), ("group_size", False), ("pending", False), ("signal", False),
           ("kind", True), ("desc_index", True), ("next_t", False), ("next_kind", True), ("next_desc", True),
-          ("next_tile", True), ("next_next", False), ("resume", False), ("prefill_only", False), ("step", False),
-          ("t", False), ("ok", False))
+          ("next_tile", True), ("next_next", False), ("resume", False), ("flags", False), ("step", False),
+          ("t", False), ("ok", False), ("parts", False), ("share", False))
 
 
 def outline(source: str, groups: str) -> str:
@@ -128,7 +135,8 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
         timer=not cfg.interpret,  # the global timer is inline PTX too: GPU builds log each step's start
         step_log=STEP_LOG, dynamic=cfg.dynamic_tasks, tickets_word=CONTROL_FIELDS.index("task_tickets"),
         words=SimpleNamespace(next=NEXT, claim=CLAIM, group_start=GROUP_START, group_size=GROUP_SIZE,
-                              prefill_only=PREFILL_ONLY),
+                              flags=FLAGS, prefill_only=PREFILL_ONLY, streams=STREAMS,
+                              stream_only=STREAM_ONLY),
         park=cfg.park_state and not cfg.dynamic_tasks, park_off=lw.layout.offset("park"), park_words=PARK_WORDS,
         parked=PARKED,
     )

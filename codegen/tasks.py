@@ -1,10 +1,14 @@
 """The task graph: descriptors, tasks and events, encoded as the int64 tables the megakernel reads.
 
-A task is (kind, descriptor row, tile, the event it signals, up to three waits, an L2 prefetch, whether it has
-work only in steps that prefill: such a task neither waits nor runs in a step that only decodes, it signals at
-once). A wait (event, count, lag) is satisfied in step s when `events[event] >= count * (s + 1 - lag)`:
-counters only grow, so nothing is reset between steps. The prefetch names weights the task will stream
-whatever its inputs are: the kernel asks for them before waiting, so they arrive while the producers finish.
+A task is (kind, descriptor row, tile, the event it signals, up to three waits, an L2 prefetch, flags: whether it
+has work only in steps that prefill (such a task neither waits nor runs in a step that only decodes, it signals
+at once), whether its group streams a one-row step (its first tasks, one a program, share out the group's work:
+codegen/bodies/linear.py, `gemv_stream`), whether it has work only in such a step (a streamed group has a task
+a program at least: its tasks past the tiles neither wait nor run in other steps).
+
+A wait (event, count, lag) is satisfied in step s when `events[event] >= count * (s + 1 - lag)`: counters only
+grow, so nothing is reset between steps. The prefetch names weights the task will stream whatever its inputs
+are: the kernel asks for them before waiting, so they arrive while the producers finish.
 Which program runs which task is the launch's: `schedule` fills the last words of each row for its grid.
 """
 from __future__ import annotations
@@ -16,8 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-TASK_WORDS = 22  # kind, desc, tile, signal, 3 x (event, count, lag), 4 prefetch words, prefill only, 4 schedule
-PREFILL_ONLY = 17
+TASK_WORDS = 22  # kind, desc, tile, signal, 3 x (event, count, lag), 4 prefetch words, flags, 4 schedule
+FLAGS = 17
+PREFILL_ONLY, STREAMS, STREAM_ONLY = 1, 2, 4  # the flags' bits
 NEXT, CLAIM, GROUP_START, GROUP_SIZE = 18, 19, 20, 21  # the schedule words (see `schedule`)
 DESC_WORDS = 24
 MAX_WAITS = 3
@@ -65,6 +70,8 @@ class Task:
     waits: tuple[Wait, ...] = ()
     prefetch: Prefetch = Prefetch()
     prefill_only: bool = False
+    streams: bool = False
+    stream_only: bool = False
 
 
 def float_word(x: float) -> int:
@@ -94,15 +101,21 @@ class TaskGraph:
         return len(self.descs) - 1
 
     def add_group(self, kind: Kind, desc: int, num_tiles: int, name: str, waits: tuple[Wait, ...],
-                  prefetch: Callable[[int], Prefetch] | None = None, prefill_only_from: int | None = None) -> Wait:
+                  prefetch: Callable[[int], Prefetch] | None = None, prefill_only_from: int | None = None,
+                  streams: bool = False, stream_only_from: int | None = None) -> Wait:
         """`num_tiles` tasks that all signal one new event (those from tile `prefill_only_from` on have work
-        only in steps that prefill); returns the wait that covers them."""
+        only in steps that prefill; `streams`: the group streams its one-row steps, and its tasks from tile
+        `stream_only_from` on have work only in those); returns the wait that covers them."""
+        if stream_only_from is not None and not streams:
+            raise ValueError(f"{name}: tasks only for streamed steps in a group that does not stream")
         if len(waits) > MAX_WAITS:
             raise ValueError(f"{name}: {len(waits)} waits, at most {MAX_WAITS}")
         event = self.new_event(name)
         self.event_waits[event] = waits
         self.tasks += [Task(kind, desc, tile, event, waits, prefetch(tile) if prefetch else Prefetch(),
-                            prefill_only_from is not None and tile >= prefill_only_from) for tile in range(num_tiles)]
+                            prefill_only_from is not None and tile >= prefill_only_from, streams,
+                            stream_only_from is not None and tile >= stream_only_from)
+                       for tile in range(num_tiles)]
         return Wait(event, num_tiles)
 
     def follows(self, waits: tuple[Wait, ...], event: int) -> bool:
@@ -123,8 +136,8 @@ class TaskGraph:
         for t in self.tasks:
             waits = [w for wait in t.waits for w in (wait.event, wait.count, wait.lag)]
             waits += [-1, 0, 0] * (MAX_WAITS - len(t.waits))
-            rows.append([int(t.kind), t.desc, t.tile, t.signal, *waits, *t.prefetch.words(), int(t.prefill_only),
-                         -1, -1, 0, 0])
+            flags = PREFILL_ONLY * t.prefill_only | STREAMS * t.streams | STREAM_ONLY * t.stream_only
+            rows.append([int(t.kind), t.desc, t.tile, t.signal, *waits, *t.prefetch.words(), flags, -1, -1, 0, 0])
         return torch.tensor(rows, dtype=torch.int64)
 
     def desc_table(self) -> torch.Tensor:

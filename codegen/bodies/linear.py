@@ -22,7 +22,8 @@ weights and inputs in flight through shared memory.
 import triton
 import triton.language as tl
 
-from codegen.bodies.common import prefill_splits, round_to, store_split, sum_of_splits, sum_split_rows
+from codegen.bodies.common import arrives_last, prefill_splits, round_to, store_split, sum_of_splits
+from codegen.bodies.common import sum_split_rows
 from codegen.bodies.common import word, word8, word_f32
 
 LINEAR_FIELDS = ("x_off", "x_stride", "k", "w_off", "n", "out_off", "out_stride", "out_kind", "gated",
@@ -67,12 +68,18 @@ def store_outputs(desc, y, rows, row_ok, cols, col_ok, ACT, F32):
 @triton.jit
 def linear_epilogue(desc, y, rows, row_ok, n0, W, ACT, F32):
     """Epilogue of the fp32 products y of rows x weight rows n0 .. n0 + y.shape[1]: 1/rms, bias, gating."""
+    kept_epilogue(desc, y, rows, row_ok, n0, tl.full((y.shape[1],), 1, tl.int32), W, ACT, F32)
+
+
+@triton.jit
+def kept_epilogue(desc, y, rows, row_ok, n0, keep, W, ACT, F32):
+    """`linear_epilogue` of the columns where `keep` (int32, one a column of y) is not 0."""
     K, N, gated = word8(desc, 2), word(desc, 4), word(desc, 8)
     stats_off, eps, bias_off = word(desc, 9), word_f32(desc, 10), word(desc, 13)
     dt: tl.constexpr = W.dtype.element_ty
     BC: tl.constexpr = y.shape[1]
     cols = n0 + tl.arange(0, BC)
-    col_ok = cols < N
+    col_ok = (cols < N) & (keep != 0)
     inv = row_inv_rms(F32, stats_off, rows, row_ok, K, eps)
     bias = tl.load(W + bias_off + cols, mask=col_ok & (bias_off >= 0), other=0.0).to(tl.float32)
     y = round_to(y * inv[:, None] + bias[None, :], dt)
@@ -80,7 +87,8 @@ def linear_epilogue(desc, y, rows, row_ok, n0, W, ACT, F32):
         gate, up = tl.split(tl.reshape(y, (y.shape[0], BC // 2, 2)))
         h = round_to(round_to(gate / (1.0 + tl.exp(-gate)), dt) * up, dt)
         half = n0 // 2 + tl.arange(0, BC // 2)
-        store_outputs(desc, h, rows, row_ok, half, half < N // 2, ACT, F32)
+        keep_gate, _ = tl.split(tl.reshape(keep, (BC // 2, 2)))
+        store_outputs(desc, h, rows, row_ok, half, (half < N // 2) & (keep_gate != 0), ACT, F32)
     else:
         store_outputs(desc, y, rows, row_ok, cols, col_ok, ACT, F32)
 
@@ -114,6 +122,89 @@ def gemv_row(desc, tile, W, ACT, F32, BN: tl.constexpr, BK: tl.constexpr, STAGES
         y = acc
     row = tl.arange(0, 1)
     linear_epilogue(desc, y[None, :], row, row < 1, tile * BN, W, ACT, F32)
+
+
+@triton.jit
+def settle_tile(desc, j, part, parts, units, chunks, u0, u1, part_off, ticket_off, W, ACT, F32, BN: tl.constexpr):
+    """`gemv_stream`'s tile j, if other parts hold units of it too: takes the tile's ticket (this part's partial
+    is stored), and the last part to arrive sums every part's partial in part order and runs the epilogue."""
+    if (j * chunks < u0) | ((j + 1) * chunks > u1):
+        first = ((j * chunks + 1) * parts - 1) // units  # the parts that hold units of tile j
+        last = ((j + 1) * chunks * parts - 1) // units
+        if arrives_last(F32 + ticket_off + first, last - first + 1):
+            tl.store(F32 + ticket_off + first, 0.0)  # for the next group that streams
+            lanes = tl.arange(0, BN)
+            total = tl.zeros((BN,), tl.float32)
+            for q in range(first, last + 1):  # slot 0 holds a part's first tile, 1 its last
+                total += tl.load(F32 + part_off + (q * 2 + (j != q * units // parts // chunks)) * BN + lanes)
+            row = tl.arange(0, 1)
+            linear_epilogue(desc, total[None, :], row, row < 1, j * BN, W, ACT, F32)
+
+
+@triton.jit
+def gemv_stream(desc, part, parts, W, ACT, F32, out_off, part_off, ticket_off, BN: tl.constexpr, BK: tl.constexpr,
+                TM: tl.constexpr, STAGES: tl.constexpr):
+    """Batch-1 decode with the group's work shared out evenly: its (tile, K chunk) units, tile by tile, cut into
+    `parts` ranges, one a program. A tile-a-task GEMV leaves programs idle in a group's last wave (gate/up's
+    1,792 tasks are 6.8 waves of 264 programs) and drains its pipeline at every task's end; a range streams
+    on from one tile into the next in one loop.
+    Each tile's fp32 result goes to memory as it completes: a tile whole in the range to its columns of the F32
+    region at `out_off`, whose epilogue then runs TM tiles at a time after the loop (one trip to memory for
+    all of them); a tile shared with the neighbouring ranges to this part's slot at `part_off` (two [BN] slots
+    a part: its first tile, its last), and the last part to arrive (a ticket counter the planner zeroes every
+    step, at `ticket_off` + the tile's first part) sums them and runs the tile's epilogue. Every part has at
+    least one unit (the lowering streams a group only if it has a unit for every program)."""
+    x_off, K, w_off, N = word8(desc, 0), word8(desc, 2), word8(desc, 3), word(desc, 4)
+    ACC2D: tl.constexpr = BN * BK <= 8192  # as in `gemv_row`
+    # units and columns in int32, the weights' row offsets in the scalar base: a [BN, BK] tensor of int64
+    # offsets costs ~60 registers a thread
+    K32 = K.to(tl.int32)
+    chunks = tl.cdiv(K32, BK)
+    units = tl.cdiv(N.to(tl.int32), BN) * chunks
+    u0 = (part * units // parts).to(tl.int32)
+    u1 = ((part + 1) * units // parts).to(tl.int32)
+    j_first = u0 // chunks
+    lanes = tl.arange(0, BN)
+    ks = tl.arange(0, BK)
+    if ACC2D:
+        acc = tl.zeros((BN, BK), tl.float32)
+    else:
+        acc = tl.zeros((BN,), tl.float32)
+    # one loop (a loop of rounds around it took ~50 more registers a thread, results held in registers
+    # through it ~70 more, and an epilogue inside it stopped Triton pipelining it)
+    for u in tl.range(u0, u1, num_stages=STAGES):
+        j = u // chunks
+        k0 = (u - j * chunks) * BK
+        k_ok = ks < K32 - k0
+        w = tl.load(W + (w_off + j.to(tl.int64) * BN * K + k0) + lanes[:, None] * K32 + ks[None, :],
+                    mask=(j * BN + lanes < N)[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(ACT + x_off + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)
+        if ACC2D:
+            acc += w.to(tl.float32) * x[None, :]
+        else:
+            acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
+        if (u - j * chunks == chunks - 1) | (u == u1 - 1):  # the tile's last chunk in this range
+            if ACC2D:
+                y = tl.sum(acc, 1)
+            else:
+                y = acc
+            whole = (j * chunks >= u0) & ((j + 1) * chunks <= u1)
+            tl.store(F32 + tl.where(whole, out_off + j * BN, part_off + (part * 2 + (j != j_first)) * BN) + lanes, y)
+            # the next tile starts from zero: computed here, since zeros assigned in a branch compile to a
+            # choice before it, which keeps a second accumulator live through the reduction
+            acc = acc * 0.0
+    tl.debug_barrier()  # every thread's results stored
+    j_last = (u1 - 1) // chunks
+    settle_tile(desc, j_first, part, parts, units, chunks, u0, u1, part_off, ticket_off, W, ACT, F32, BN)
+    if j_last != j_first:
+        settle_tile(desc, j_last, part, parts, units, chunks, u0, u1, part_off, ticket_off, W, ACT, F32, BN)
+    row = tl.arange(0, 1)
+    for c0 in range(j_first * BN, (j_last + 1) * BN, TM * BN):  # the whole tiles, TM at a time
+        cols = c0 + tl.arange(0, TM * BN)
+        firsts = cols // BN * chunks
+        whole = (firsts >= u0) & (firsts + chunks <= u1)
+        y = tl.load(F32 + out_off + cols, mask=whole, other=0.0)
+        kept_epilogue(desc, y[None, :], row, row < 1, c0, whole.to(tl.int32), W, ACT, F32)
 
 
 @triton.jit
@@ -224,13 +315,22 @@ def split_block(desc, tile, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
 
 
 @triton.jit
-def linear_rows(desc, tile, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+def linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                 BKM: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, ROWS_GEMV: tl.constexpr,
-                ROWS_STAGES: tl.constexpr):
+                ROWS_STAGES: tl.constexpr, STREAM_OUT: tl.constexpr, STREAM_PARTS: tl.constexpr,
+                STREAM_TICKETS: tl.constexpr, STREAM_BK: tl.constexpr, STREAM_STAGES: tl.constexpr,
+                STREAM_TILES: tl.constexpr):
     """Up to BM rows: the GEMV, the few-row GEMV or the 16-row dots (none of them wgmma, so `outline` can make
-    this a function of its own)."""
+    this a function of its own). `parts` > 0: the task is part `tile` of the group's streamed GEMV."""
     if num_rows == 1:
-        gemv_row(desc, tile, W, ACT, F32, BN, BK, STAGES)
+        if STREAM_BK > 0:  # compiled in only where some group streams: its registers cost the other bodies
+            if parts > 0:
+                gemv_stream(desc, tile, parts, W, ACT, F32, STREAM_OUT, STREAM_PARTS, STREAM_TICKETS, BN, STREAM_BK,
+                            STREAM_TILES, STREAM_STAGES)
+            else:
+                gemv_row(desc, tile, W, ACT, F32, BN, BK, STAGES)
+        else:
+            gemv_row(desc, tile, W, ACT, F32, BN, BK, STAGES)
     elif num_rows <= ROWS_GEMV:
         if ROWS_GEMV > 1:
             gemv_rows(desc, tile, num_rows, W, ACT, F32, ROWS_GEMV, BN, BK, STAGES)
@@ -239,20 +339,27 @@ def linear_rows(desc, tile, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
 
 
 @triton.jit
-def linear_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr,
+def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, BKM: tl.constexpr, BMW: tl.constexpr, BMP: tl.constexpr, BNW: tl.constexpr,
                 BNB: tl.constexpr, BKD: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
                 BATCH_STAGES: tl.constexpr, PREFILL_STAGES: tl.constexpr, BATCH_TMA: tl.constexpr,
                 PREFILL_TMA: tl.constexpr, PREFILL_PARTS: tl.constexpr, PREFILL_SPLITS: tl.constexpr,
-                ROWS_GEMV: tl.constexpr, ROWS_STAGES: tl.constexpr, PREFILL_BK: tl.constexpr):
+                ROWS_GEMV: tl.constexpr, ROWS_STAGES: tl.constexpr, PREFILL_BK: tl.constexpr,
+                STREAM_OUT: tl.constexpr, STREAM_PARTS: tl.constexpr, STREAM_TICKETS: tl.constexpr,
+                STREAM_BK: tl.constexpr, STREAM_STAGES: tl.constexpr, STREAM_TILES: tl.constexpr):
     """BK, BKM, BKD, PREFILL_BK: the K chunk of the GEMV, of the dots over up to BM rows, of the [BMW, BNB]
     batched blocks, of the [BMP, BNW] prefill tiles; STAGES, BATCH_STAGES, PREFILL_STAGES: their pipelining depths;
     BATCH_TMA, PREFILL_TMA: the batched blocks, the prefill tiles load through tensor descriptors;
     PREFILL_PARTS, PREFILL_SPLITS: the prefill tiles' split-K scratch in parts, and its splits (0: auto);
-    ROWS_GEMV: steps of up to this many rows take `gemv_rows` (0: none); ROWS_STAGES: the few-row dots' depth."""
+    ROWS_GEMV: steps of up to this many rows take `gemv_rows` (0: none); ROWS_STAGES: the few-row dots' depth;
+    `parts` > 0 (a one-row step of a group that streams): the task is part `tile` of `gemv_stream`, whose
+    results, partials and tickets are the F32 regions at STREAM_OUT, STREAM_PARTS and STREAM_TICKETS, whose K
+    chunk is STREAM_BK (0: no group streams), pipelined STREAM_STAGES deep, and whose epilogue takes STREAM_TILES
+    tiles at a time."""
     num_rows = tl.where(word(desc, 15) == 1, num_seqs, num_tokens)
     if num_rows <= BM:
-        linear_rows(desc, tile, num_rows, W, ACT, F32, BM, BN, BK, BKM, DOT_F32, STAGES, ROWS_GEMV, ROWS_STAGES)
+        linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM, BN, BK, BKM, DOT_F32, STAGES, ROWS_GEMV,
+                    ROWS_STAGES, STREAM_OUT, STREAM_PARTS, STREAM_TICKETS, STREAM_BK, STREAM_STAGES, STREAM_TILES)
     elif num_rows <= BMW:  # batched decode: BNB columns per dot, so that inputs are read no more than weights
         split_block(desc, tile, num_rows, W, ACT, F32, BMW, BNB, BKD, DOT_F32, BATCH_STAGES, BATCH_TMA)
     else:  # prefill: this task takes every num_tasks-th wide tile, row blocks innermost (weights shared in L2)

@@ -11,12 +11,13 @@ import torch
 
 from blinkc.compile_model import build_graph
 from codegen.check import ScheduleError, check_schedule
+from codegen.bodies.linear import LINEAR_FIELDS
 from codegen.config import CompileConfig
 from codegen.layout import ALIGN, Layout
 from codegen.lower import lower
 from codegen.render import BODY_MODULES, KERNEL_NAME, render_kernel
-from codegen.tasks import (CLAIM, GROUP_SIZE, GROUP_START, NEXT, PREFILL_ONLY, TASK_WORDS, Kind, Task, TaskGraph, Wait,
-                           schedule)
+from codegen.tasks import (CLAIM, FLAGS, GROUP_SIZE, GROUP_START, NEXT, PREFILL_ONLY, STREAM_ONLY, STREAMS, TASK_WORDS,
+                           Kind, Task, TaskGraph, Wait, schedule)
 from ir.passes.pipeline import PIPELINE, run_pipeline
 from models.registry import resolve_model
 from models.trace import trace_model
@@ -283,7 +284,7 @@ def test_projection_tasks_prefetch_the_first_chunks_of_their_own_weight_rows():
         first_row = task.tile * bn
         assert (p.offset, p.stride, p.rows) == (lw.weight(w) + first_row * k, k * size, min(bn, n - first_row))
         assert 16 <= p.row_bytes <= k * size and p.row_bytes % 16 == 0 and p.rows * p.row_bytes <= 32 << 10
-        assert table[i, 13:PREFILL_ONLY].tolist() == [p.offset, p.stride, p.rows, p.row_bytes]
+        assert table[i, 13:FLAGS].tolist() == [p.offset, p.stride, p.rows, p.row_bytes]
     # attention reads pages the planner assigns at run time: nothing to prefetch
     assert all(t.prefetch.rows == 0 for t in lw.tasks.tasks if t.kind == Kind.ATTENTION)
 
@@ -328,7 +329,8 @@ def test_a_prefill_has_an_attention_task_a_program_and_those_past_the_decode_one
     first = next(t for t in lw.tasks.tasks if t.kind == Kind.ATTENTION)
     rows = [i for i, t in enumerate(lw.tasks.tasks) if t.signal == first.signal]
     decode = config.max_batch * 2 * attention_splits(config, 2)  # sequences x KV heads x splits: 6
-    assert len(rows) == 40 and lw.tasks.task_table()[rows, PREFILL_ONLY].tolist() == [0] * decode + [1] * (40 - decode)
+    flags = lw.tasks.task_table()[rows, FLAGS].tolist()
+    assert len(rows) == 40 and flags == [0] * decode + [PREFILL_ONLY] * (40 - decode)
     # the interpreter's grid is one program: no task only prefills
     assert not any(t.prefill_only for t in _lowered("tiny-llama").tasks.tasks)
 
@@ -371,3 +373,42 @@ def test_the_projection_of_attention_prefetches_more_of_its_weights():
         k = lw.tasks.descs[task.desc][2]
         reads_attention = lw.tasks.event_names[task.waits[0].event].startswith("attention.")
         assert task.prefetch.row_bytes == (k * 2 if reads_attention else (1 << 10) // task.prefetch.rows // 16 * 16)
+
+
+# -- streamed one-row steps --------------------------------------------------------------------------------
+def test_projections_of_many_tiles_a_program_stream_their_one_row_steps():
+    """A projection with stream_waves tiles a program or more is flagged to stream its one-row steps, each task
+    past its tiles working only then, each of the first target_programs tasks prefetching where its part of the
+    group starts; the rest keep a task a tile. The tickets are among the words the planner zeroes every step."""
+    from codegen.lower import streamable
+
+    config = dataclasses.replace(CONFIG, interpret=False, target_programs=3, stream_waves=2)
+    lw = lower(build_graph(resolve_model("tiny-llama"), config), config)
+    groups: dict[int, list[Task]] = {}
+    for task in lw.tasks.tasks:
+        if task.kind == Kind.LINEAR:
+            groups.setdefault(task.signal, []).append(task)
+    streamed = 0
+    for tasks in groups.values():
+        desc = lw.tasks.descs[tasks[0].desc]
+        n, k, w_off = desc[LINEAR_FIELDS.index("n")], desc[LINEAR_FIELDS.index("k")], desc[LINEAR_FIELDS.index("w_off")]
+        tiles = -(-n // config.block_n)
+        assert streamable(config, n, k) == (tiles >= 2 * 3)
+        assert all(t.streams == streamable(config, n, k) for t in tasks)
+        assert len(tasks) == max(tiles, 3 if tasks[0].streams else 0)
+        assert [t.stream_only for t in tasks] == [t.tile >= tiles for t in tasks]
+        if tasks[0].streams:
+            streamed += 1
+            chunks = -(-k // config.stream_block_k)
+            for part in range(3):
+                tile, chunk = divmod(part * tiles * chunks // 3, chunks)
+                assert tasks[part].prefetch.offset == w_off + tile * config.block_n * k + chunk * config.stream_block_k
+    assert streamed >= 2  # gate/up and the LM head
+    zeroed = range(lw.constants["STATS_OFF"], lw.constants["STATS_OFF"] + lw.constants["STATS_SIZE"])
+    assert lw.layout.offset("tickets:stream") in zeroed and lw.layout.offset("stream_out") not in zeroed
+    table = lw.tasks.task_table()
+    assert {int(f) & (STREAMS | STREAM_ONLY) for f in table[:, FLAGS]} >= {0, STREAMS}
+
+    off = dataclasses.replace(config, stream_gemv=False)
+    lw = lower(build_graph(resolve_model("tiny-llama"), off), off)
+    assert not any(t.streams for t in lw.tasks.tasks) and "tickets:stream" not in lw.layout.regions

@@ -1,0 +1,78 @@
+"""The batch-1 GEMVs (codegen/bodies/linear.py) alone under TRITON_INTERPRET=1: the group's work streamed over
+any number of parts (`gemv_stream`, its tiles shared between parts finished by the last to arrive) gives what
+a task a tile (`gemv_row`) gives, and both what torch gives."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED, OUT_F32, gemv_row, gemv_stream
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter tests (CPU)")
+
+BN, BK = 16, 64
+
+
+@triton.jit
+def _stream_kernel(desc, W, ACT, F32, parts, out_off, part_off, ticket_off, BN: tl.constexpr, BK: tl.constexpr,
+                   TM: tl.constexpr):
+    for part in range(0, parts):  # one program: the parts one after another, as a grid of one runs them
+        gemv_stream(desc, part, parts, W, ACT, F32, out_off, part_off, ticket_off, BN, BK, TM, 2)
+
+
+@triton.jit
+def _row_kernel(desc, W, ACT, F32, BN: tl.constexpr, BK: tl.constexpr):
+    gemv_row(desc, tl.program_id(0), W, ACT, F32, BN, BK, 2)
+
+
+def _case(n: int, k: int, gated: bool, out_f32: bool):
+    """Arenas and a descriptor for x [k] times w [n, k] (+ a residual and the output's sum of squares, unless
+    the output is fp32 logits). Returns (desc, W, ACT, F32, the expected output, where it goes)."""
+    gen = torch.Generator().manual_seed(n * 1000 + k)
+    w, x = torch.randn(n, k, generator=gen), torch.randn(k, generator=gen)
+    width = n // 2 if gated else n
+    residual = torch.randn(width, generator=gen)
+    y = w @ x
+    if gated:  # rows interleaved gate, up: output j is silu(row 2j) * row 2j + 1
+        y = F.silu(y[0::2]) * y[1::2]
+    act = torch.cat([x, residual, torch.zeros(width)])
+    res_off, out_off = k, k + width
+    # F32: [0, 2048) the parts' partials, tickets at 2048, whole tiles' results at 2304, the sum of squares at 3000,
+    # logits at 3072
+    f32 = torch.zeros(4096)
+    fields = dict(x_off=0, x_stride=k, k=k, w_off=0, n=n, out_off=3072 if out_f32 else out_off, out_stride=width,
+                  out_kind=OUT_F32 if out_f32 else OUT_ALIGNED, gated=int(gated), stats_off=-1, eps=0.0,
+                  res_off=-1 if out_f32 else res_off, res_stride=width, bias_off=-1,
+                  out_stats_off=-1 if out_f32 else 3000, rows_kind=0, splits=1, part_off=-1, ticket_off=-1,
+                  prefill_part_off=-1, prefill_ticket_off=-1)
+    desc = torch.tensor([fields[name] for name in LINEAR_FIELDS], dtype=torch.int64)
+    if not out_f32:
+        y = y + residual
+    out = (f32, 3072) if out_f32 else (act, out_off)
+    return desc, w.flatten().clone(), act, f32, y, out
+
+
+@pytest.mark.parametrize("gated, out_f32", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("n, k", [(72, 200), (64, 512)])  # a last tile of 8 rows and a last chunk of 8 columns
+@pytest.mark.parametrize("parts", [1, 2, 3, 7, "units"])  # "units": a part a unit, tiles shared by 4 parts
+def test_streamed_gemv_matches_a_task_a_tile(n, k, gated, out_f32, parts):
+    tiles, chunks = -(-n // BN), -(-k // BK)
+    parts = tiles * chunks if parts == "units" else parts
+    desc, w, act, f32, expected, (out, out_off) = _case(n, k, gated, out_f32)
+    width = expected.numel()
+    row_act, row_f32 = act.clone(), f32.clone()  # the tile-a-task GEMV, for its rounding
+    _row_kernel[(tiles,)](desc, w, row_act, row_f32, BN, BK)
+    row_out = (row_f32 if out_f32 else row_act)[out_off:out_off + width]
+
+    _stream_kernel[(1,)](desc, w, act, f32, parts, 2304, 0, 2048, BN, BK, 2)  # epilogues of 2 tiles
+    streamed = out[out_off:out_off + width]
+    torch.testing.assert_close(streamed, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(streamed, row_out, rtol=1e-5, atol=1e-5)
+    assert f32[2048:2048 + parts].eq(0).all(), "every shared tile's ticket is zeroed again"
+    if not out_f32:  # the sum of squares of the stored row, for the norm that reads it
+        torch.testing.assert_close(f32[3000], row_f32[3000], rtol=1e-5, atol=1e-4)
