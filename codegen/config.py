@@ -106,8 +106,11 @@ class CompileConfig:
     # a one-row step of a projection of at least stream_waves tiles a program shares out its (tile, K chunk)
     # units evenly, a contiguous range a program, instead of a tile a task (codegen/bodies/linear.py,
     # `gemv_stream`): K chunks of stream_block_k, pipelined stream_stages deep, the epilogue stream_tiles tiles
-    # at a time
-    stream_gemv: bool = True
+    # at a time. Off: compiled in, the body costs the others registers, and what the balance gains (H200,
+    # Llama-3-8B b1: gate/up 62.8 against 67.7 us a layer, the LM head 248 against 267) it loses there. On / off,
+    # one call each: H200 b1 ctx512 4.75 / 4.78 ms, ctx4096 4.94 / 5.00, b8 6.93 / 6.88, b64 8.62 / 8.56; H100 b1
+    # 6.21 / 6.07, ctx4096 6.46 / 6.33, b8 7.20 / 7.06, b64 9.83 / 9.74
+    stream_gemv: bool = False
     stream_waves: int = 4
     stream_block_k: int = 256
     stream_stages: int = 5

@@ -86,7 +86,8 @@ BODIES = Path(__file__).parent / "bodies"
 PARKED = (("claim", False), ("group", False), ("group_size", False), ("pending", False), ("signal", False),
           ("kind", True), ("desc_index", True), ("next_t", False), ("next_kind", True), ("next_desc", True),
           ("next_tile", True), ("next_next", False), ("resume", False), ("flags", False), ("step", False),
-          ("t", False), ("ok", False), ("parts", False), ("share", False))
+          ("t", False), ("ok", False))
+PARKED_STREAMS = (("parts", False), ("share", False))  # ... and where some group streams (`gemv_stream`)
 
 
 def outline(source: str, groups: str) -> str:
@@ -122,6 +123,7 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     cfg = lw.config
     regions = {k: lw.layout.offset(k) for k in (*STEP_REGIONS, "control")}
+    streams = "tickets:stream" in lw.layout.regions
     sample = lw.sample
     context = dict(
         model_name=model_name, kernel_name=KERNEL_NAME, bodies=outline(inline_bodies(), cfg.outline),
@@ -138,6 +140,6 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
                               flags=FLAGS, prefill_only=PREFILL_ONLY, streams=STREAMS,
                               stream_only=STREAM_ONLY),
         park=cfg.park_state and not cfg.dynamic_tasks, park_off=lw.layout.offset("park"), park_words=PARK_WORDS,
-        parked=PARKED,
+        parked=PARKED + (PARKED_STREAMS if streams else ()), streams=streams,
     )
     return env.get_template("megakernel.py.j2").render(**context)

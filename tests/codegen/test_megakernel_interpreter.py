@@ -17,6 +17,7 @@ from blinkc.engine import EngineConfig, ReferenceEngine
 from blinkc.random_checkpoint import write_random_checkpoint
 from blinkc.weights import load_weights
 from codegen.config import CompileConfig
+from codegen.tasks import FLAGS, STREAMS
 from ir import DType
 from models.presets import TINY_PRESETS, preset_config
 from models.trace import trace_model
@@ -187,6 +188,24 @@ def test_few_row_gemv_matches_the_reference_engine(checkpoint, tmp_path):
     graph = trace_model(model.definition, model.config, page_size=4)
     engine = ReferenceEngine(graph, load_weights(graph, directory), config=EngineConfig(num_pages=64))
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (7, 12, 4)]
+    for prompt, p, completion in zip(PROMPTS, params, kernel.generate(PROMPTS, params)):
+        (expected,) = engine.generate([prompt], p)
+        assert completion.tokens == expected, f"first differing token at {first_difference(completion.tokens, expected)}"
+
+
+def test_streamed_gemv_matches_the_reference_engine(checkpoint, tmp_path):
+    """With `stream_gemv`, the one-row steps of gate/up and the LM head run as one part a program (here the
+    grid's one), each part standing for the group's tasks in its claims and signals, and still match token for
+    token (the parts' shared tiles: tests/codegen/test_linear_bodies.py)."""
+    directory = checkpoint("tiny-llama")
+    model = fp32_model(directory)
+    config = dataclasses.replace(CONFIG, stream_gemv=True)
+    out = compile_model(model, config, tmp_path / "stream.cubin", WeightsSource(directory), dtype=DType.f32).path
+    kernel = Megakernel.load(out, device="cpu")
+    assert (kernel.tasks[:, FLAGS] & STREAMS).any()  # gate/up and the LM head; one row left after 3 and 6 tokens
+    graph = trace_model(model.definition, model.config, page_size=4)
+    engine = ReferenceEngine(graph, load_weights(graph, directory), config=EngineConfig(num_pages=64))
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (9, 3, 6)]
     for prompt, p, completion in zip(PROMPTS, params, kernel.generate(PROMPTS, params)):
         (expected,) = engine.generate([prompt], p)
         assert completion.tokens == expected, f"first differing token at {first_difference(completion.tokens, expected)}"

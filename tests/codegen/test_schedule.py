@@ -382,7 +382,7 @@ def test_projections_of_many_tiles_a_program_stream_their_one_row_steps():
     group starts; the rest keep a task a tile. The tickets are among the words the planner zeroes every step."""
     from codegen.lower import streamable
 
-    config = dataclasses.replace(CONFIG, interpret=False, target_programs=3, stream_waves=2)
+    config = dataclasses.replace(CONFIG, interpret=False, target_programs=3, stream_waves=2, stream_gemv=True)
     lw = lower(build_graph(resolve_model("tiny-llama"), config), config)
     groups: dict[int, list[Task]] = {}
     for task in lw.tasks.tasks:
