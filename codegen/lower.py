@@ -174,8 +174,8 @@ def _allocate(lw: Lowering) -> None:
     # the projections that stream their one-row steps: a ticket a part, two [block_n] partials a part and the
     # fp32 results of the whole tiles (one set for every such group: each starts after the one before; the
     # last to arrive at a ticket zeroes it again)
-    streamed = [w.shape[0] for w in (n.inputs[fused_linear_inputs(n.attrs).index("w")] for n in lw.graph.nodes
-                                     if n.op == "fused_linear") if streamable(cfg, *w.shape)]
+    streamed = [n for n in (node.inputs[fused_linear_inputs(node.attrs).index("w")].shape[0] for node in lw.graph.nodes
+                            if node.op == "fused_linear") if streamable(cfg, n)]
     if streamed:
         lw.layout.alloc("tickets:stream", "F32", cfg.target_programs)
     lw.constants["STATS_SIZE"] = lw.layout.sizes["F32"] - lw.constants["STATS_OFF"]
@@ -239,14 +239,14 @@ def launch_programs(config: CompileConfig) -> int:
     return 1 if config.interpret else config.target_programs
 
 
-def streamable(config: CompileConfig, n: int, k: int) -> bool:
+def streamable(config: CompileConfig, n: int) -> bool:
     """Whether a projection of `n` outputs streams its one-row steps (`gemv_stream`): where it has at least
     `stream_waves` tiles for every program the launch may run (each program then has a unit of work). With
     about one tile a program, nearly every tile is shared by two parts, and the ticket and second epilogue at
     each end cost more than the balance gains: H200, Llama-3-8B b1, o_proj 18.9 / 11.7 us a layer streamed /
     not, down 39.7 / 32.0, while gate/up (7 tiles a program) 62.8 / 67.7 and the LM head 247.9 / 267.2."""
-    programs = launch_programs(config)
-    return config.stream_gemv and not config.dynamic_tasks and -(-n // config.block_n) >= config.stream_waves * programs
+    tiles = -(-n // config.block_n)
+    return config.stream_gemv and not config.dynamic_tasks and tiles >= config.stream_waves * launch_programs(config)
 
 
 def _stream_prefetch(lw: Lowering, w_off: int, n: int, k: int, itemsize: int, kb: int, parts: int):
@@ -384,7 +384,7 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
     after_attention = any(node.op == "paged_attention" and node.output.id == x.id for node in lw.graph.nodes)
     kb = lw.config.prefetch_attention_kb if after_attention else lw.config.prefetch_kb
     # a streamed group shares one scratch with the others: it must start after the one before is done
-    streams = streamable(lw.config, n, k) and (lw.stream_event < 0 or lw.tasks.follows(waits, lw.stream_event))
+    streams = streamable(lw.config, n) and (lw.stream_event < 0 or lw.tasks.follows(waits, lw.stream_event))
     tiles = lw.column_tiles(n)
     if streams:  # a task a program at least, those past the tiles only for the streamed steps
         num_tasks = max(tiles, launch_programs(lw.config))

@@ -393,8 +393,8 @@ def test_projections_of_many_tiles_a_program_stream_their_one_row_steps():
         desc = lw.tasks.descs[tasks[0].desc]
         n, k, w_off = desc[LINEAR_FIELDS.index("n")], desc[LINEAR_FIELDS.index("k")], desc[LINEAR_FIELDS.index("w_off")]
         tiles = -(-n // config.block_n)
-        assert streamable(config, n, k) == (tiles >= 2 * 3)
-        assert all(t.streams == streamable(config, n, k) for t in tasks)
+        assert streamable(config, n) == (tiles >= 2 * 3)
+        assert all(t.streams == streamable(config, n) for t in tasks)
         assert len(tasks) == max(tiles, 3 if tasks[0].streams else 0)
         assert [t.stream_only for t in tasks] == [t.tile >= tiles for t in tasks]
         if tasks[0].streams:
