@@ -176,39 +176,42 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
         assert completion.tokens == expected, f"first differing token at {first_difference(completion.tokens, expected)}"
 
 
+def _tiny_llama_kernel(checkpoint, path, config):
+    """(tiny-llama's fp32 kernel built with `config`, a check that its greedy tokens match the reference engine's
+    for PROMPTS at the given max tokens each)."""
+    directory = checkpoint("tiny-llama")
+    model = fp32_model(directory)
+    kernel = Megakernel.load(compile_model(model, config, path, WeightsSource(directory), dtype=DType.f32).path,
+                             device="cpu")
+    graph = trace_model(model.definition, model.config, page_size=4)
+    engine = ReferenceEngine(graph, load_weights(graph, directory), config=EngineConfig(num_pages=64))
+
+    def check(max_tokens):
+        params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in max_tokens]
+        for prompt, p, completion in zip(PROMPTS, params, kernel.generate(PROMPTS, params)):
+            (expected,) = engine.generate([prompt], p)
+            assert completion.tokens == expected, \
+                f"first differing token at {first_difference(completion.tokens, expected)}"
+    return kernel, check
+
+
 def test_few_row_gemv_matches_the_reference_engine(checkpoint, tmp_path):
     """Steps of two and three decoding sequences take `gemv_rows` (each weight chunk times every row in turn,
     the rows past the step's masked) instead of the tensor-core dots, and still match token for token. The
     worker loop keeps its state in registers here (park_state off), as a kernel built without parking does."""
-    directory = checkpoint("tiny-llama")
-    model = fp32_model(directory)
     config = dataclasses.replace(CONFIG, rows_gemv=4, park_state=False)
-    out = compile_model(model, config, tmp_path / "rows.cubin", WeightsSource(directory), dtype=DType.f32).path
-    kernel = Megakernel.load(out, device="cpu")
-    graph = trace_model(model.definition, model.config, page_size=4)
-    engine = ReferenceEngine(graph, load_weights(graph, directory), config=EngineConfig(num_pages=64))
-    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (7, 12, 4)]
-    for prompt, p, completion in zip(PROMPTS, params, kernel.generate(PROMPTS, params)):
-        (expected,) = engine.generate([prompt], p)
-        assert completion.tokens == expected, f"first differing token at {first_difference(completion.tokens, expected)}"
+    _, check = _tiny_llama_kernel(checkpoint, tmp_path / "rows.cubin", config)
+    check((7, 12, 4))
 
 
 def test_streamed_gemv_matches_the_reference_engine(checkpoint, tmp_path):
     """With `stream_gemv`, the one-row steps of gate/up and the LM head run as one part a program (here the
     grid's one), each part standing for the group's tasks in its claims and signals, and still match token for
     token (the parts' shared tiles: tests/codegen/test_linear_bodies.py)."""
-    directory = checkpoint("tiny-llama")
-    model = fp32_model(directory)
     config = dataclasses.replace(CONFIG, stream_gemv=True)
-    out = compile_model(model, config, tmp_path / "stream.cubin", WeightsSource(directory), dtype=DType.f32).path
-    kernel = Megakernel.load(out, device="cpu")
+    kernel, check = _tiny_llama_kernel(checkpoint, tmp_path / "stream.cubin", config)
     assert (kernel.tasks[:, FLAGS] & STREAMS).any()  # gate/up and the LM head; one row left after 3 and 6 tokens
-    graph = trace_model(model.definition, model.config, page_size=4)
-    engine = ReferenceEngine(graph, load_weights(graph, directory), config=EngineConfig(num_pages=64))
-    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (9, 3, 6)]
-    for prompt, p, completion in zip(PROMPTS, params, kernel.generate(PROMPTS, params)):
-        (expected,) = engine.generate([prompt], p)
-        assert completion.tokens == expected, f"first differing token at {first_difference(completion.tokens, expected)}"
+    check((9, 3, 6))
 
 
 def test_host_driven_task_kernels_match_the_persistent_kernel(compiled):
