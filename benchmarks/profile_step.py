@@ -8,7 +8,7 @@ from collections import defaultdict
 
 import torch
 
-from benchmarks.megakernel_tpot import artifact_path, decode_tokens, prefill_budget, tpot_ms
+from benchmarks.megakernel_tpot import artifact_path, decode_tokens, parse_field, prefill_budget, tpot_ms
 from blinkc.compile_model import WeightsSource, compile_many, compile_model
 from codegen.config import CompileConfig
 from codegen.tasks import Kind
@@ -55,7 +55,7 @@ def summarize(kernel: Megakernel) -> list[str]:
     return lines
 
 
-def profile_config(batch: int, context: int, prefill: bool) -> CompileConfig:
+def profile_config(batch: int, context: int, prefill: bool, **fields) -> CompileConfig:
     """A profiling build for `batch` prompts of `context` tokens: it records the step that prefills them
     all (`prefill`) or a decode step well after the prefill (sequences that finish their prefill early
     decode beside the others' chunks, so the first steps after it are mixed)."""
@@ -64,7 +64,7 @@ def profile_config(batch: int, context: int, prefill: bool) -> CompileConfig:
     new_tokens = decode_tokens(batch, context, per_step, 16)
     return CompileConfig(max_batch=batch, max_tokens_per_step=per_step, max_model_len=context + new_tokens + 8,
                          max_new_tokens=new_tokens, profile=True,
-                         profile_step=0 if prefill else -(-prompt_tokens // per_step) + 8)
+                         profile_step=0 if prefill else -(-prompt_tokens // per_step) + 8, **fields)
 
 
 def main() -> None:
@@ -73,10 +73,13 @@ def main() -> None:
     parser.add_argument("--context", default="512", help="context (prompt) lengths, comma-separated")
     parser.add_argument("--batch", default="1", help="batch sizes, comma-separated: one profile each")
     parser.add_argument("--prefill", action="store_true", help="profile the step that prefills every prompt")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a CompileConfig field of the profiled kernels (repeatable), e.g. --set batch_n=64")
     parser.add_argument("--dump", help="also save each profile's raw per-task times to DUMP-b{batch}-c{context}.pt")
     args = parser.parse_args()
     shapes = [(int(b), int(c)) for b in args.batch.split(",") for c in args.context.split(",")]
-    configs = [profile_config(batch, context, args.prefill) for batch, context in shapes]
+    fields = {key: parse_field(value) for key, value in (item.split("=", 1) for item in args.set)}
+    configs = [profile_config(batch, context, args.prefill, **fields) for batch, context in shapes]
     compile_many([(args.preset, config) for config in configs])
     for (batch, context), config in zip(shapes, configs):
         path = compile_model(resolve_model(args.preset), config, artifact_path("profile"), WeightsSource(seed=0)).path

@@ -33,24 +33,27 @@ class CompileConfig:
     attention_block_m: int = 64  # query rows (tokens x heads of a KV group) per prefill attention block
     # token rows of the projections' tensor-core tiles beyond block_m rows: a step of up to wide_m rows
     # (batched decode) takes blocks of batch_n columns, each block's K split over batch_n // block_n tasks;
-    # a longer one (prefill) shares [prefill_m, wide_n] tiles among the group's tasks. On the H100 at b64,
-    # batch_n 32 / 64 / 128: 14.84 / 15.81 / 23.67 ms; TTFT 512 at wide_n 64 / 128: 33.04 / 26.66 ms, at
-    # prefill_m 64 / 128: 25.76 / 30.57 (128 rows spill: 338 -> 758 B a thread).
+    # a longer one (prefill) shares [prefill_m, wide_n] tiles among the group's tasks. TTFT 512 at wide_n 64 /
+    # 128 (H100, session 5): 33.04 / 26.66 ms, at prefill_m 64 / 128: 25.76 / 30.57 (128 rows spill: 338 -> 758 B
+    # a thread). batch_n 64 (each block's K split over 4 tasks) reads each input column half as often as 32:
+    # H200, Llama-3-8B b64 ctx512, batch_n 64 at 4 batch stages 8.22 / 8.24 ms against 32 at 6 stages 8.64 /
+    # 8.78 (one call each); 64 at 3 / 5 stages 8.76 / 8.15 (5: 80 KB of shared memory), 128 at 3 stages 9.23,
+    # 64 at 4 stages through TMA 8.56. (Before pinned thread ids and parked state it lost: H100 b64 64 at 6 / 4
+    # stages 11.61 / 10.76 ms against 32 at 6 10.58.)
     wide_m: int = 64
     prefill_m: int = 64
     # input columns per chunk of the prefill tiles (QKV's too); 0: block_k_dot. H100, 128-row tiles, TTFT 2048:
     # chunks of 64 at 3 stages (96 KB) 72.48 ms; of 32 at 4 / 5 / 6 stages (64 / 80 / 96 KB) 78.47 / 80.27 / 82.47
     prefill_block_k: int = 0
     wide_n: int = 128
-    batch_n: int = 32
+    batch_n: int = 64
     block_kv: int = 32  # keys per attention block
     # software pipelining depth of the projections' K loops: the GEMV and dots up to block_m rows, the
     # batched decode blocks ([wide_m + batch_n] x block_k_dot each), the prefill tiles ([prefill_m + wide_n] x
     # block_k_dot each). 72 KB of shared memory for the last two; at 48 KB (prefill 2 stages) on the H100,
-    # b1 7.05 / b8 8.39 ms against 7.14 / 8.57, but TTFT 512 34.70 ms against 26.15. b64: 3 / 4 / 6 batch
-    # stages 14.96 / 13.95 / 13.66 ms.
+    # b1 7.05 / b8 8.39 ms against 7.14 / 8.57, but TTFT 512 34.70 ms against 26.15. (batch_stages: see batch_n.)
     num_stages: int = 3
-    batch_stages: int = 6
+    batch_stages: int = 4
     # steps of 2 .. rows_gemv rows take the GEMV, a row at a time over each weight chunk, instead of the
     # tensor-core dots (0: none); the dots over up to block_m rows pipeline rows_stages deep (0: num_stages).
     # H100, Llama-3-8B ctx512, against the dots at 3 stages: b2 rows_gemv 2 7.41-7.44 ms against 7.83 (4 / 8:
