@@ -30,6 +30,9 @@ class CompileConfig:
     block_m: int = 16  # token rows per dot (the minimum tl.dot takes)
     block_k_dot: int = 64  # input columns per tensor-core chunk of the batched blocks and prefill tiles
     qkv_block_m: int = 64  # token rows per QKV block: up to this many, heads split K; beyond, row blocks
+    # input columns per chunk of those split heads' dots (more than block_m rows). H200, Llama-3-8B ctx512, 64 / 32
+    # (the rule before: 2048 // qkv_block_m): b64 8.04 / 8.19 ms, b32 7.09 / 7.25; spills 200 / 216 B a thread
+    qkv_batch_k: int = 64
     attention_block_m: int = 64  # query rows (tokens x heads of a KV group) per prefill attention block
     # token rows of the projections' tensor-core tiles beyond block_m rows: a step of up to wide_m rows
     # (batched decode) takes blocks of batch_n columns, each block's K split over batch_n // block_n tasks;
@@ -154,7 +157,7 @@ class CompileConfig:
             raise ValueError(f"rows_stages must be at least 0, got {self.rows_stages}")
         for name in ("block_n", "expert_block_n", "expert_block_k", "block_k", "block_k_dot", "prefill_block_k",
                      "block_m", "qkv_block_m", "attention_block_m", "wide_m", "prefill_m", "wide_n", "batch_n",
-                     "block_kv", "page_size", "stream_tiles", "stream_block_k"):
+                     "block_kv", "page_size", "stream_tiles", "stream_block_k", "qkv_batch_k"):
             value = getattr(self, name)
             if (value <= 0 or value & (value - 1)) and not (name == "prefill_block_k" and value == 0):
                 raise ValueError(f"{name} must be a power of two, got {value}")

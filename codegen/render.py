@@ -34,7 +34,6 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     bk_small = qkv_block_k(lw)  # qkv tiles are [head_dim, bk]: keep them in registers
     bk_rows = max(16, min(256, bk // 2))  # few-row dots stage inputs as large as their weights: smaller chunks
     hdp = _pow2(max(16, c.get("HEAD_DIM_MAX", 16)))
-    qkv_prefill_bk = max(16, min(bk_small, 2048 // cfg.qkv_block_m))  # [rows + head_dim, chunk] staged: <= 48 KB
     prefill_bk = cfg.prefill_block_k or cfg.block_k_dot
     streamed = "tickets:stream" in lw.layout.regions
     stream_out = lw.layout.offset("stream_out") if streamed else -1
@@ -52,7 +51,7 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
                      f"{stream_tickets}, {cfg.stream_block_k if streamed else 0}, {cfg.stream_stages}, "
                      f"{cfg.stream_tiles})",
         Kind.QKV: f"qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, {r.positions}, {r.slots}, "
-                  f"{bm}, {cfg.qkv_block_m}, {bk_small}, {qkv_prefill_bk}, {hdp}, {dot_f32}, {cfg.num_stages}, "
+                  f"{bm}, {cfg.qkv_block_m}, {bk_small}, {cfg.qkv_batch_k}, {hdp}, {dot_f32}, {cfg.num_stages}, "
                   f"{full_rotary}, {prefill_bk}, {cfg.prefill_stages}, {cfg.prefill_tma})",
         Kind.ATTENTION: f"attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs, "
                         f"{r.seq_starts}, {r.context_lens}, {r.seq_req}, {r.req_pages}, {cfg.max_pages_per_seq}, "
