@@ -43,7 +43,9 @@ class CompileConfig:
     # 8.78 (one call each); 64 at 3 / 5 stages 8.76 / 8.15 (5: 80 KB of shared memory), 128 at 3 stages 9.23,
     # 64 at 4 stages through TMA 8.56. (Before pinned thread ids and parked state it lost: H100 b64 64 at 6 / 4
     # stages 11.61 / 10.76 ms against 32 at 6 10.58.)
-    wide_m: int = 64
+    # 0: 32 rows where max_batch is at most 32, else 64 (`wide_rows`); the QKV heads' dots take the same rows.
+    # H200, Llama-3-8B b32 ctx512, 32 / 64: 6.63 / 7.13 ms (b24 6.59 / 6.99 with 64-row QKV dots for both)
+    wide_m: int = 0
     prefill_m: int = 64
     # input columns per chunk of the prefill tiles (QKV's too); 0: block_k_dot. H100, 128-row tiles, TTFT 2048:
     # chunks of 64 at 3 stages (96 KB) 72.48 ms; of 32 at 4 / 5 / 6 stages (64 / 80 / 96 KB) 78.47 / 80.27 / 82.47
@@ -159,7 +161,7 @@ class CompileConfig:
                      "block_m", "qkv_block_m", "attention_block_m", "wide_m", "prefill_m", "wide_n", "batch_n",
                      "block_kv", "page_size", "stream_tiles", "stream_block_k", "qkv_batch_k"):
             value = getattr(self, name)
-            if (value <= 0 or value & (value - 1)) and not (name == "prefill_block_k" and value == 0):
+            if (value <= 0 or value & (value - 1)) and not (name in ("prefill_block_k", "wide_m") and value == 0):
                 raise ValueError(f"{name} must be a power of two, got {value}")
         if min(self.block_m, self.qkv_block_m, self.attention_block_m) < 16:
             raise ValueError("block_m, qkv_block_m and attention_block_m must be at least 16 (tl.dot)")
@@ -168,6 +170,11 @@ class CompileConfig:
             raise ValueError(f"outline: unknown groups {sorted(unknown)}; known: {sorted(OUTLINE_GROUPS)}")
         if self.max_tokens_per_step < self.max_batch:
             raise ValueError("max_tokens_per_step must be at least max_batch (one decode token each)")
+
+    @property
+    def wide_rows(self) -> int:
+        """Rows of the batched decode blocks (`wide_m`, or its default for max_batch)."""
+        return self.wide_m or (32 if self.max_batch <= 32 else 64)
 
     @property
     def max_pages_per_seq(self) -> int:

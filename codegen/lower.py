@@ -168,7 +168,7 @@ def _allocate(lw: Lowering) -> None:
     # prefill steps whose tiles are too few split their K ranges: one scratch of target_programs parts and
     # one set of tickets for every group (each starts after the one before; the last split of a tile zeroes
     # its ticket for the next group)
-    if max(cfg.max_tokens_per_step, cfg.max_batch) > cfg.wide_m:
+    if max(cfg.max_tokens_per_step, cfg.max_batch) > cfg.wide_rows:
         lw.layout.alloc("tickets:prefill", "F32", cfg.target_programs)
         lw.constants["PREFILL_PARTS"] = cfg.target_programs
     # the projections that stream their one-row steps: a ticket a part, two [block_n] partials a part and the
@@ -190,7 +190,7 @@ def _allocate(lw: Lowering) -> None:
             * cfg.block_m * (head_dim + 2))
     if split_linears:  # one scratch for every split projection: each starts after the previous is done
         lw.layout.alloc("linear_parts", "F32", max(n * linear_splits(cfg, n) for _, n in split_linears)
-                        * cfg.wide_m)
+                        * cfg.wide_rows)
     if "PREFILL_PARTS" in lw.constants:
         lw.layout.alloc("prefill_parts", "F32", lw.constants["PREFILL_PARTS"] * cfg.prefill_m * cfg.wide_n)
     if qkv_nodes:  # one scratch for every layer: layer l + 1's QKV starts after layer l's is done
@@ -228,7 +228,7 @@ def linear_splits(config: CompileConfig, n: int) -> int:
     the group's tasks split each block's K range (batch_n // block_n of them), unless the blocks alone are
     several waves of tasks (an LM head) or do not divide the columns; then a task owns a whole block."""
     splits = config.batch_n // config.block_n
-    if config.wide_m <= config.block_m or splits <= 1 or n % config.batch_n or \
+    if config.wide_rows <= config.block_m or splits <= 1 or n % config.batch_n or \
             n // config.batch_n >= 4 * config.target_programs:
         return 1
     return splits

@@ -44,14 +44,14 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     sample_block = min(1024, _pow2(-(-vocab // sample_splits(lw))))  # logits per iteration of the argmax
     calls = {
         Kind.LINEAR: f"linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn}, {bk}, {bk_rows}, "
-                     f"{cfg.wide_m}, {cfg.prefill_m}, {cfg.wide_n}, {cfg.batch_n}, {cfg.block_k_dot}, {dot_f32}, "
+                     f"{cfg.wide_rows}, {cfg.prefill_m}, {cfg.wide_n}, {cfg.batch_n}, {cfg.block_k_dot}, {dot_f32}, "
                      f"{cfg.num_stages}, {cfg.batch_stages}, {cfg.prefill_stages}, {cfg.batch_tma}, {cfg.prefill_tma}, "
                      f"{c.get('PREFILL_PARTS', 0)}, {cfg.prefill_splits}, {cfg.rows_gemv}, "
                      f"{cfg.rows_stages or cfg.num_stages}, {prefill_bk}, {stream_out}, {stream_parts}, "
                      f"{stream_tickets}, {cfg.stream_block_k if streamed else 0}, {cfg.stream_stages}, "
                      f"{cfg.stream_tiles})",
         Kind.QKV: f"qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, {r.positions}, {r.slots}, "
-                  f"{bm}, {cfg.qkv_block_m}, {bk_small}, {cfg.qkv_batch_k}, {hdp}, {dot_f32}, {cfg.num_stages}, "
+                  f"{bm}, {cfg.wide_rows}, {cfg.qkv_block_m}, {bk_small}, {cfg.qkv_batch_k}, {hdp}, {dot_f32}, {cfg.num_stages}, "
                   f"{full_rotary}, {prefill_bk}, {cfg.prefill_stages}, {cfg.prefill_tma})",
         Kind.ATTENTION: f"attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs, "
                         f"{r.seq_starts}, {r.context_lens}, {r.seq_req}, {r.req_pages}, {cfg.max_pages_per_seq}, "

@@ -147,19 +147,23 @@ def qkv_rows(desc, head, split, num_tokens, W, ACT, F32, I32, KV, kv_plane, POSI
 
 @triton.jit
 def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: tl.constexpr,
-             SLOTS: tl.constexpr, BM: tl.constexpr, BMP: tl.constexpr, BK: tl.constexpr, BKP: tl.constexpr,
-             HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, FULL_ROTARY: tl.constexpr,
-             BKD: tl.constexpr, PREFILL_STAGES: tl.constexpr, PREFILL_TMA: tl.constexpr):
+             SLOTS: tl.constexpr, BM: tl.constexpr, BMW: tl.constexpr, BMP: tl.constexpr, BK: tl.constexpr,
+             BKP: tl.constexpr, HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
+             FULL_ROTARY: tl.constexpr, BKD: tl.constexpr, PREFILL_STAGES: tl.constexpr, PREFILL_TMA: tl.constexpr):
     """Task (head, split). A step of up to BMP rows (decode, batched decode) splits each head's K range over
-    `splits` tasks (K chunks of BKP where BMP rows are staged); longer (prefill) steps share the (head, BMP
-    rows) tiles instead, loaded as the projections' prefill tiles are (chunks of BKD, PREFILL_STAGES deep,
-    through tensor descriptors with PREFILL_TMA)."""
+    `splits` tasks (K chunks of BKP where more than BM rows are staged: BMW of them up to BMW, the batched
+    decode's rows, if fewer than BMP); longer (prefill) steps share the (head, BMP rows) tiles instead, loaded
+    as the projections' prefill tiles are (chunks of BKD, PREFILL_STAGES deep, through tensor descriptors with
+    PREFILL_TMA)."""
     splits = word(desc, 17)
     head = tile // splits
     split = tile % splits
     if num_tokens <= BM:
         qkv_rows(desc, head, split, num_tokens, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, BM, BK, HDP,
                  DOT_F32, STAGES, FULL_ROTARY)
+    elif BMW < BMP and num_tokens <= BMW:
+        split_head(desc, head, split, tl.arange(0, BMW), tl.arange(0, BMW) < num_tokens, W, ACT, F32, I32, KV,
+                   kv_plane, POSITIONS, SLOTS, BMW, BKP, HDP, DOT_F32, STAGES, FULL_ROTARY)
     elif num_tokens <= BMP:
         split_head(desc, head, split, tl.arange(0, BMP), tl.arange(0, BMP) < num_tokens, W, ACT, F32, I32, KV,
                    kv_plane, POSITIONS, SLOTS, BMP, BKP, HDP, DOT_F32, STAGES, FULL_ROTARY)

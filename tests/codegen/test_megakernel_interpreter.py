@@ -138,17 +138,18 @@ def test_bad_requests_are_clear_errors(compiled):
 
 @pytest.mark.parametrize("qkv_block_m, wide_m, block_n, tma, prefill_splits, merge_group", [
     (16, 16, 64, "", 0, True), (32, 32, 16, "", 0, False), (16, 16, 64, "prefill", 0, True),
-    (32, 32, 16, "batch", 0, True), (16, 16, 16, "", 3, True), (16, 16, 16, "prefill", 2, True)])
+    (64, 32, 16, "batch", 0, True), (16, 16, 16, "", 3, True), (16, 16, 16, "prefill", 2, True)])
 def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_m, wide_m, block_n, tma,
                                                 prefill_splits, merge_group):
     """Decode steps split each QKV head's K range, each sequence's context and its greedy argmax over
     tasks; the last to finish merges the parts in order. The first step (31 prompt tokens; two prompts
     have attention blocks of prefill rows, which all of the group's tasks share) either takes
     two row blocks of 16 (projections on wide [16, 32] tiles shared by a group's tasks, QKV on (head, row
-    block) tiles likewise), or fits one block of 32 rows: QKV heads split K, and so do projections whose
-    columns divide into blocks of 32 (each block's K over two tasks of 16 columns); the others' tasks own
-    whole blocks (gate/up: 272 columns; the LM head). Tasks are taken from the ticket counter
-    (dynamic_tasks), carried over from step to step. With `tma`, the wide tiles ("prefill") or the blocks of 32
+    block) tiles likewise), or fits one block of 32 rows: QKV heads split K (32-row dots, also where qkv_block_m
+    is 64 and wide_m, the batched decode's rows, 32), and so do projections whose columns divide into blocks
+    of 32 (each block's K over two tasks of 16 columns); the others' tasks own whole blocks (gate/up: 272
+    columns; the LM head). Tasks are taken from the ticket counter (dynamic_tasks), carried over from step to
+    step. With `tma`, the wide tiles ("prefill") or the blocks of 32
     columns ("batch") load through tensor descriptors (rows and columns past the ends read as zeros). With
     `prefill_splits`, the first step's wide tiles also split K (chunks of 16: with 3 splits, [0, 32),
     [32, 64) and an empty one), the last split of each running the epilogue. With `merge_group` (the default), the
