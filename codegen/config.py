@@ -66,6 +66,10 @@ class CompileConfig:
     # of shared memory); rows_stages 4 at b4, b8, b16 7.52 / 7.60 / 7.99 against 7.76 / 7.84 / 8.29; the dots
     # over K chunks of 128 (half the GEMV's, at most 256) at 8 stages 7.83 (b8)
     rows_gemv: int = 2
+    # steps of up to rows_max rows (at most block_m) take the GEMV or those dots, more the batched blocks, which
+    # read each input column once for every batch_n weight rows instead of every block_n. H200, Llama-3-8B
+    # ctx512, rows_max 2 / 16: b4 6.07 / 6.78 ms, b8 6.18 / 6.84 (4: 6.18), b16 6.43 / 7.06, b1 4.80 / 4.81
+    rows_max: int = 2
     rows_stages: int = 4  # (the QKV heads' few-row dots stay at num_stages: 2 / 4 gave b8 7.74 / 7.67 against 7.59)
     prefill_stages: int = 3
     # ... and of attention's key loop. H100, with claimed tasks (one call): 3 / 2 stages b1 6.77 / 6.75 ms,
@@ -155,6 +159,8 @@ class CompileConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.rows_gemv < 0 or self.rows_gemv & (self.rows_gemv - 1):
             raise ValueError(f"rows_gemv must be 0 or a power of two, got {self.rows_gemv}")
+        if not 1 <= self.rows_max <= self.block_m:
+            raise ValueError(f"rows_max must be between 1 and block_m, got {self.rows_max}")
         if self.rows_stages < 0:
             raise ValueError(f"rows_stages must be at least 0, got {self.rows_stages}")
         for name in ("block_n", "expert_block_n", "expert_block_k", "block_k", "block_k_dot", "prefill_block_k",

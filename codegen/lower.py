@@ -224,7 +224,7 @@ def attention_splits(config: CompileConfig, num_kv_heads: int) -> int:
 
 
 def linear_splits(config: CompileConfig, n: int) -> int:
-    """Tasks per block of batch_n output columns when a step has more than block_m rows (batched decode):
+    """Tasks per block of batch_n output columns when a step has more than rows_max rows (batched decode):
     the group's tasks split each block's K range (batch_n // block_n of them), unless the blocks alone are
     several waves of tasks (an LM head) or do not divide the columns; then a task owns a whole block."""
     splits = config.batch_n // config.block_n

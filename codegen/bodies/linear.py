@@ -289,19 +289,20 @@ def dot_block(desc, m0, n0, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
 
 
 @triton.jit
-def split_block(desc, tile, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr):
+def split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr,
+                BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr):
     """Up to BM rows times a block of BN columns. With `splits` > 1 the task is split `tile % splits` of
     the K range of block `tile // splits`, and the last split to finish (a ticket counter the planner
-    zeroes every step) sums the fp32 partials in order and runs the epilogue; with one, task `tile` owns
-    block `tile` whole (the group has more tasks than blocks: the rest are idle)."""
+    zeroes every step) sums the fp32 partials in order and runs the epilogue; with one, task `tile` of the
+    group's `num_tasks` owns blocks `tile`, `tile + num_tasks`... whole (where blocks are at least as wide as
+    a task's columns, one block or none: the group's other tasks are idle)."""
     K, N = word8(desc, 2), word(desc, 4)
     splits, part_off, ticket_off = word(desc, 16), word(desc, 17), word(desc, 18)
     rows = tl.arange(0, BM)
     row_ok = rows < num_rows
     if splits == 1:
-        if tile * BN < N:
-            dot_block(desc, 0, tile * BN, num_rows, W, ACT, F32, BM, BN, BK, DOT_F32, STAGES, TMA)
+        for block in range(tile, tl.cdiv(N, BN), num_tasks):
+            dot_block(desc, 0, block * BN, num_rows, W, ACT, F32, BM, BN, BK, DOT_F32, STAGES, TMA)
     else:
         block = tile // splits
         split = tile % splits
@@ -317,11 +318,12 @@ def split_block(desc, tile, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
 @triton.jit
 def linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                 BKM: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, ROWS_GEMV: tl.constexpr,
-                ROWS_STAGES: tl.constexpr, STREAM_OUT: tl.constexpr, STREAM_PARTS: tl.constexpr,
-                STREAM_TICKETS: tl.constexpr, STREAM_BK: tl.constexpr, STREAM_STAGES: tl.constexpr,
-                STREAM_TILES: tl.constexpr):
-    """Up to BM rows: the GEMV, the few-row GEMV or the 16-row dots (none of them wgmma, so `outline` can make
-    this a function of its own). `parts` > 0: the task is part `tile` of the group's streamed GEMV."""
+                ROWS_STAGES: tl.constexpr, ROWS_MAX: tl.constexpr, STREAM_OUT: tl.constexpr,
+                STREAM_PARTS: tl.constexpr, STREAM_TICKETS: tl.constexpr, STREAM_BK: tl.constexpr,
+                STREAM_STAGES: tl.constexpr, STREAM_TILES: tl.constexpr):
+    """Up to ROWS_MAX rows (at most BM): the GEMV, the few-row GEMV or the 16-row dots (none of them wgmma, so
+    `outline` can make this a function of its own; the dots are compiled in only where ROWS_MAX is more rows
+    than the few-row GEMV takes). `parts` > 0: the task is part `tile` of the group's streamed GEMV."""
     if num_rows == 1:
         if STREAM_BK > 0:  # compiled in only where some group streams: its registers cost the other bodies
             if parts > 0:
@@ -334,7 +336,7 @@ def linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM: tl.constexpr, BN: 
     elif num_rows <= ROWS_GEMV:
         if ROWS_GEMV > 1:
             gemv_rows(desc, tile, num_rows, W, ACT, F32, ROWS_GEMV, BN, BK, STAGES)
-    else:
+    elif ROWS_MAX > ROWS_GEMV:
         dot_block(desc, 0, tile * BN, num_rows, W, ACT, F32, BM, BN, BKM, DOT_F32, ROWS_STAGES)
 
 
@@ -344,7 +346,7 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
                 BNB: tl.constexpr, BKD: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
                 BATCH_STAGES: tl.constexpr, PREFILL_STAGES: tl.constexpr, BATCH_TMA: tl.constexpr,
                 PREFILL_TMA: tl.constexpr, PREFILL_PARTS: tl.constexpr, PREFILL_SPLITS: tl.constexpr,
-                ROWS_GEMV: tl.constexpr, ROWS_STAGES: tl.constexpr, PREFILL_BK: tl.constexpr,
+                ROWS_GEMV: tl.constexpr, ROWS_STAGES: tl.constexpr, ROWS_MAX: tl.constexpr, PREFILL_BK: tl.constexpr,
                 STREAM_OUT: tl.constexpr, STREAM_PARTS: tl.constexpr, STREAM_TICKETS: tl.constexpr,
                 STREAM_BK: tl.constexpr, STREAM_STAGES: tl.constexpr, STREAM_TILES: tl.constexpr):
     """BK, BKM, BKD, PREFILL_BK: the K chunk of the GEMV, of the dots over up to BM rows, of the [BMW, BNB]
@@ -352,16 +354,19 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
     BATCH_TMA, PREFILL_TMA: the batched blocks, the prefill tiles load through tensor descriptors;
     PREFILL_PARTS, PREFILL_SPLITS: the prefill tiles' split-K scratch in parts, and its splits (0: auto);
     ROWS_GEMV: steps of up to this many rows take `gemv_rows` (0: none); ROWS_STAGES: the few-row dots' depth;
+    ROWS_MAX (at most BM): steps of up to this many rows take `linear_rows`, more the batched blocks;
     `parts` > 0 (a one-row step of a group that streams): the task is part `tile` of `gemv_stream`, whose
     results, partials and tickets are the F32 regions at STREAM_OUT, STREAM_PARTS and STREAM_TICKETS, whose K
     chunk is STREAM_BK (0: no group streams), pipelined STREAM_STAGES deep, and whose epilogue takes STREAM_TILES
     tiles at a time."""
     num_rows = tl.where(word(desc, 15) == 1, num_seqs, num_tokens)
-    if num_rows <= BM:
+    if num_rows <= ROWS_MAX:
         linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM, BN, BK, BKM, DOT_F32, STAGES, ROWS_GEMV,
-                    ROWS_STAGES, STREAM_OUT, STREAM_PARTS, STREAM_TICKETS, STREAM_BK, STREAM_STAGES, STREAM_TILES)
+                    ROWS_STAGES, ROWS_MAX, STREAM_OUT, STREAM_PARTS, STREAM_TICKETS, STREAM_BK, STREAM_STAGES,
+                    STREAM_TILES)
     elif num_rows <= BMW:  # batched decode: BNB columns per dot, so that inputs are read no more than weights
-        split_block(desc, tile, num_rows, W, ACT, F32, BMW, BNB, BKD, DOT_F32, BATCH_STAGES, BATCH_TMA)
+        split_block(desc, tile, tl.cdiv(word(desc, 4), BN), num_rows, W, ACT, F32, BMW, BNB, BKD, DOT_F32,
+                    BATCH_STAGES, BATCH_TMA)
     else:  # prefill: this task takes every num_tasks-th wide tile, row blocks innermost (weights shared in L2)
         K, N, part_off, ticket_off = word8(desc, 2), word(desc, 4), word(desc, 19), word(desc, 20)
         num_tasks = tl.cdiv(N, BN)

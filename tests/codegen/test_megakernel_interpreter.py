@@ -196,11 +196,13 @@ def _tiny_llama_kernel(checkpoint, path, config):
     return kernel, check
 
 
-def test_few_row_gemv_matches_the_reference_engine(checkpoint, tmp_path):
+@pytest.mark.parametrize("rows_gemv, rows_max", [(4, 4), (0, 16)])
+def test_few_row_steps_match_the_reference_engine(checkpoint, tmp_path, rows_gemv, rows_max):
     """Steps of two and three decoding sequences take `gemv_rows` (each weight chunk times every row in turn,
-    the rows past the step's masked) instead of the tensor-core dots, and still match token for token. The
-    worker loop keeps its state in registers here (park_state off), as a kernel built without parking does."""
-    config = dataclasses.replace(CONFIG, rows_gemv=4, park_state=False)
+    the rows past the step's masked) or, with no few-row GEMV, the 16-row tensor-core dots, instead of the
+    batched blocks (the default past two rows), and still match token for token. The worker loop keeps its
+    state in registers here (park_state off), as a kernel built without parking does."""
+    config = dataclasses.replace(CONFIG, rows_gemv=rows_gemv, rows_max=rows_max, park_state=False)
     _, check = _tiny_llama_kernel(checkpoint, tmp_path / "rows.cubin", config)
     check((7, 12, 4))
 
