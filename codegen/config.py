@@ -34,23 +34,24 @@ class CompileConfig:
     # (the rule before: 2048 // qkv_block_m): b64 8.04 / 8.19 ms, b32 7.09 / 7.25; spills 200 / 216 B a thread
     qkv_batch_k: int = 64
     attention_block_m: int = 64  # query rows (tokens x heads of a KV group) per prefill attention block
-    # token rows of the projections' tensor-core tiles beyond block_m rows: a step of up to wide_m rows
+    # token rows of the projections' tensor-core tiles beyond rows_max rows: a step of up to wide_m rows
     # (batched decode) takes blocks of batch_n columns, each block's K split over batch_n // block_n tasks;
     # a longer one (prefill) shares [prefill_m, wide_n] tiles among the group's tasks. TTFT 512 at wide_n 64 /
     # 128 (H100, session 5): 33.04 / 26.66 ms, at prefill_m 64 / 128: 25.76 / 30.57 (128 rows spill: 338 -> 758 B
-    # a thread). batch_n 64 (each block's K split over 4 tasks) reads each input column half as often as 32:
-    # H200, Llama-3-8B b64 ctx512, batch_n 64 at 4 batch stages 8.22 / 8.24 ms against 32 at 6 stages 8.64 /
-    # 8.78 (one call each); 64 at 3 / 5 stages 8.76 / 8.15 (5: 80 KB of shared memory), 128 at 3 stages 9.23,
-    # 64 at 4 stages through TMA 8.56. (Before pinned thread ids and parked state it lost: H100 b64 64 at 6 / 4
-    # stages 11.61 / 10.76 ms against 32 at 6 10.58.)
-    # 0: 32 rows where max_batch is at most 32, else 64 (`wide_rows`); the QKV heads' dots take the same rows.
-    # H200, Llama-3-8B b32 ctx512, 32 / 64: 6.63 / 7.13 ms (b24 6.59 / 6.99 with 64-row QKV dots for both)
+    # a thread). wide_m 0: 32 rows where max_batch is at most 32, else 64 (`wide_rows`); the QKV heads' dots
+    # take the same rows. H200, Llama-3-8B b32 ctx512, 32 / 64: 6.63 / 7.13 ms (b24 6.59 / 6.99 with 64-row QKV
+    # dots for both)
     wide_m: int = 0
     prefill_m: int = 64
     # input columns per chunk of the prefill tiles (QKV's too); 0: block_k_dot. H100, 128-row tiles, TTFT 2048:
     # chunks of 64 at 3 stages (96 KB) 72.48 ms; of 32 at 4 / 5 / 6 stages (64 / 80 / 96 KB) 78.47 / 80.27 / 82.47
     prefill_block_k: int = 0
     wide_n: int = 128
+    # batch_n 64 (each block's K split over 4 tasks) reads each input column half as often as 32: H200,
+    # Llama-3-8B b64 ctx512, 64 at 4 batch stages 8.22 / 8.24 ms against 32 at 6 stages 8.64 / 8.78 (one call
+    # each); 64 at 3 / 5 stages 8.76 / 8.15 (5: 80 KB of shared memory), 128 at 3 stages 9.23, 64 at 4 stages
+    # through TMA 8.56; H100 b64 9.79 against 9.75 (32 at 6 stages). (Before pinned thread ids and parked state
+    # it lost on the H100: 64 at 6 / 4 stages 11.61 / 10.76 ms against 32 at 6 10.58.)
     batch_n: int = 64
     block_kv: int = 32  # keys per attention block
     # software pipelining depth of the projections' K loops: the GEMV and dots up to block_m rows, the

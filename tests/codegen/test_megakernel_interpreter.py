@@ -149,8 +149,8 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
     is 64 and wide_m, the batched decode's rows, 32), and so do projections whose columns divide into blocks
     of 32 (each block's K over two tasks of 16 columns); the others' tasks own whole blocks (gate/up: 272
     columns; the LM head). Tasks are taken from the ticket counter (dynamic_tasks), carried over from step to
-    step. With `tma`, the wide tiles ("prefill") or the blocks of 32
-    columns ("batch") load through tensor descriptors (rows and columns past the ends read as zeros). With
+    step. With `tma`, the wide tiles ("prefill") or the blocks of 32 columns ("batch") load through tensor
+    descriptors (rows and columns past the ends read as zeros). With
     `prefill_splits`, the first step's wide tiles also split K (chunks of 16: with 3 splits, [0, 32),
     [32, 64) and an empty one), the last split of each running the epilogue. With `merge_group` (the default), the
     attention splits only store their partials and a group of their own (a task a sequence and query head)
