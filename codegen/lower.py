@@ -160,9 +160,9 @@ def _allocate(lw: Lowering) -> None:
         if node.op == "moe_route":  # the routing task that finishes last groups the pairs
             lw.layout.alloc(f"tickets:v{node.outputs[1].id}", "F32", 1)
     lw.layout.alloc("tickets:sample", "F32", cfg.max_batch)
-    split_linears = [(n.output, n.inputs[fused_linear_inputs(n.attrs).index("w")].shape[0])
-                     for n in lw.graph.nodes if n.op == "fused_linear"]
-    split_linears = [(out, n) for out, n in split_linears if linear_splits(cfg, n) > 1]
+    linears = [(n.output, n.inputs[fused_linear_inputs(n.attrs).index("w")].shape[0])  # (output, its width)
+               for n in lw.graph.nodes if n.op == "fused_linear"]
+    split_linears = [(out, n) for out, n in linears if linear_splits(cfg, n) > 1]
     for out, n in split_linears:
         lw.layout.alloc(f"tickets:v{out.id}", "F32", n // cfg.batch_n)
     # prefill steps whose tiles are too few split their K ranges: one scratch of target_programs parts and
@@ -174,8 +174,7 @@ def _allocate(lw: Lowering) -> None:
     # the projections that stream their one-row steps: a ticket a part, two [block_n] partials a part and the
     # fp32 results of the whole tiles (one set for every such group: each starts after the one before; the
     # last to arrive at a ticket zeroes it again)
-    streamed = [n for n in (node.inputs[fused_linear_inputs(node.attrs).index("w")].shape[0] for node in lw.graph.nodes
-                            if node.op == "fused_linear") if streamable(cfg, n)]
+    streamed = [n for _, n in linears if streamable(cfg, n)]
     if streamed:
         lw.layout.alloc("tickets:stream", "F32", cfg.target_programs)
     lw.constants["STATS_SIZE"] = lw.layout.sizes["F32"] - lw.constants["STATS_OFF"]
