@@ -133,11 +133,11 @@ class CompileConfig:
     # and values), so the projection's weights can come into L2 meanwhile
     prefetch_attention_kb: int = 128
     # task bodies compiled as functions of their own (`noinline`), comma-separated groups of
-    # codegen.bodies.OUTLINE_GROUPS (why, and which cannot be: there). H100, Llama-3-8B ctx512, none / rows,small,
-    # decode_attention / every body ("dots" too): b1 6.47 / 6.39 / 6.31 ms, b8 7.63 / 7.38 / 7.46, b64 10.61 /
-    # 10.80 / 10.42, TTFT 512 22.92 / 23.16 / 24.45 (before pin_thread_ids; with it and park_state, every body
-    # inlined against the default: H200 b1 4.86 / 4.90, b8 6.94 / 6.89, b64 8.94 / 8.78)
-    outline: str = "rows,small,decode_attention"
+    # codegen.bodies.OUTLINE_GROUPS (why, and which cannot be: there). None by default: with pinned thread ids and
+    # parked state, outlining no longer pays, and calls cost MoE layers. H200 ctx512, one build each, none /
+    # rows,small,decode_attention (the default until 2026-11-24) / rows,decode_attention: Qwen3-30B-A3B b1 5.46 /
+    # 7.74 / 6.20 ms; Llama-3-8B b1 4.80 / 4.86 / 4.80, b8 6.16 / 6.14, b64 8.12 / 8.09, TTFT 512 20.11 / 19.98
+    outline: str = ""
     # every thread-id read stays where the lowering put it, so no body's index math is hoisted out of the task
     # loop and spilled (codegen/llir.py); Llama-3-8B: 976 -> 416 B of spills a thread
     pin_thread_ids: bool = True

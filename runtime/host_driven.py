@@ -46,9 +46,9 @@ class HostDriven:
 
 
 def _inlined(source_path: Path) -> Path:
-    """The kernel source with every body inlined again. The persistent kernel compiles some bodies as functions
-    of their own (`CompileConfig.outline`), which changes how its loop's registers are allocated; a kernel of one
-    task a CTA has no such loop, and the baseline takes each body at its best."""
+    """The kernel source with every body inlined. The persistent kernel may compile some bodies as functions of
+    their own (`CompileConfig.outline`, none by default), which changes how its loop's registers are allocated;
+    a kernel of one task a CTA has no such loop, and the baseline takes each body at its best."""
     text = source_path.read_text().replace("@triton.jit(noinline=True)", "@triton.jit")
     path = Path(tempfile.gettempdir()) / f"blink-host-driven-{hashlib.sha256(text.encode()).hexdigest()[:16]}.py"
     if not path.exists():  # Triton's JIT reads the source from the file: it stays (renamed whole into place)

@@ -7,7 +7,8 @@ to it) and the step's metadata, and is unit-tested on its own against the op's r
 # The bodies `CompileConfig.outline` can compile as functions of their own (`noinline`), by group. Without
 # `pin_thread_ids` (codegen/llir.py), an inlined body's per-thread index math is hoisted out of the persistent loop
 # and spilled (166 values stored at the kernel's start, reloaded in the bodies), and outlined, a body computes its
-# own; with it, outlining only changes how ptxas allocates registers (measured near even, RESULTS.md, session 15).
+# own; with it, outlining only changes how ptxas allocates registers, and each call costs: near even on
+# Llama-3-8B, 42% slower on Qwen3-30B-A3B at b1 (RESULTS.md, session 18). So none is outlined by default.
 # None but "dots" issues Hopper's tensor-core dots (wgmma: Triton takes them for 64 rows and more), and outlining
 # those serializes every wgmma of the kernel (ptxas: "wgmma pipeline crossing function boundary").
 OUTLINE_GROUPS = {

@@ -224,8 +224,10 @@ def test_outlined_bodies_are_compiled_as_functions_of_their_own():
     assert noinline(inline_bodies()) == set()
     for group, names in OUTLINE_GROUPS.items():
         assert noinline(outline(inline_bodies(), group)) == set(names)
-    source = render_kernel(_lowered("tiny-llama"), "tiny-llama")
-    assert noinline(source) == {fn for group in CONFIG.outline.split(",") for fn in OUTLINE_GROUPS[group]}
+    assert noinline(render_kernel(_lowered("tiny-llama"), "tiny-llama")) == set()  # the default: none
+    config = dataclasses.replace(CONFIG, outline="rows,small")
+    source = render_kernel(lower(build_graph(resolve_model("tiny-llama"), config), config), "tiny-llama")
+    assert noinline(source) == set(OUTLINE_GROUPS["rows"] + OUTLINE_GROUPS["small"])
 
 
 def test_task_bodies_defining_one_name_twice_are_rejected(tmp_path, monkeypatch):
