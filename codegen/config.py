@@ -27,6 +27,10 @@ class CompileConfig:
     # H100: b1 7.67 ms at (64, 3), 7.66 at (128, 3), 7.45 at (64, 4); b8 19.38 at (64, 3), 19.39 at (128, 4)
     expert_block_k: int = 64
     expert_stages: int = 4
+    # a routing task with at most this many tokens routes them one at a time: a 16-row block's code is ten
+    # times one row's, and a layer's one routing program fetches it cold (codegen/bodies/moe.py, route_task).
+    # H200, Qwen3-30B-A3B ctx512, one build, 8 / 0: b1 4.96 / 5.96 ms, b8 14.28 / 14.30 (16: 14.35), b64 30.70 / 30.97
+    route_loop_rows: int = 8
     block_m: int = 16  # token rows per dot (the minimum tl.dot takes)
     block_k_dot: int = 64  # input columns per tensor-core chunk of the batched blocks and prefill tiles
     qkv_block_m: int = 64  # token rows per QKV block: up to this many, heads split K; beyond, row blocks
@@ -162,8 +166,9 @@ class CompileConfig:
             raise ValueError(f"rows_gemv must be 0 or a power of two, got {self.rows_gemv}")
         if not 1 <= self.rows_max <= self.block_m:
             raise ValueError(f"rows_max must be between 1 and block_m, got {self.rows_max}")
-        if self.rows_stages < 0:
-            raise ValueError(f"rows_stages must be at least 0, got {self.rows_stages}")
+        for name in ("rows_stages", "route_loop_rows"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be at least 0, got {getattr(self, name)}")
         for name in ("block_n", "expert_block_n", "expert_block_k", "block_k", "block_k_dot", "prefill_block_k",
                      "block_m", "qkv_block_m", "attention_block_m", "wide_m", "prefill_m", "wide_n", "batch_n",
                      "block_kv", "page_size", "stream_tiles", "stream_block_k", "qkv_batch_k"):

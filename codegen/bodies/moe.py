@@ -20,28 +20,39 @@ COMBINE_FIELDS = ("y_off", "weights_off", "top_k", "hidden", "out_off", "res_off
 
 @triton.jit
 def route_task(desc, tile, ACT, F32, I32, num_tokens, BM: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr,
-               CH: tl.constexpr):
+               CH: tl.constexpr, LOOP_ROWS: tl.constexpr):
     """Routes BM tokens, then takes a ticket (a counter the planner zeroes every step): the group's last
-    task to finish groups every pair of the step by expert (one phase less than a grouping task)."""
-    route_rows(desc, tile, ACT, I32, num_tokens, BM, EP, TOPK)
+    task to finish groups every pair of the step by expert (one phase less than a grouping task).
+
+    A task with at most LOOP_ROWS tokens routes them one at a time. A [BM, EP] block of int64 keys spreads every
+    row over all the threads, so each of its top-k reductions shuffles every row (~6,300 instructions, 1,476
+    shuffles, sm_90); one row takes ~630. The routing runs once a layer on one program, its code is never in the
+    instruction cache, and fetching the block's took ~20 us a layer at b1 (ncu: `no_instructions`, H200)."""
+    first = tile * BM
+    rows = tl.minimum(num_tokens - first, BM)
+    if rows > LOOP_ROWS:
+        route_rows(desc, first, ACT, I32, num_tokens, BM, EP, TOPK)
+    else:
+        for row in range(first, first + rows):
+            route_rows(desc, row, ACT, I32, num_tokens, 1, EP, TOPK)
     if arrives_last(F32 + word(desc, 10), word(desc, 11)):
         group_pairs(I32, word(desc, 5), word(desc, 1), word(desc, 2), word(desc, 6), word(desc, 7), word(desc, 8),
                     word(desc, 9), num_tokens, EP, CH)
 
 
 @triton.jit
-def route_rows(desc, tile, ACT, I32, num_tokens, BM: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr):
+def route_rows(desc, first, ACT, I32, num_tokens, BM: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr):
     """Softmax over the experts, the top k (and, with `normalize`, each chosen p over the sum of the chosen,
-    as HF does). Each choice is one max over keys that pack a probability's bits (non-negative floats
-    order as their bits do) above 65535 - expert, so that equal probabilities go to the lower expert, as
-    `argmax` does; the choices stay in registers until their sum is known. (Two passes of argmax and max
-    each took most of a routing task's ~30 us, on the critical path of every MoE layer, H100 profile.)
-    TOPK: the most experts a token takes, rounded up to a power of two."""
+    as HF does) of tokens first .. first + BM. Each choice is one max over keys that pack a probability's bits
+    (non-negative floats order as their bits do) above 65535 - expert, so that equal probabilities go to the
+    lower expert, as `argmax` does; the choices stay in registers until their sum is known. (Two passes of
+    argmax and max each took most of a routing task's ~30 us, on the critical path of every MoE layer, H100
+    profile.) TOPK: the most experts a token takes, rounded up to a power of two."""
     logits_off, E, K, normalize = word(desc, 0), word(desc, 1), word(desc, 2), word(desc, 3)
     weights_off, ids_off = word(desc, 4), word(desc, 5)
-    rows = tile * BM + tl.arange(0, BM)
+    rows = first + tl.arange(0, BM)
     row_ok = rows < num_tokens
-    if tile * BM < num_tokens:
+    if first < num_tokens:
         e = tl.arange(0, EP)
         logits = tl.load(ACT + logits_off + rows[:, None] * E + e[None, :], mask=row_ok[:, None] & (e < E)[None, :],
                          other=float("-inf")).to(tl.float32)

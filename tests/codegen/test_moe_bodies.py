@@ -23,13 +23,15 @@ def _group_kernel(I32, num_tokens, top_k, num_experts, offsets_off, entries_off,
 
 @triton.jit
 def _route_kernel(desc, ACT, F32, I32, num_tokens, BM: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr,
-                  CH: tl.constexpr):
-    route_task(desc, tl.program_id(0), ACT, F32, I32, num_tokens, BM, EP, TOPK, CH)
+                  CH: tl.constexpr, LOOP_ROWS: tl.constexpr):
+    route_task(desc, tl.program_id(0), ACT, F32, I32, num_tokens, BM, EP, TOPK, CH, LOOP_ROWS)
 
 
+@pytest.mark.parametrize("loop_rows", [0, 8])  # 8: tasks of up to 8 tokens route them one at a time
 @pytest.mark.parametrize("normalize", [True, False])
 @pytest.mark.parametrize("num_tokens, num_experts, top_k", [(1, 128, 8), (21, 6, 2), (5, 64, 6)])
-def test_routing_matches_the_reference_and_the_last_task_groups(normalize, num_tokens, num_experts, top_k):
+def test_routing_matches_the_reference_and_the_last_task_groups(normalize, num_tokens, num_experts, top_k,
+                                                                loop_rows):
     logits = torch.randn(num_tokens, num_experts, generator=torch.Generator().manual_seed(num_experts))
     pairs, block, num_tasks = num_tokens * top_k, 16, 3  # a third task has no tokens at either size
     act = torch.cat([logits.flatten(), torch.zeros(pairs)])
@@ -39,7 +41,7 @@ def test_routing_matches_the_reference_and_the_last_task_groups(normalize, num_t
                   weights_off=logits.numel(), ids_off=0, **regions, ticket_off=0, num_tasks=num_tasks)
     desc = torch.tensor([layout[name] for name in ROUTE_FIELDS], dtype=torch.int64)
     _route_kernel[(num_tasks,)](desc, act, torch.zeros(1), i32, num_tokens, block,
-                                triton.next_power_of_2(num_experts), 8, 32)
+                                triton.next_power_of_2(num_experts), 8, 32, loop_rows)
     weights, ids = get_op("moe_route").reference(logits, top_k=top_k, normalize=normalize)
     assert i32[:pairs].view(num_tokens, top_k).tolist() == ids.tolist()
     torch.testing.assert_close(act[logits.numel():].view(num_tokens, top_k), weights, rtol=1e-6, atol=1e-7)
