@@ -27,6 +27,10 @@ class CompileConfig:
     # H100: b1 7.67 ms at (64, 3), 7.66 at (128, 3), 7.45 at (64, 4); b8 19.38 at (64, 3), 19.39 at (128, 4)
     expert_block_k: int = 64
     expert_stages: int = 4
+    # an expert of one token takes it as a GEMV where the step's expert tiles fit in one wave (few tokens).
+    # H200, Qwen3-30B-A3B ctx512, on / off: b1 4.95 / 5.09 ms, b8 14.43 / 14.51 (a GEMV for every expert of
+    # up to 2 tokens, whatever the wave: b1 5.02, b8 15.71 against 14.49: at b8 the dots' throughput wins)
+    expert_gemv: bool = True
     # a routing task with at most this many tokens routes them one at a time: a 16-row block's code is ten
     # times one row's, and a layer's one routing program fetches it cold (codegen/bodies/moe.py, route_task).
     # H200, Qwen3-30B-A3B ctx512, one build, 8 / 0: b1 4.96 / 5.96 ms, b8 14.28 / 14.30 (16: 14.35), b64 30.70 / 30.97

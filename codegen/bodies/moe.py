@@ -108,12 +108,13 @@ def group_pairs(I32, ids_off, E, K, offsets_off, entries_off, active_off, num_ac
 
 @triton.jit
 def expert_task(desc, tile, W, ACT, I32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+                DOT_F32: tl.constexpr, STAGES: tl.constexpr, GEMV: tl.constexpr, PROGRAMS: tl.constexpr):
     """out[entry, cols] = prologue(x[row of entry]) @ W[expert, cols]^T for the entries of this slot's experts.
 
     gate/up: x is the normed hidden state, rows are tokens (entry // top_k); down: x is the gate/up
-    output, rows are entries, with the SiLU-gating prologue. The K loop has no branch (the prologue is a
-    masked load and a select), so that STAGES chunks stay in flight."""
+    output, rows are entries, with the SiLU-gating prologue. Where the step's tiles fit in one wave of the
+    PROGRAMS (a few tokens: each task's time is the layer's), an expert with one entry takes it as a GEMV
+    (`expert_row`, with GEMV); else BM-row dots, whose throughput is the higher."""
     x_off, K, w_off, N, out_off = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 3), word8(desc, 4)
     top_k = word(desc, 5)
     offsets_off, entries_off, active_off = word(desc, 6), word(desc, 7), word(desc, 8)
@@ -124,32 +125,58 @@ def expert_task(desc, tile, W, ACT, I32, BM: tl.constexpr, BN: tl.constexpr, BK:
     cols = (tile % num_tiles) * BN + tl.arange(0, BN)
     col_ok = cols < N
     x_width = tl.where(silu == 1, 2 * K, K)
+    one_wave = num_active * num_tiles <= PROGRAMS
     for a in range(slot, num_active, num_slots):
         expert = tl.load(I32 + active_off + a).to(tl.int64)
         lo = tl.load(I32 + offsets_off + expert)
         hi = tl.load(I32 + offsets_off + expert + 1)
-        for m0 in range(lo, hi, BM):
-            r = m0 + tl.arange(0, BM)
-            r_ok = r < hi
-            entry = tl.load(I32 + entries_off + r, mask=r_ok, other=0).to(tl.int64)
-            x_row = tl.where(silu == 1, entry, entry // top_k)
-            acc = tl.zeros((BM, BN), tl.float32)
-            for k0 in tl.range(0, K, BK, num_stages=STAGES):
-                ks = k0 + tl.arange(0, BK)
-                k_ok = ks < K
-                mask = r_ok[:, None] & k_ok[None, :]
-                x = tl.load(ACT + x_off + x_row[:, None] * x_width + ks[None, :], mask=mask, other=0.0).to(tl.float32)
-                up = tl.load(ACT + x_off + x_row[:, None] * x_width + K + ks[None, :], mask=mask & (silu == 1),
-                             other=0.0)
-                x = tl.where(silu == 1, round_to(round_to(x / (1.0 + tl.exp(-x)), dt) * up.to(tl.float32), dt), x)
-                w = tl.load(W + w_off + expert * N * K + cols[:, None] * K + ks[None, :],
-                            mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-                if DOT_F32:
-                    acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
-                else:
-                    acc += tl.dot(x.to(dt), tl.trans(w))
-            tl.store(ACT + out_off + entry[:, None] * N + cols[None, :], acc.to(dt),
-                     mask=r_ok[:, None] & col_ok[None, :])
+        w_rows = W + w_off + expert * N * K + cols[:, None] * K
+        if GEMV and one_wave and hi - lo == 1:
+            entry = tl.load(I32 + entries_off + lo).to(tl.int64)
+            x = ACT + x_off + tl.where(silu == 1, entry, entry // top_k) * x_width
+            tl.store(ACT + out_off + entry * N + cols, expert_row(x, K, silu, w_rows, col_ok, BN, BK, STAGES).to(dt),
+                     mask=col_ok)
+        else:
+            for m0 in range(lo, hi, BM):
+                r = m0 + tl.arange(0, BM)
+                r_ok = r < hi
+                entry = tl.load(I32 + entries_off + r, mask=r_ok, other=0).to(tl.int64)
+                x_rows = ACT + x_off + tl.where(silu == 1, entry, entry // top_k)[:, None] * x_width
+                acc = tl.zeros((BM, BN), tl.float32)
+                for k0 in tl.range(0, K, BK, num_stages=STAGES):
+                    ks = k0 + tl.arange(0, BK)
+                    k_ok = ks < K
+                    x = expert_input(x_rows, ks[None, :], r_ok[:, None] & k_ok[None, :], K, silu)
+                    w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+                    if DOT_F32:
+                        acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
+                    else:
+                        acc += tl.dot(x.to(dt), tl.trans(w))
+                tl.store(ACT + out_off + entry[:, None] * N + cols[None, :], acc.to(dt),
+                         mask=r_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def expert_input(x_ptr, ks, k_ok, K, silu):
+    """The expert's fp32 input at columns ks: x, or for down (silu) silu(gate) * up, each rounded as HF's
+    bf16 ops are. A masked load and a select, no branch, so that the K loops stay pipelined."""
+    dt: tl.constexpr = x_ptr.dtype.element_ty
+    x = tl.load(x_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + K + ks, mask=k_ok & (silu == 1), other=0.0)
+    return tl.where(silu == 1, round_to(round_to(x / (1.0 + tl.exp(-x)), dt) * up.to(tl.float32), dt), x)
+
+
+@triton.jit
+def expert_row(x_ptr, K, silu, w_rows, col_ok, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr):
+    """fp32 [BN]: one input row (at x_ptr) times the tile's BN weight rows, as the batch-1 GEMV does: a [BN, BK]
+    accumulator reduced once, the prologue on a chunk's BK inputs only (the dots compute it for BM rows)."""
+    acc = tl.zeros((BN, BK), tl.float32)
+    for k0 in tl.range(0, K, BK, num_stages=STAGES):
+        ks = k0 + tl.arange(0, BK)
+        k_ok = ks < K
+        w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += w.to(tl.float32) * expert_input(x_ptr, ks, k_ok, K, silu)[None, :]
+    return tl.sum(acc, 1)
 
 
 @triton.jit
