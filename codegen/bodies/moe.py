@@ -47,33 +47,33 @@ def route_rows(desc, first, ACT, I32, num_tokens, BM: tl.constexpr, EP: tl.const
     (non-negative floats order as their bits do) above 65535 - expert, so that equal probabilities go to the
     lower expert, as `argmax` does; the choices stay in registers until their sum is known. (Two passes of
     argmax and max each took most of a routing task's ~30 us, on the critical path of every MoE layer, H100
-    profile.) TOPK: the most experts a token takes, rounded up to a power of two."""
+    profile.) TOPK: the most experts a token takes, rounded up to a power of two. The caller passes rows that
+    start inside the step (`route_task`)."""
     logits_off, E, K, normalize = word(desc, 0), word(desc, 1), word(desc, 2), word(desc, 3)
     weights_off, ids_off = word(desc, 4), word(desc, 5)
     rows = first + tl.arange(0, BM)
     row_ok = rows < num_tokens
-    if first < num_tokens:
-        e = tl.arange(0, EP)
-        logits = tl.load(ACT + logits_off + rows[:, None] * E + e[None, :], mask=row_ok[:, None] & (e < E)[None, :],
-                         other=float("-inf")).to(tl.float32)
-        probs = tl.exp(logits - tl.max(logits, 1)[:, None])
-        probs = probs / tl.sum(probs, 1)[:, None]
-        keys = (probs.to(tl.int32, bitcast=True).to(tl.int64) << 16) | (65535 - e)[None, :]
-        total = tl.zeros((BM,), tl.float32)
-        chosen = tl.zeros((BM, TOPK), tl.int64)  # the chosen keys, column j the j-th choice
-        slots = tl.arange(0, TOPK)
-        for j in tl.static_range(TOPK):
-            if j < K:
-                best = tl.max(keys, 1)
-                total += (best >> 16).to(tl.int32).to(tl.float32, bitcast=True)
-                chosen = tl.where(slots[None, :] == j, best[:, None], chosen)
-                keys = tl.where(keys == best[:, None], -1, keys)
-        p = (chosen >> 16).to(tl.int32).to(tl.float32, bitcast=True)
-        weight = tl.where(normalize == 1, p / total[:, None], p)
-        mask = row_ok[:, None] & (slots < K)[None, :]
-        at = rows[:, None] * K + slots[None, :]
-        tl.store(I32 + ids_off + at, (65535 - (chosen & 65535)).to(tl.int32), mask=mask)
-        tl.store(ACT + weights_off + at, weight.to(ACT.dtype.element_ty), mask=mask)
+    e = tl.arange(0, EP)
+    logits = tl.load(ACT + logits_off + rows[:, None] * E + e[None, :], mask=row_ok[:, None] & (e < E)[None, :],
+                     other=float("-inf")).to(tl.float32)
+    probs = tl.exp(logits - tl.max(logits, 1)[:, None])
+    probs = probs / tl.sum(probs, 1)[:, None]
+    keys = (probs.to(tl.int32, bitcast=True).to(tl.int64) << 16) | (65535 - e)[None, :]
+    total = tl.zeros((BM,), tl.float32)
+    chosen = tl.zeros((BM, TOPK), tl.int64)  # the chosen keys, column j the j-th choice
+    slots = tl.arange(0, TOPK)
+    for j in tl.static_range(TOPK):
+        if j < K:
+            best = tl.max(keys, 1)
+            total += (best >> 16).to(tl.int32).to(tl.float32, bitcast=True)
+            chosen = tl.where(slots[None, :] == j, best[:, None], chosen)
+            keys = tl.where(keys == best[:, None], -1, keys)
+    p = (chosen >> 16).to(tl.int32).to(tl.float32, bitcast=True)
+    weight = tl.where(normalize == 1, p / total[:, None], p)
+    mask = row_ok[:, None] & (slots < K)[None, :]
+    at = rows[:, None] * K + slots[None, :]
+    tl.store(I32 + ids_off + at, (65535 - (chosen & 65535)).to(tl.int32), mask=mask)
+    tl.store(ACT + weights_off + at, weight.to(ACT.dtype.element_ty), mask=mask)
 
 
 @triton.jit
