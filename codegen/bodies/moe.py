@@ -133,7 +133,7 @@ def expert_task(desc, tile, W, ACT, I32, BM: tl.constexpr, BN: tl.constexpr, BK:
         w_rows = W + w_off + expert * N * K + cols[:, None] * K
         if GEMV and one_wave and hi - lo == 1:
             entry = tl.load(I32 + entries_off + lo).to(tl.int64)
-            x = ACT + x_off + tl.where(silu == 1, entry, entry // top_k) * x_width
+            x = ACT + x_off + input_row(entry, silu, top_k) * x_width
             tl.store(ACT + out_off + entry * N + cols, expert_row(x, K, silu, w_rows, col_ok, BN, BK, STAGES).to(dt),
                      mask=col_ok)
         else:
@@ -141,7 +141,7 @@ def expert_task(desc, tile, W, ACT, I32, BM: tl.constexpr, BN: tl.constexpr, BK:
                 r = m0 + tl.arange(0, BM)
                 r_ok = r < hi
                 entry = tl.load(I32 + entries_off + r, mask=r_ok, other=0).to(tl.int64)
-                x_rows = ACT + x_off + tl.where(silu == 1, entry, entry // top_k)[:, None] * x_width
+                x_rows = ACT + x_off + input_row(entry, silu, top_k)[:, None] * x_width
                 acc = tl.zeros((BM, BN), tl.float32)
                 for k0 in tl.range(0, K, BK, num_stages=STAGES):
                     ks = k0 + tl.arange(0, BK)
@@ -154,6 +154,13 @@ def expert_task(desc, tile, W, ACT, I32, BM: tl.constexpr, BN: tl.constexpr, BK:
                         acc += tl.dot(x.to(dt), tl.trans(w))
                 tl.store(ACT + out_off + entry[:, None] * N + cols[None, :], acc.to(dt),
                          mask=r_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def input_row(entry, silu, top_k):
+    """The input row of a (token, choice) entry: down (silu) reads the entry's own gate/up row, gate/up its
+    token's row."""
+    return tl.where(silu == 1, entry, entry // top_k)
 
 
 @triton.jit
