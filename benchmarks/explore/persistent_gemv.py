@@ -22,7 +22,8 @@ flag and gives up (later waits see the flag and skip), so a grid that is not co-
 error instead of hanging.
 
 Variant lists: VARIANTS_RUN1..RUN4 are the four H100 runs recorded in NOTES.md (--variants run1 ... run4,
-default run4 = the confirmation run; "all" runs every list, about 3 minutes on an H100).
+default run4 = the confirmation run; "all" runs every list, about 3 minutes on an H100). RUN5 (H200) waits
+for a matrix's input a sub-range at a time, on group counters ("prog" variants).
 
 Modes:
   python persistent_gemv.py                      full study on the GPU (write logs with --out DIR)
@@ -141,14 +142,55 @@ def _unit(Wm, desc, xin, yout, roff, rb, s,
 
 
 @triton.jit
+def _unit_prog(Wm, desc, xin, yout, roff, rb, s, gcnt, need, err,
+               N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, KLEN: tl.constexpr,
+               XN: tl.constexpr, XSP: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
+               TMA: tl.constexpr, ACC2D: tl.constexpr, NPROG: tl.constexpr, MAX_SPIN: tl.constexpr):
+    """`_unit` whose K range is NPROG sub-ranges, each behind its own wait: sub-range j of split s needs
+    the producer's group s * NPROG + j (gcnt points at the producer's group counters) to reach `need`."""
+    SUB: tl.constexpr = KLEN // NPROG
+    rows = rb * BN + tl.arange(0, BN)
+    cols = tl.arange(0, BK)
+    kbeg = s * KLEN
+    if ACC2D:
+        acc = tl.zeros([BN, BK], tl.float32)
+    else:
+        acc = tl.zeros([BN], tl.float32)
+    wp = Wm + ((roff + rows).to(tl.int64) * K)[:, None] + cols[None, :]
+    for j in tl.static_range(NPROG):
+        _wait(gcnt + s * NPROG + j, need, err, MAX_SPIN)
+        for k in tl.range(kbeg + j * SUB, kbeg + (j + 1) * SUB, BK, num_stages=STAGES):
+            if TMA:
+                w = desc.load([roff + rb * BN, k])
+            else:
+                w = tl.load(wp + k)
+            x = _load_x(xin, k, cols, XN, XSP)
+            prod = w.to(tl.float32) * x[None, :]
+            if ACC2D:
+                acc += prod
+            else:
+                acc += tl.sum(prod, 1)
+    if ACC2D:
+        y = tl.sum(acc, 1)
+    else:
+        y = acc
+    tl.store(yout + s * N + rows, y)
+
+
+@triton.jit
 def _matrix(Wm, desc, L, lay, xin_off, yout_off, cnt, err, epoch, idx, prev_units, pid, P,
             N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, SP: tl.constexpr,
             XN: tl.constexpr, XSP: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
             TMA: tl.constexpr, ACC2D: tl.constexpr, WAIT: tl.constexpr, FLAT: tl.constexpr,
             DESC_PER_MAT: tl.constexpr, MAX_SPIN: tl.constexpr, SIGNAL: tl.constexpr,
             SIG_ONCE: tl.constexpr, PF: tl.constexpr, PF_EARLY: tl.constexpr, EVICT: tl.constexpr,
-            Wn, NL_, NLAYERS, NN: tl.constexpr, NK: tl.constexpr, NBN: tl.constexpr, NSP: tl.constexpr):
+            Wn, NL_, NLAYERS, NN: tl.constexpr, NK: tl.constexpr, NBN: tl.constexpr, NSP: tl.constexpr,
+            PBN: tl.constexpr, PROG: tl.constexpr, MYPROG: tl.constexpr, NPROG: tl.constexpr,
+            MAXG: tl.constexpr):
     KLEN: tl.constexpr = K // SP
+    # PROG: group counters. This matrix waits for its input a sub-range at a time (MYPROG of them per split,
+    # whole chunks each); its units signal the group of the next matrix's sub-ranges (NPROG a split) they fill.
+    NSUB: tl.constexpr = NK // NSP // NPROG
     UNITS: tl.constexpr = (N // BN) * SP
     CPU: tl.constexpr = KLEN // BK
     roff = L * N
@@ -163,7 +205,7 @@ def _matrix(Wm, desc, L, lay, xin_off, yout_off, cnt, err, epoch, idx, prev_unit
         if pid >= UNITS:
             if (pid < NUNITS) & (NL_ < NLAYERS):
                 _prefetch_unit(Wn, NL_ * NN, pid, NN, NK, NBN, NSP, PF)
-    if WAIT:
+    if WAIT and not PROG:
         if idx > 0:
             _wait(cnt + idx - 1, prev_units * epoch, err, MAX_SPIN)
     if TMA and DESC_PER_MAT:
@@ -198,6 +240,21 @@ def _matrix(Wm, desc, L, lay, xin_off, yout_off, cnt, err, epoch, idx, prev_unit
         if SIGNAL:
             tl.debug_barrier()
             tl.atomic_add(cnt + idx, nmine, sem="release", scope="gpu")
+    elif PROG:
+        passed = 0  # the splits of the input this program has waited for in full
+        need = (KLEN // MYPROG // PBN) * XSP * epoch
+        for u in range(pid, UNITS, P):
+            rb = u // SP
+            s = u - rb * SP
+            if WAIT and (idx > 0) and ((passed >> s) & 1 == 0):
+                _unit_prog(Wm, d, xin, yout, roff, rb, s, cnt + (idx - 1) * MAXG, need, err, N, K, BN, KLEN,
+                           XN, XSP, BK, STAGES, TMA, ACC2D, MYPROG, MAX_SPIN)
+                passed = passed | (1 << s)
+            else:
+                _unit(Wm, d, xin, yout, roff, rb, s, N, K, BN, KLEN, XN, XSP, BK, STAGES, TMA, ACC2D, EVICT)
+            if SIGNAL:
+                tl.debug_barrier()
+                tl.atomic_add(cnt + idx * MAXG + (rb * BN) // NSUB, 1, sem="release", scope="gpu")
     else:
         for u in range(pid, UNITS, P):
             rb = u // SP
@@ -225,7 +282,8 @@ def chain_kernel(W0, W1, W2, W3, act, cnt, err, epoch, NL,
                  BK: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr, ACC2D: tl.constexpr,
                  WAIT: tl.constexpr, FLAT: tl.constexpr, DESC_PER_MAT: tl.constexpr,
                  MAX_SPIN: tl.constexpr, SIGNAL: tl.constexpr, SIG_ONCE: tl.constexpr, PF: tl.constexpr,
-                 PF_EARLY: tl.constexpr, EVICT: tl.constexpr):
+                 PF_EARLY: tl.constexpr, EVICT: tl.constexpr, PROG: tl.constexpr, PG0: tl.constexpr,
+                 PG1: tl.constexpr, PG2: tl.constexpr, PG3: tl.constexpr, MAXG: tl.constexpr):
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     # activation layout per layer (fp32): [input of qkv = previous down partials | qkv | o | gu | down]
@@ -254,16 +312,16 @@ def chain_kernel(W0, W1, W2, W3, act, cnt, err, epoch, NL,
         i0 = L * 4
         _matrix(W0, d0, L, lay, 0, O0, cnt, err, epoch, i0 + 0, U3, pid, P, N0, K0, BN0, SP0, N3, SP3,
                 BK, STAGES, TMA, ACC2D, WAIT, FLAT, DESC_PER_MAT, MAX_SPIN, SIGNAL, SIG_ONCE, PF,
-                PF_EARLY, EVICT, W1, L, NL, N1, K1, BN1, SP1)
+                PF_EARLY, EVICT, W1, L, NL, N1, K1, BN1, SP1, BN3, PROG, PG0, PG1, MAXG)
         _matrix(W1, d1, L, lay, O0, O1, cnt, err, epoch, i0 + 1, U0, pid, P, N1, K1, BN1, SP1, N0, SP0,
                 BK, STAGES, TMA, ACC2D, WAIT, FLAT, DESC_PER_MAT, MAX_SPIN, SIGNAL, SIG_ONCE, PF,
-                PF_EARLY, EVICT, W2, L, NL, N2, K2, BN2, SP2)
+                PF_EARLY, EVICT, W2, L, NL, N2, K2, BN2, SP2, BN0, PROG, PG1, PG2, MAXG)
         _matrix(W2, d2, L, lay, O1, O2, cnt, err, epoch, i0 + 2, U1, pid, P, N2, K2, BN2, SP2, N1, SP1,
                 BK, STAGES, TMA, ACC2D, WAIT, FLAT, DESC_PER_MAT, MAX_SPIN, SIGNAL, SIG_ONCE, PF,
-                PF_EARLY, EVICT, W3, L, NL, N3, K3, BN3, SP3)
+                PF_EARLY, EVICT, W3, L, NL, N3, K3, BN3, SP3, BN1, PROG, PG2, PG3, MAXG)
         _matrix(W3, d3, L, lay, O2, O3, cnt, err, epoch, i0 + 3, U2, pid, P, N3, K3, BN3, SP3, N2, SP2,
                 BK, STAGES, TMA, ACC2D, WAIT, FLAT, DESC_PER_MAT, MAX_SPIN, SIGNAL, SIG_ONCE, PF,
-                PF_EARLY, EVICT, W0, L + 1, NL, N0, K0, BN0, SP0)
+                PF_EARLY, EVICT, W0, L + 1, NL, N0, K0, BN0, SP0, BN2, PROG, PG3, PG0, MAXG)
 
 
 @triton.jit
@@ -423,7 +481,7 @@ def bench(fn, reps, warm=2):
 def V(name, **kw):
     d = dict(name=name, BN=8, BK=512, W=4, S=3, TMA=False, ACC2D=False, FLAT=False, WAIT=True,
              ppsm="max", split=False, DPM=False, SIGNAL=None, SIG_ONCE=False, PF=0,
-             PF_EARLY=False, EVICT=False)
+             PF_EARLY=False, EVICT=False, PROG=0)
     d.update(kw)
     if d["SIGNAL"] is None:
         d["SIGNAL"] = d["WAIT"]
@@ -528,8 +586,33 @@ VARIANTS_RUN4 = [  # confirmation: the best and its neighbours, repeated, interl
     V("best, no PF (again)", **dict(BEST, PF=0)),
     V("BEST (third)", **BEST),
 ]
-VARIANT_LISTS = dict(run1=VARIANTS_RUN1, run2=VARIANTS_RUN2, run3=VARIANTS_RUN3, run4=VARIANTS_RUN4)
+B16 = dict(BEST, BN=16, BK=512)  # best of run 4 (H200)
+VARIANTS_RUN5 = [  # a consumer waits for its input a sub-range at a time (group counters), not all of it
+    V("bn16 bk512 PF32K", **B16),
+    V("bn16 bk512 PF32K prog2", PROG=2, **B16),
+    V("bn16 bk512 PF32K prog4", PROG=4, **B16),
+    V("bn16 bk512 PF32K prog8", PROG=8, **B16),
+    V("bn16 bk512 PF32K NOWAIT", WAIT=False, **B16),
+    V("bn16 bk512 PF32K (again)", **B16),
+    V("bn16 bk512 PF32K prog2 (again)", PROG=2, **B16),
+    V("bn16 bk512 PF32K prog4 (again)", PROG=4, **B16),
+    V("bn16 bk512 PF32K prog8 (again)", PROG=8, **B16),
+]
+VARIANT_LISTS = dict(run1=VARIANTS_RUN1, run2=VARIANTS_RUN2, run3=VARIANTS_RUN3, run4=VARIANTS_RUN4,
+                     run5=VARIANTS_RUN5)
 VARIANTS = VARIANTS_RUN4
+
+
+MAXG = 64  # group counters a matrix (PROG variants)
+
+
+def sub_ranges(shape, v, SP, m):
+    """PROG variants: the sub-ranges a split of matrix m's input is waited for in, the most up to v["PROG"]
+    that cut it into whole BK chunks, each a whole number of the producer's BN-row units."""
+    klen = shape["K"][m] // SP[m]
+    pbn = v["BN"][(m - 1) % 4]
+    return max([d for d in range(1, max(v["PROG"], 1) + 1)
+                if klen % (d * v["BK"]) == 0 and (klen // d) % pbn == 0] or [1])
 
 
 def kernel_args(prob, v, SP, act, cnt, err, epoch):
@@ -542,7 +625,8 @@ def kernel_args(prob, v, SP, act, cnt, err, epoch):
               BK=v["BK"], STAGES=v["S"], TMA=v["TMA"], ACC2D=v["ACC2D"], WAIT=v["WAIT"],
               FLAT=v["FLAT"], DESC_PER_MAT=v["DPM"], MAX_SPIN=(1 << 20), SIGNAL=v["SIGNAL"],
               SIG_ONCE=v["SIG_ONCE"], PF=0 if INTERPRET else v["PF"], PF_EARLY=v["PF_EARLY"],
-              EVICT=v["EVICT"], num_warps=v["W"])
+              EVICT=v["EVICT"], PROG=v["PROG"] > 0, MAXG=MAXG, num_warps=v["W"],
+              **{f"PG{m}": sub_ranges(sh, v, SP, m) for m in range(4)})
     return args, kw
 
 
@@ -593,7 +677,7 @@ def run_tiny():
         SP = [2, 1, 2, 7] if v["split"] else [1, 1, 1, 1]  # exercise partials, incl. an odd split of 224
         lay = layout(TINY, v["BN"], SP)
         act = prob.make_act(lay)
-        cnt = torch.zeros(4 * TINY["NL"], dtype=torch.int32)
+        cnt = torch.zeros(4 * TINY["NL"] * MAXG, dtype=torch.int32)
         err = torch.zeros(1, dtype=torch.int32)
         args, kw = kernel_args(prob, v, SP, act, cnt, err, 1)
         t0 = time.time()
@@ -788,7 +872,7 @@ def run_gpu(outdir, quick=False):
         dummy_SP = [1, 1, 1, 1]
         lay = layout(sh, v["BN"], dummy_SP)
         act = prob.make_act(lay)
-        cnt = torch.zeros(4 * sh["NL"], dtype=torch.int32, device=dev)
+        cnt = torch.zeros(4 * sh["NL"] * MAXG, dtype=torch.int32, device=dev)
         err = torch.zeros(1, dtype=torch.int32, device=dev)
         args, kw = kernel_args(prob, v, dummy_SP, act, cnt, err, 1)
         ck = chain_kernel.warmup(*args, grid=(1,), **kw)
