@@ -51,7 +51,8 @@ def summarize(kernel: Megakernel) -> list[str]:
     lines += ["{} | {} | {:.1f} | {:.1f} | {:.2f} | {:.2f} | {:.1f} | {:.1f} | {:.1f}".format(*row)
               for row in rows[:24] + rows[-4:]]
     lines.append("kind | tasks | busy ms (summed over programs) | waiting ms (summed)")
-    lines += [f"{k} | {n} | {b / 1e6:.2f} | {w / 1e6:.2f}" for k, (b, w, n) in sorted(kinds.items(), key=lambda x: -x[1][0])]
+    by_busy = sorted(kinds.items(), key=lambda item: -item[1][0])
+    lines += [f"{k} | {n} | {b / 1e6:.2f} | {w / 1e6:.2f}" for k, (b, w, n) in by_busy]
     return lines
 
 

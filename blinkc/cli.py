@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _model_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", metavar="MODEL", help=f"a preset ({', '.join(preset_names())}) or an HF checkpoint directory")
+    p.add_argument("model", metavar="MODEL",
+                   help=f"a preset ({', '.join(preset_names())}) or an HF checkpoint directory")
 
 
 def _add_inspect(sub) -> None:

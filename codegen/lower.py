@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from codegen.bodies.attention import ATTENTION_FIELDS
 from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED, OUT_F32, OUT_NARROW
@@ -40,6 +41,11 @@ class Lowering:
     sample: Wait | None = None
     # weights placed in a form other than the checkpoint's (see `placed_weight`), in the order to apply them
     transforms: list[dict] = field(default_factory=list)
+
+    @cached_property
+    def attention_outputs(self) -> frozenset[int]:
+        """Ids of the values paged attention writes."""
+        return frozenset(node.output.id for node in self.graph.nodes if node.op == "paged_attention")
 
     # -- regions -------------------------------------------------------------------------------------------
     def rows(self, value: Value) -> int:
@@ -380,8 +386,7 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
     # The prefetch is batch 1's (a task's BN weight rows, or its part's first where the group streams); a
     # batched step's split of a wider block reads weights that a neighbouring task of the same group asked for.
     n, k, bn = w.shape[0], w.shape[1], lw.config.block_n
-    after_attention = any(node.op == "paged_attention" and node.output.id == x.id for node in lw.graph.nodes)
-    kb = lw.config.prefetch_attention_kb if after_attention else lw.config.prefetch_kb
+    kb = lw.config.prefetch_attention_kb if x.id in lw.attention_outputs else lw.config.prefetch_kb
     # a streamed group shares one scratch with the others: it must start after the one before is done
     streams = streamable(lw.config, n) and (lw.stream_event < 0 or lw.tasks.follows(waits, lw.stream_event))
     tiles = lw.column_tiles(n)

@@ -132,5 +132,8 @@ def decoder_lm(tr: Tracer, cfg: ModelConfig, step: Step, caches: list[Tensor], p
         x = ops.add(x, mlp_for_layer(i)(tr, f"{layer}.mlp", h, cfg))
     x = ops.gather_rows(x, step.logits_indices)  # only the rows that need logits: [L, H]
     x = rms_norm(tr, "model.norm", x, cfg)
-    head = embed if cfg.tie_word_embeddings else tr.param("lm_head.weight", (cfg.vocab_size, cfg.hidden_size), cfg.dtype)
+    if cfg.tie_word_embeddings:
+        head = embed
+    else:
+        head = tr.param("lm_head.weight", (cfg.vocab_size, cfg.hidden_size), cfg.dtype)
     return ops.cast(ops.linear(x, head), DType.f32)

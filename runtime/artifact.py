@@ -38,7 +38,8 @@ class Artifact:
         if manifest.get("format") != FORMAT:
             raise ValueError(f"{manifest_path}: not a {FORMAT} manifest")
         if manifest.get("version") != VERSION:
-            raise ValueError(f"{manifest_path}: manifest version {manifest.get('version')}, this runtime reads {VERSION}")
+            raise ValueError(f"{manifest_path}: manifest version {manifest.get('version')}, "
+                             f"this runtime reads {VERSION}")
         cubin = path if path.exists() and manifest["kernel"].get("cubin") else None
         return cls(manifest, load_file(companion(path, ".tables.safetensors")), companion(path, ".py"), cubin)
 

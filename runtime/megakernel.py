@@ -169,7 +169,8 @@ class Megakernel:
     def _check_requests(self, prompts: list[list[int]], params: list[SamplingParams]) -> None:
         cfg, vocab = self.config, self.manifest["model"]["vocab_size"]
         if not 0 < len(prompts) <= cfg.max_batch:
-            raise ValueError(f"between 1 and {cfg.max_batch} prompts per launch (compiled max_batch), got {len(prompts)}")
+            raise ValueError(f"between 1 and {cfg.max_batch} prompts per launch (compiled max_batch), "
+                             f"got {len(prompts)}")
         for prompt, p in zip(prompts, params, strict=True):
             if not prompt or any(not 0 <= t < vocab for t in prompt):
                 raise ValueError(f"a prompt must be a non-empty list of token ids in [0, {vocab})")
@@ -177,7 +178,8 @@ class Megakernel:
                 raise ValueError(f"prompt ({len(prompt)}) + max_tokens ({p.max_tokens}) exceeds the compiled "
                                  f"max_model_len ({cfg.max_model_len})")
             if p.max_tokens > cfg.max_new_tokens:
-                raise ValueError(f"max_tokens {p.max_tokens} exceeds the compiled max_new_tokens ({cfg.max_new_tokens})")
+                raise ValueError(f"max_tokens {p.max_tokens} exceeds the compiled max_new_tokens "
+                                 f"({cfg.max_new_tokens})")
             if p.stop_token_ids:
                 raise ValueError("stop_token_ids are not supported by the megakernel yet (EOS ids only)")
 

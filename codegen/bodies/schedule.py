@@ -41,7 +41,8 @@ def plan_step(I32, F32, step, CONTROL: tl.constexpr, INPUT_IDS: tl.constexpr, PO
                     i = c + offs
                     ok = i < n
                     pos = cached + i
-                    from_prompt = tl.load(I32 + PROMPTS + tl.load(I32 + REQ_PROMPT_OFF + r) + pos, mask=ok & (pos < prompt_len), other=0)
+                    from_prompt = tl.load(I32 + PROMPTS + tl.load(I32 + REQ_PROMPT_OFF + r) + pos,
+                                          mask=ok & (pos < prompt_len), other=0)
                     token = tl.where(pos < prompt_len, from_prompt, tl.load(I32 + REQ_LAST + r))
                     page = tl.load(I32 + REQ_PAGES + r * PAGES_PER_SEQ + pos // PAGE_SIZE, mask=ok, other=0)
                     tl.store(I32 + INPUT_IDS + t + i, token, mask=ok)
@@ -204,5 +205,6 @@ def _emit(I32, r, token, CONTROL: tl.constexpr, REQ_NUM_OUT: tl.constexpr, REQ_M
     is_eos = 0
     for i in range(tl.load(I32 + CONTROL + 5)):
         is_eos = is_eos | (tl.load(I32 + EOS_IDS + i) == token).to(tl.int32)
-    stop = (is_eos * (1 - tl.load(I32 + REQ_IGNORE_EOS + r))) | (n + 1 >= tl.load(I32 + REQ_MAX_TOKENS + r)).to(tl.int32)
+    at_max = (n + 1 >= tl.load(I32 + REQ_MAX_TOKENS + r)).to(tl.int32)
+    stop = (is_eos * (1 - tl.load(I32 + REQ_IGNORE_EOS + r))) | at_max
     tl.store(I32 + REQ_FINISHED + r, tl.where(stop > 0, 1 + is_eos, 0))

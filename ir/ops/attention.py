@@ -93,7 +93,8 @@ def _attention_type(inputs, attrs):
     require(q.shape[1] == attrs["num_heads"] * attrs["head_dim"], "paged_attention: q must be [T, H*HD]")
     require(cache.shape[3:] == (attrs["num_kv_heads"], attrs["head_dim"]), "paged_attention: cache heads mismatch")
     require(attrs["num_heads"] % attrs["num_kv_heads"] == 0, "paged_attention: heads not a multiple of kv heads")
-    require(len(page_table.shape) == 2 and page_table.dtype == DType.i32, "paged_attention: page_table must be i32[B, P]")
+    require(len(page_table.shape) == 2 and page_table.dtype == DType.i32,
+            "paged_attention: page_table must be i32[B, P]")
     return [(q.shape, q.dtype)]
 
 

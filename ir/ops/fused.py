@@ -45,7 +45,8 @@ def _fused_linear_type(inputs, attrs):
 @register_op("fused_linear", (2, 3, 4, 5), _fused_linear_type)
 def _fused_linear(*inputs, prologue: str, gated: bool, has_bias: bool, has_residual: bool, eps: float,
                   out_dtype: str):
-    named = dict(zip(fused_linear_inputs(dict(prologue=prologue, has_bias=has_bias, has_residual=has_residual)), inputs))
+    names = fused_linear_inputs(dict(prologue=prologue, has_bias=has_bias, has_residual=has_residual))
+    named = dict(zip(names, inputs))
     x = named["x"]
     if prologue == "rms_norm":
         x = rms_norm_reference(x, named["norm_w"], eps=eps, group=x.shape[1])
@@ -79,7 +80,8 @@ def _qkv_type(inputs, attrs):
 @register_op("qkv_rope_store", tuple(range(6, 11)), _qkv_type)
 def _qkv_rope_store(*inputs, q_size: int, kv_size: int, head_dim: int, rotary_dim: int, theta: float,
                     scaling, eps: float, qk_eps: float, has_bias: bool, has_norm: bool, has_qk_norm: bool):
-    named = dict(zip(qkv_rope_store_inputs(dict(has_bias=has_bias, has_norm=has_norm, has_qk_norm=has_qk_norm)), inputs))
+    names = qkv_rope_store_inputs(dict(has_bias=has_bias, has_norm=has_norm, has_qk_norm=has_qk_norm))
+    named = dict(zip(names, inputs))
     x = named["x"]
     if has_norm:
         x = rms_norm_reference(x, named["norm_w"], eps=eps, group=x.shape[1])

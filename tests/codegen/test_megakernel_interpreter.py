@@ -174,7 +174,8 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
     ours = kernel.generate(prompts, params)  # the 19-token prompt's context reaches 30: two attention parts
     for prompt, completion in zip(prompts, ours):
         (expected,) = engine.generate([prompt], params)
-        assert completion.tokens == expected, f"first differing token at {first_difference(completion.tokens, expected)}"
+        assert completion.tokens == expected, (
+            f"first differing token at {first_difference(completion.tokens, expected)}")
 
 
 def _tiny_llama_kernel(checkpoint, path, config):

@@ -86,7 +86,8 @@ def test_fusions_leave_already_fused_phi_projections_alone():
 def test_fold_rms_norm_skips_norms_read_by_something_else_than_a_projection():
     graph = run_pipeline(traced("tiny-qwen3-moe"))
     unfolded = [n.inputs[1].name for n in graph.nodes if n.op == "rms_norm" and "layernorm" in n.inputs[1].name]
-    assert unfolded == [f"model.layers.{i}.post_attention_layernorm.weight" for i in (0, 2)]  # the post-attention norms of the two MoE layers feed router and experts
+    # the post-attention norms of the two MoE layers feed router and experts
+    assert unfolded == [f"model.layers.{i}.post_attention_layernorm.weight" for i in (0, 2)]
     folded = [n for n in graph.nodes if n.op == "rms_norm_linear"]
     assert len(folded) == 3 + 1 + 1  # input norms of 3 layers, the dense layer's MLP norm, the final norm
 
