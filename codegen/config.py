@@ -137,9 +137,12 @@ class CompileConfig:
     stream_stages: int = 5
     stream_tiles: int = 16
     prefetch_kb: int = 32  # weights each projection/QKV task asks L2 for before waiting on its inputs
-    # ... and each task of a projection of attention's output: attention reads little (a decode step's keys
-    # and values), so the projection's weights can come into L2 meanwhile
-    prefetch_attention_kb: int = 128
+    # ... and each task of a projection of attention's output (o_proj), which could bring its weights into L2
+    # while attention, which reads little, runs. Measured, it does not pay (those requests may delay attention's
+    # own loads, which are on the critical path). H200, Llama-3-8B, 0 / 128 KB in one call: b1 ctx512 4.76 / 4.78
+    # ms (twice; 32 KB: 4.74), ctx4096 4.96 / 5.02, b8 6.14 / 6.16, b64 8.10 / 8.11; session 13 5.21 / 5.26 (H200);
+    # H100 (session 10) 6.73 / 6.71
+    prefetch_attention_kb: int = 0
     # task bodies compiled as functions of their own (`noinline`), comma-separated groups of
     # codegen.bodies.OUTLINE_GROUPS (why, and which cannot be: there). None by default: with pinned thread ids and
     # parked state, outlining no longer pays, and calls cost MoE layers. H200 ctx512, one build each, none /
