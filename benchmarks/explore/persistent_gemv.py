@@ -107,11 +107,15 @@ def _load_x(xin, k, cols, XN: tl.constexpr, XSP: tl.constexpr):
 
 
 @triton.jit
-def _unit(Wm, desc, xin, yout, roff, rb, s,
+def _unit(Wm, desc, xin, yout, roff, rb, s, gcnt, need, err,
           N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, KLEN: tl.constexpr,
           XN: tl.constexpr, XSP: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
-          TMA: tl.constexpr, ACC2D: tl.constexpr, EVICT: tl.constexpr):
-    """One work unit: rows [rb*BN, rb*BN+BN) x columns [s*KLEN, s*KLEN+KLEN) -> yout[s, rows] (fp32)."""
+          TMA: tl.constexpr, ACC2D: tl.constexpr, EVICT: tl.constexpr, WAITS: tl.constexpr,
+          MAX_SPIN: tl.constexpr):
+    """One work unit: rows [rb*BN, rb*BN+BN) x columns [s*KLEN, s*KLEN+KLEN) -> yout[s, rows] (fp32).
+    WAITS > 0: the K range is WAITS sub-ranges, each behind its own wait: sub-range j needs the producer's
+    group s * WAITS + j (gcnt points at the producer's group counters) to reach `need`."""
+    SUB: tl.constexpr = KLEN // max(WAITS, 1)
     rows = rb * BN + tl.arange(0, BN)
     cols = tl.arange(0, BK)
     kbeg = s * KLEN
@@ -120,50 +124,17 @@ def _unit(Wm, desc, xin, yout, roff, rb, s,
     else:
         acc = tl.zeros([BN], tl.float32)
     wp = Wm + ((roff + rows).to(tl.int64) * K)[:, None] + cols[None, :]
-    for k in tl.range(kbeg, kbeg + KLEN, BK, num_stages=STAGES):
-        if TMA:
-            w = desc.load([roff + rb * BN, k])
-        else:
-            if EVICT:
-                w = tl.load(wp + k, eviction_policy="evict_first")
-            else:
-                w = tl.load(wp + k)
-        x = _load_x(xin, k, cols, XN, XSP)
-        prod = w.to(tl.float32) * x[None, :]
-        if ACC2D:
-            acc += prod
-        else:
-            acc += tl.sum(prod, 1)
-    if ACC2D:
-        y = tl.sum(acc, 1)
-    else:
-        y = acc
-    tl.store(yout + s * N + rows, y)
-
-
-@triton.jit
-def _unit_prog(Wm, desc, xin, yout, roff, rb, s, gcnt, need, err,
-               N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, KLEN: tl.constexpr,
-               XN: tl.constexpr, XSP: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
-               TMA: tl.constexpr, ACC2D: tl.constexpr, NPROG: tl.constexpr, MAX_SPIN: tl.constexpr):
-    """`_unit` whose K range is NPROG sub-ranges, each behind its own wait: sub-range j of split s needs
-    the producer's group s * NPROG + j (gcnt points at the producer's group counters) to reach `need`."""
-    SUB: tl.constexpr = KLEN // NPROG
-    rows = rb * BN + tl.arange(0, BN)
-    cols = tl.arange(0, BK)
-    kbeg = s * KLEN
-    if ACC2D:
-        acc = tl.zeros([BN, BK], tl.float32)
-    else:
-        acc = tl.zeros([BN], tl.float32)
-    wp = Wm + ((roff + rows).to(tl.int64) * K)[:, None] + cols[None, :]
-    for j in tl.static_range(NPROG):
-        _wait(gcnt + s * NPROG + j, need, err, MAX_SPIN)
+    for j in tl.static_range(max(WAITS, 1)):
+        if WAITS > 0:
+            _wait(gcnt + s * WAITS + j, need, err, MAX_SPIN)
         for k in tl.range(kbeg + j * SUB, kbeg + (j + 1) * SUB, BK, num_stages=STAGES):
             if TMA:
                 w = desc.load([roff + rb * BN, k])
             else:
-                w = tl.load(wp + k)
+                if EVICT:
+                    w = tl.load(wp + k, eviction_policy="evict_first")
+                else:
+                    w = tl.load(wp + k)
             x = _load_x(xin, k, cols, XN, XSP)
             prod = w.to(tl.float32) * x[None, :]
             if ACC2D:
@@ -247,11 +218,12 @@ def _matrix(Wm, desc, L, lay, xin_off, yout_off, cnt, err, epoch, idx, prev_unit
             rb = u // SP
             s = u - rb * SP
             if WAIT and (idx > 0) and ((passed >> s) & 1 == 0):
-                _unit_prog(Wm, d, xin, yout, roff, rb, s, cnt + (idx - 1) * MAXG, need, err, N, K, BN, KLEN,
-                           XN, XSP, BK, STAGES, TMA, ACC2D, MYPROG, MAX_SPIN)
+                _unit(Wm, d, xin, yout, roff, rb, s, cnt + (idx - 1) * MAXG, need, err, N, K, BN, KLEN, XN, XSP,
+                      BK, STAGES, TMA, ACC2D, EVICT, MYPROG, MAX_SPIN)
                 passed = passed | (1 << s)
             else:
-                _unit(Wm, d, xin, yout, roff, rb, s, N, K, BN, KLEN, XN, XSP, BK, STAGES, TMA, ACC2D, EVICT)
+                _unit(Wm, d, xin, yout, roff, rb, s, cnt, 0, err, N, K, BN, KLEN, XN, XSP, BK, STAGES, TMA, ACC2D,
+                      EVICT, 0, MAX_SPIN)
             if SIGNAL:
                 tl.debug_barrier()
                 tl.atomic_add(cnt + idx * MAXG + (rb * BN) // NSUB, 1, sem="release", scope="gpu")
@@ -263,7 +235,8 @@ def _matrix(Wm, desc, L, lay, xin_off, yout_off, cnt, err, epoch, idx, prev_unit
                 # at the start of my last unit here, prefetch my first unit of the next matrix
                 if (u + P >= UNITS) & (pid < NUNITS) & (NL_ < NLAYERS):
                     _prefetch_unit(Wn, NL_ * NN, pid, NN, NK, NBN, NSP, PF)
-            _unit(Wm, d, xin, yout, roff, rb, s, N, K, BN, KLEN, XN, XSP, BK, STAGES, TMA, ACC2D, EVICT)
+            _unit(Wm, d, xin, yout, roff, rb, s, cnt, 0, err, N, K, BN, KLEN, XN, XSP, BK, STAGES, TMA, ACC2D,
+                  EVICT, 0, MAX_SPIN)
             if SIGNAL and not SIG_ONCE:
                 tl.debug_barrier()
                 tl.atomic_add(cnt + idx, 1, sem="release", scope="gpu")
@@ -333,8 +306,8 @@ def gemv_kernel(Wm, act, xin_off, yout_off, roff,
     u = tl.program_id(0)
     rb = u // SP
     s = u - rb * SP
-    _unit(Wm, Wm, act + xin_off, act + yout_off, roff, rb, s, N, K, BN, K // SP, XN, XSP, BK, STAGES,
-          False, ACC2D, False)
+    _unit(Wm, Wm, act + xin_off, act + yout_off, roff, rb, s, act, 0, act, N, K, BN, K // SP, XN, XSP, BK,
+          STAGES, False, ACC2D, False, 0, 1)
 
 
 # ----------------------------------------------------------------------------------------------------
