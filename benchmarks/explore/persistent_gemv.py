@@ -571,8 +571,12 @@ VARIANTS_RUN5 = [  # a consumer waits for its input a sub-range at a time (group
     V("bn16 bk512 PF32K prog4 (again)", PROG=4, **B16),
     V("bn16 bk512 PF32K prog8 (again)", PROG=8, **B16),
 ]
+VARIANTS_WS = [  # the same-run reference for ws_gemv.py's warp-specialized chain
+    V("bn16 bk512 PF32K", **B16),
+    V("bn16 bk512 PF32K NOWAIT", WAIT=False, **B16),
+]
 VARIANT_LISTS = dict(run1=VARIANTS_RUN1, run2=VARIANTS_RUN2, run3=VARIANTS_RUN3, run4=VARIANTS_RUN4,
-                     run5=VARIANTS_RUN5)
+                     run5=VARIANTS_RUN5, ws=VARIANTS_WS)
 VARIANTS = VARIANTS_RUN4
 
 
