@@ -17,15 +17,11 @@ warp-specialized in Gluon (Triton 3.6's explicit-layout dialect, Hopper only):
 Activations are bf16, one vector a matrix in the layout of `persistent_gemv.layout` (no split K). The check
 compares each matrix's output with the fp32 product of its weights and its own stored input.
 
-    python benchmarks/explore/ws_gemv.py                   # on an H100 / H200: times it (and its NOWAIT bound)
-    python benchmarks/explore/ws_gemv.py --compile-only    # here, no GPU: compile for sm_90, print resources
+    python -m benchmarks.explore.ws_gemv                  # on an H100 / H200: times it (and its NOWAIT bound)
+    python -m benchmarks.explore.ws_gemv --compile-only   # here, no GPU: compile for sm_90, print resources
 """
 import argparse
-import math
-import os
-import re
-import subprocess
-import sys
+from pathlib import Path
 
 import torch
 import triton
@@ -33,12 +29,14 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from persistent_gemv import FULL, bench, in_off, layout  # noqa: E402
+from benchmarks.baselines import read_bandwidth_tbs
+from benchmarks.explore.persistent_gemv import FULL, Problem, bench, in_off, layout
+from codegen.compile import resource_usage
 
 UNIT_ROWS, CHUNK = 16, 256  # a unit's weight rows, a chunk's columns: 8 KB of weights a chunk
 COPY_WIDTH, COPY_ROWS = 256, 8  # the input vector is copied as rows of COPY_WIDTH elements, COPY_ROWS rows a copy
 BN, BK, XW, XR = (gl.constexpr(v) for v in (UNIT_ROWS, CHUNK, COPY_WIDTH, COPY_ROWS))  # (as the kernels see them)
+MAX_SPIN = 1 << 20  # polls before a wait gives up (sets the error flag)
 
 
 def regs_per_thread(per_sm, warps):
@@ -182,43 +180,29 @@ def compile_only(ring, warps):
     _, const = chain_constants(FULL)
     sig = {"W0": "*bf16", "W1": "*bf16", "W2": "*bf16", "W3": "*bf16", "act": "*bf16", "cnt": "*i32",
            "err": "*i32", "epoch": "i32", "NL": "i32", "act_rows": "i32"}
-    const.update(RING=ring, WAIT=True, SIGNAL=True, MAX_SPIN=1 << 20, WORKER_REGS=40)
+    const.update(RING=ring, WAIT=True, SIGNAL=True, MAX_SPIN=MAX_SPIN, WORKER_REGS=40)
     for k in const:
         sig[k] = "constexpr"
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(7)}
     src = GluonASTSource(ws_chain, signature=sig, constexprs=const, attrs=attrs)
     c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": warps, "maxnreg": regs_per_thread(2, warps)})
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    path = f"/tmp/ws_gemv_ring{ring}.cubin"
-    with open(path, "wb") as f:
-        f.write(c.asm["cubin"])
-    usage = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True).stdout
-    found = re.search(r"REG:(\d+).*?STACK:(\d+).*?SHARED:(\d+)", usage)
-    print(f"ring {ring}: registers/stack/shared {found.groups() if found else usage}, Triton's shared "
-          f"{c.metadata.shared} B; {path}")
+    path = Path(f"/tmp/ws_gemv_ring{ring}.cubin")
+    path.write_bytes(c.asm["cubin"])
+    print(f"ring {ring}: {resource_usage(path)}, Triton's shared {c.metadata.shared} B; {path}")
 
 
 def run_gpu(rings, reps, warps, programs):
     dev = "cuda"
     props = torch.cuda.get_device_properties(0)
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
-    buf = torch.randn(1 << 30, device=dev)
-    t, _ = bench(lambda: buf.sum(), 7)
-    bw = buf.numel() * 4 / t / 1e9
-    del buf
+    bw = read_bandwidth_tbs(dev)
     shape = FULL
     lay, const = chain_constants(shape)
-    g = torch.Generator(device=dev)
-    g.manual_seed(0)
-    weights = []
-    for n, k in zip(shape["N"], shape["K"]):
-        w = torch.empty(shape["NL"] * n, k, dtype=torch.bfloat16, device=dev)
-        w.normal_(0.0, 1.0 / math.sqrt(k), generator=g)
-        weights.append(w)
-    total_bytes = sum(w.numel() * 2 for w in weights)
-    floor_ms = total_bytes / bw / 1e9
-    print(f"device {props.name}: read bandwidth {bw:.3f} TB/s, weights {total_bytes / 1e9:.2f} GB, "
+    problem = Problem(shape, dev)  # persistent_gemv's weights (same seed)
+    weights = problem.W
+    floor_ms = problem.bytes / bw / 1e9
+    print(f"device {props.name}: read bandwidth {bw:.3f} TB/s, weights {problem.bytes / 1e9:.2f} GB, "
           f"roofline {floor_ms:.3f} ms", flush=True)
     act = torch.zeros(lay["total"], dtype=torch.bfloat16, device=dev)
     act[: shape["K"][0]] = torch.randn(shape["K"][0], device=dev).to(torch.bfloat16)
@@ -244,21 +228,22 @@ def run_gpu(rings, reps, warps, programs):
         for wait in (True, False):
             cnt.zero_()  # counters and epochs start again: a NOWAIT variant signals nothing
             epoch[0] = 0
+            options = dict(RING=ring, WAIT=wait, SIGNAL=wait, MAX_SPIN=MAX_SPIN, WORKER_REGS=40, num_warps=warps,
+                           maxnreg=maxnreg, **const)
 
             def launch():
                 epoch[0] += 1
                 ws_chain[(grid,)](*weights, act, cnt, err, epoch[0], shape["NL"], lay["total"] // COPY_WIDTH,
-                                  RING=ring, WAIT=wait, SIGNAL=wait, MAX_SPIN=1 << 20, WORKER_REGS=40,
-                                  num_warps=warps, maxnreg=maxnreg, **const)
+                                  **options)
             err.zero_()
             launch()
             torch.cuda.synchronize()
+            name = f"ws {grid} programs {warps} warps ring {ring:2d} {'waits ' if wait else 'NOWAIT'}"
             if err.item():  # a wait gave up: the grid was not co-resident, or the kernel is wrong
-                print(f"ring {ring} {'waits' if wait else 'NOWAIT'}: a wait gave up after {1 << 20} polls, not timed")
+                print(f"{name}: a wait gave up after {MAX_SPIN} polls, not timed")
                 continue
-            kernel = ws_chain.warmup(*weights, act, cnt, err, 1, shape["NL"], lay["total"] // COPY_WIDTH, RING=ring,
-                                     WAIT=wait, SIGNAL=wait, MAX_SPIN=1 << 20, WORKER_REGS=40, num_warps=warps,
-                                     maxnreg=maxnreg, grid=(grid,), **const)
+            kernel = ws_chain.warmup(*weights, act, cnt, err, 1, shape["NL"], lay["total"] // COPY_WIDTH,
+                                     grid=(grid,), **options)
             kernel._init_handles()
             if wait:  # every output poisoned, then one checked launch
                 act[shape["K"][0]:] = float("nan")
@@ -268,10 +253,9 @@ def run_gpu(rings, reps, warps, programs):
             else:
                 error = float("nan")
             ms, spread = bench(launch, reps)
-            print(f"RESULT ws {grid} programs {warps} warps ring {ring:2d} {'waits ' if wait else 'NOWAIT'} {ms:7.3f} ms "
-                  f"{100 * floor_ms / ms:5.1f}% of BW  rel_err {error:.1e}  err flag {int(err.item())}  "
-                  f"regs {kernel.n_regs} spills {kernel.n_spills} shared {kernel.metadata.shared}  "
-                  f"spread {spread[0]:.3f}-{spread[-1]:.3f}", flush=True)
+            print(f"RESULT {name} {ms:7.3f} ms {100 * floor_ms / ms:5.1f}% of BW  rel_err {error:.1e}  "
+                  f"err flag {int(err.item())}  regs {kernel.n_regs} spills {kernel.n_spills} "
+                  f"shared {kernel.metadata.shared}  spread {spread[0]:.3f}-{spread[-1]:.3f}", flush=True)
 
 
 def main():
