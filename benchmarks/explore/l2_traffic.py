@@ -53,15 +53,16 @@ def read_l2(src, out, n_blocks, reps, BLOCK: tl.constexpr):
     tl.store(out + pid, tl.sum(acc))
 
 
-def ceiling(megabytes: int, programs_per_sm: int, reps: int) -> None:
+def ceiling(megabytes: int, programs_per_sm: int, reps: int, block_kb: int = 8) -> None:
     """L2 -> SM read bandwidth: a [n] bf16 buffer of `megabytes` MB, which L2 keeps, read `reps` times over by a
-    grid of `programs_per_sm` programs an SM, each taking every grid-th block of 8 KB; next to DRAM's."""
+    grid of `programs_per_sm` programs an SM, each taking every grid-th block of `block_kb` KB (one load in
+    flight a program); next to DRAM's."""
     import torch
 
     from benchmarks.baselines import median_ms, read_bandwidth_tbs
 
     device = torch.device("cuda")
-    block = 4096  # bf16 elements: 8 KB a load of a program
+    block = block_kb * 512  # bf16 elements
     buffer = torch.randn(megabytes * (1 << 20) // 2, device=device, dtype=torch.bfloat16)
     n_blocks = buffer.numel() // block
     grid = torch.cuda.get_device_properties(device).multi_processor_count * programs_per_sm
@@ -69,7 +70,8 @@ def ceiling(megabytes: int, programs_per_sm: int, reps: int) -> None:
     ms = median_ms(lambda: read_l2[(grid,)](buffer, out, n_blocks, reps, BLOCK=block, num_warps=4), device,
                    num_warmup=3, num_reps=10)
     moved = n_blocks * reps * block * 2
-    print(f"L2 -> SM: {moved / ms / 1e9:.2f} TB/s ({megabytes} MB buffer read {reps} times, {grid} programs); "
+    print(f"L2 -> SM: {moved / ms / 1e9:.2f} TB/s ({megabytes} MB buffer read {reps} times, {grid} programs, "
+          f"{block_kb} KB loads); "
           f"DRAM read in the same run: {read_bandwidth_tbs(device):.2f} TB/s")
 
 
@@ -110,6 +112,7 @@ def main() -> None:
     top.add_argument("--megabytes", default="8,24", help="buffer sizes, comma-separated (L2 holds 50 MB)")
     top.add_argument("--programs-per-sm", default="2,4,8")
     top.add_argument("--reps", type=int, default=200)
+    top.add_argument("--block-kb", default="8", help="KB each load of a program reads, comma-separated")
     args = parser.parse_args()
     if args.command == "step":
         step(args.preset, args.batch, args.context)
@@ -118,7 +121,8 @@ def main() -> None:
     else:
         for megabytes in map(int, args.megabytes.split(",")):
             for per_sm in map(int, args.programs_per_sm.split(",")):
-                ceiling(megabytes, per_sm, args.reps)
+                for block_kb in map(int, args.block_kb.split(",")):
+                    ceiling(megabytes, per_sm, args.reps, block_kb)
 
 
 if __name__ == "__main__":
