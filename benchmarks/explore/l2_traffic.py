@@ -55,8 +55,8 @@ def read_l2(src, out, n_blocks, reps, BLOCK: tl.constexpr):
 
 def ceiling(megabytes: int, programs_per_sm: int, reps: int, block_kb: int = 8) -> None:
     """L2 -> SM read bandwidth: a [n] bf16 buffer of `megabytes` MB, which L2 keeps, read `reps` times over by a
-    grid of `programs_per_sm` programs an SM, each taking every grid-th block of `block_kb` KB (one load in
-    flight a program); next to DRAM's."""
+    grid of `programs_per_sm` programs an SM, each taking every grid-th block of `block_kb` KB, a load an iteration
+    (Triton may pipeline the loop at its default stages); next to DRAM's."""
     import torch
 
     from benchmarks.baselines import median_ms, read_bandwidth_tbs
