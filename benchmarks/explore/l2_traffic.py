@@ -9,7 +9,7 @@ every kernel's counters summed. The megakernel's own figures come from ncu aroun
     python -m benchmarks.explore.l2_traffic summarize /tmp/b64.csv
 
 `ceiling` measures how fast the SMs can read from L2 at all: every program reads a buffer that L2 holds, over
-and over (loads cached in L2 only), next to the DRAM read bandwidth of the same run.
+and over (loads cached in L2 only), after the DRAM read bandwidth of the same run.
 """
 from __future__ import annotations
 
@@ -17,8 +17,12 @@ import argparse
 import csv
 from collections import defaultdict
 
+import torch
 import triton
 import triton.language as tl
+
+from benchmarks.baselines import make_decode_step, median_ms, read_bandwidth_tbs
+from models.registry import resolve_model
 
 METRICS = ("dram__bytes_read.sum", "l1tex__m_xbar2l1tex_read_bytes.sum", "gpu__time_duration.sum")
 SCALE = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
@@ -27,10 +31,6 @@ SCALE = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
 
 def step(preset: str, batch: int, context: int) -> None:
     """Warms up, then runs one eager decode step between the profiler's start and stop."""
-    import torch
-
-    from benchmarks.baselines import make_decode_step
-    from models.registry import resolve_model
     cfg = resolve_model(preset).config
     with torch.inference_mode():
         run = make_decode_step(cfg, batch, context, "cuda")
@@ -53,26 +53,18 @@ def read_l2(src, out, n_blocks, reps, BLOCK: tl.constexpr):
     tl.store(out + pid, tl.sum(acc))
 
 
-def ceiling(megabytes: int, programs_per_sm: int, reps: int, block_kb: int = 8) -> None:
-    """L2 -> SM read bandwidth: a [n] bf16 buffer of `megabytes` MB, which L2 keeps, read `reps` times over by a
-    grid of `programs_per_sm` programs an SM, each taking every grid-th block of `block_kb` KB, a load an iteration
-    (Triton may pipeline the loop at its default stages); next to DRAM's."""
-    import torch
-
-    from benchmarks.baselines import median_ms, read_bandwidth_tbs
-
+def ceiling_tbs(megabytes: int, grid: int, reps: int, block_kb: int) -> float:
+    """L2 -> SM read bandwidth: a [n] bf16 buffer of `megabytes` MB, which L2 keeps, read `reps` times over by
+    `grid` programs, each taking every grid-th block of `block_kb` KB, a load an iteration
+    (Triton may pipeline the loop at its default stages)."""
     device = torch.device("cuda")
     block = block_kb * 512  # bf16 elements
     buffer = torch.randn(megabytes * (1 << 20) // 2, device=device, dtype=torch.bfloat16)
     n_blocks = buffer.numel() // block
-    grid = torch.cuda.get_device_properties(device).multi_processor_count * programs_per_sm
     out = torch.empty(grid, device=device)
     ms = median_ms(lambda: read_l2[(grid,)](buffer, out, n_blocks, reps, BLOCK=block, num_warps=4), device,
                    num_warmup=3, num_reps=10)
-    moved = n_blocks * reps * block * 2
-    print(f"L2 -> SM: {moved / ms / 1e9:.2f} TB/s ({megabytes} MB buffer read {reps} times, {grid} programs, "
-          f"{block_kb} KB loads); "
-          f"DRAM read in the same run: {read_bandwidth_tbs(device):.2f} TB/s")
+    return n_blocks * reps * block * 2 / ms / 1e9
 
 
 def summarize(path: str) -> None:
@@ -119,10 +111,14 @@ def main() -> None:
     elif args.command == "summarize":
         summarize(args.csv)
     else:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        print(f"DRAM read: {read_bandwidth_tbs('cuda'):.2f} TB/s")
         for megabytes in map(int, args.megabytes.split(",")):
             for per_sm in map(int, args.programs_per_sm.split(",")):
                 for block_kb in map(int, args.block_kb.split(",")):
-                    ceiling(megabytes, per_sm, args.reps, block_kb)
+                    tbs = ceiling_tbs(megabytes, sms * per_sm, args.reps, block_kb)
+                    print(f"L2 -> SM: {tbs:.2f} TB/s ({megabytes} MB buffer read {args.reps} times, "
+                          f"{sms * per_sm} programs, {block_kb} KB loads)")
 
 
 if __name__ == "__main__":
