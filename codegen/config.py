@@ -61,6 +61,9 @@ class CompileConfig:
     # through TMA 8.56; H100 b64 9.79 against 9.75 (32 at 6 stages). (Before pinned thread ids and parked state
     # it lost on the H100: 64 at 6 / 4 stages 11.61 / 10.76 ms against 32 at 6 10.58.)
     batch_n: int = 64
+    # K splits of each batched block (at most batch_n // block_n); 0: the fewest that give a group a task for
+    # every program (`codegen.lower.linear_splits`). Tasks of the group past its blocks' splits end at once
+    batch_splits: int = 0
     block_kv: int = 32  # keys per attention block
     # software pipelining depth of the projections' K loops: the GEMV and dots up to block_m rows, the
     # batched decode blocks ([wide_m + batch_n] x block_k_dot each), the prefill tiles ([prefill_m + wide_n] x
@@ -173,7 +176,7 @@ class CompileConfig:
             raise ValueError(f"rows_gemv must be 0 or a power of two, got {self.rows_gemv}")
         if not 1 <= self.rows_max <= self.block_m:
             raise ValueError(f"rows_max must be between 1 and block_m, got {self.rows_max}")
-        for name in ("rows_stages", "route_loop_rows"):
+        for name in ("rows_stages", "route_loop_rows", "batch_splits"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be at least 0, got {getattr(self, name)}")
         for name in ("block_n", "expert_block_n", "expert_block_k", "block_k", "block_k_dot", "prefill_block_k",

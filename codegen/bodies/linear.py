@@ -10,9 +10,10 @@ Three shapes of the same computation, by the number of rows in the step:
 - one row (batch-1 decode): a GEMV streaming [BN, BK] weight chunks into fp32 accumulators, and up to
   ROWS_GEMV rows the same chunks times each row in turn;
 - a few rows (batched decode): one tensor-core dot over all rows and this task's columns, so the weights
-  stream once whatever the batch. Up to BM rows, the task's BN columns; up to BMW rows, the task's share
-  of a block of BNB columns: its split of the K range (the last split to finish sums the fp32 partials
-  in order and runs the epilogue), so that no task reads more input than weights;
+  stream once whatever the batch. Up to BM rows, the task's BN columns; up to BMW rows, a block of BNB
+  columns, so that no task reads more input than weights: whole where the group has a block for every
+  program, else the task's split of a block's K range (the last split to finish sums the fp32 partials
+  in order and runs the epilogue);
 - many rows (prefill): the group's tasks share the [BMP, BNW] tiles of the whole output, so each weight
   and input chunk feeds a wide tensor-core tile instead of being read once per BN columns. When the tiles
   are too few for the group's tasks (a short prompt), their K ranges split over the tasks as above.
@@ -292,10 +293,11 @@ def dot_block(desc, m0, n0, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
 def split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr):
     """Up to BM rows times a block of BN columns. With `splits` > 1 the task is split `tile % splits` of
-    the K range of block `tile // splits`, and the last split to finish (a ticket counter the planner
-    zeroes every step) sums the fp32 partials in order and runs the epilogue; with one, task `tile` of the
-    group's `num_tasks` owns blocks `tile`, `tile + num_tasks`... whole (where blocks are at least as wide as
-    a task's columns, one block or none: the group's other tasks are idle)."""
+    the K range of block `tile // splits` (the group's tasks past its blocks' splits have none), and the last
+    split to finish (a ticket counter the planner zeroes every step) sums the fp32 partials in order and runs
+    the epilogue; with one, task `tile` of the group's `num_tasks` owns blocks `tile`, `tile + num_tasks`...
+    whole (where blocks are at least as wide as a task's columns, one block or none: the group's other tasks
+    are idle)."""
     K, N = word8(desc, 2), word(desc, 4)
     splits, part_off, ticket_off = word(desc, 16), word(desc, 17), word(desc, 18)
     rows = tl.arange(0, BM)
@@ -306,13 +308,14 @@ def split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, BM: tl.constexpr, 
     else:
         block = tile // splits
         split = tile % splits
-        chunk = tl.cdiv(tl.cdiv(K, splits), BK) * BK
-        k_lo = split * chunk
-        k_hi = tl.multiple_of(tl.minimum(K, k_lo + chunk), 8)  # both are: keeps the K mask vector-wide
-        acc = dot_product(desc, 0, block * BN, k_lo, k_hi, num_rows, W, ACT, BM, BN, BK, DOT_F32, STAGES, TMA)
-        last, total = sum_of_splits(F32, part_off, ticket_off, block, split, splits, acc, rows, BM)
-        if last:
-            linear_epilogue(desc, total, rows, row_ok, block * BN, W, ACT, F32)
+        if block < tl.cdiv(N, BN):  # (with fewer splits than a block's tasks, the group's last tasks have none)
+            chunk = tl.cdiv(tl.cdiv(K, splits), BK) * BK
+            k_lo = split * chunk
+            k_hi = tl.multiple_of(tl.minimum(K, k_lo + chunk), 8)  # both are: keeps the K mask vector-wide
+            acc = dot_product(desc, 0, block * BN, k_lo, k_hi, num_rows, W, ACT, BM, BN, BK, DOT_F32, STAGES, TMA)
+            last, total = sum_of_splits(F32, part_off, ticket_off, block, split, splits, acc, rows, BM)
+            if last:
+                linear_epilogue(desc, total, rows, row_ok, block * BN, W, ACT, F32)
 
 
 @triton.jit

@@ -17,6 +17,7 @@ from blinkc.engine import EngineConfig, ReferenceEngine
 from blinkc.random_checkpoint import write_random_checkpoint
 from blinkc.weights import load_weights
 from codegen.config import CompileConfig
+from codegen.lower import linear_splits
 from codegen.tasks import FLAGS, STREAMS
 from ir import DType
 from models.presets import TINY_PRESETS, preset_config
@@ -178,10 +179,10 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
             f"first differing token at {first_difference(completion.tokens, expected)}")
 
 
-def _tiny_llama_kernel(checkpoint, path, config):
-    """(tiny-llama's fp32 kernel built with `config`, a check that its greedy tokens match the reference engine's
+def _tiny_kernel(checkpoint, path, config, preset="tiny-llama"):
+    """(the preset's fp32 kernel built with `config`, a check that its greedy tokens match the reference engine's
     for PROMPTS at the given max tokens each)."""
-    directory = checkpoint("tiny-llama")
+    directory = checkpoint(preset)
     model = fp32_model(directory)
     kernel = Megakernel.load(compile_model(model, config, path, WeightsSource(directory), dtype=DType.f32).path,
                              device="cpu")
@@ -204,7 +205,17 @@ def test_few_row_steps_match_the_reference_engine(checkpoint, tmp_path, rows_gem
     batched blocks (the default past two rows), and still match token for token. The worker loop keeps its
     state in registers here (park_state off), as a kernel built without parking does."""
     config = dataclasses.replace(CONFIG, rows_gemv=rows_gemv, rows_max=rows_max, park_state=False)
-    _, check = _tiny_llama_kernel(checkpoint, tmp_path / "rows.cubin", config)
+    _, check = _tiny_kernel(checkpoint, tmp_path / "rows.cubin", config)
+    check((7, 12, 4))
+
+
+def test_batched_blocks_with_fewer_splits_than_tasks_match_the_reference_engine(checkpoint, tmp_path):
+    """Blocks of 64 columns over tasks of 16 with their K split in 2 (`batch_splits`): tiny-qwen3's o_proj and
+    down have one block, whose first two tasks split it while the other two have none, and steps of three rows
+    still match token for token."""
+    config = dataclasses.replace(CONFIG, block_n=16, wide_m=32, batch_n=64, batch_splits=2)
+    assert linear_splits(config, 64) == 2
+    _, check = _tiny_kernel(checkpoint, tmp_path / "splits.cubin", config, "tiny-qwen3")
     check((7, 12, 4))
 
 
@@ -213,7 +224,7 @@ def test_streamed_gemv_matches_the_reference_engine(checkpoint, tmp_path):
     grid's one), each part standing for the group's tasks in its claims and signals, and still match token for
     token (the parts' shared tiles: tests/codegen/test_linear_bodies.py)."""
     config = dataclasses.replace(CONFIG, stream_gemv=True)
-    kernel, check = _tiny_llama_kernel(checkpoint, tmp_path / "stream.cubin", config)
+    kernel, check = _tiny_kernel(checkpoint, tmp_path / "stream.cubin", config)
     assert (kernel.tasks[:, FLAGS] & STREAMS).any()  # gate/up and the LM head; one row left after 3 and 6 tokens
     check((9, 3, 6))
 

@@ -342,8 +342,11 @@ def test_batched_projections_split_blocks_that_divide_and_are_few():
     from codegen.lower import linear_splits
 
     config = CompileConfig(block_n=16, wide_m=64, batch_n=64, target_programs=264)
-    assert linear_splits(config, 28672) == 4  # 448 blocks of 64 columns, each K over 4 tasks
-    assert linear_splits(config, 128256) == 1  # 2004 blocks: several waves already
+    assert linear_splits(config, 4096) == 4  # 64 blocks of 64 columns, each K over 4 tasks
+    assert linear_splits(config, 200 * 64) == 2  # 2 splits give a task for every program
+    assert linear_splits(config, 28672) == 1  # 448 blocks: a wave already
+    assert linear_splits(dataclasses.replace(config, batch_splits=2), 28672) == 2
+    assert linear_splits(dataclasses.replace(config, batch_splits=8), 4096) == 4  # at most 64 // 16
     assert linear_splits(config, 272) == 1  # 64 does not divide the columns
     assert linear_splits(dataclasses.replace(config, wide_m=16), 4096) == 1  # no step reaches a wider block
     # the batched blocks' rows follow the batch unless given: a batch of 32 reads its inputs once, not twice
