@@ -9,7 +9,7 @@ A probe for the megakernel's batched path, not part of it:
     python -m benchmarks.explore.batched_block --variants "bn=64,splits=4 bn=128,splits=4,warps=8"
 
 A variant is comma-separated fields of `Variant` (bn, bk, splits, stages, warps, programs (0: one per task),
-tma (0/1)).
+tma (0/1), rotate (0/1), reduce (0/1)); "default" is the megakernel's batched block at 64 columns, 4 splits.
 """
 from __future__ import annotations
 
@@ -21,13 +21,30 @@ import triton
 import triton.language as tl
 
 from benchmarks.baselines import median_ms, read_bandwidth_tbs
+from codegen.bodies.common import sum_of_splits
 
 
 @triton.jit
-def split_blocks(X, W, PARTS, M, N, K, splits, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                 STAGES: tl.constexpr, TMA: tl.constexpr):
+def chunks_product(X, W, rows, cols, M, N, K, k_lo, k_hi, acc, BK: tl.constexpr, STAGES: tl.constexpr):
+    """acc plus x[rows, k_lo:k_hi] @ W[cols, k_lo:k_hi].T through pointer tiles, STAGES chunks in flight."""
+    for k0 in tl.range(k_lo, k_hi, BK, num_stages=STAGES):
+        ks = k0 + tl.arange(0, BK)
+        k_ok = (ks < k_hi)[None, :]
+        x = tl.load(X + rows[:, None] * K + ks[None, :], mask=(rows < M)[:, None] & k_ok, other=0.0)
+        w = tl.load(W + cols[:, None].to(tl.int64) * K + ks[None, :], mask=(cols < N)[:, None] & k_ok, other=0.0)
+        acc = tl.dot(x, tl.trans(w), acc)
+    return acc
+
+
+@triton.jit
+def split_blocks(X, W, PARTS, OUT, M, N, K, splits, part_off, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                 STAGES: tl.constexpr, TMA: tl.constexpr, REDUCE: tl.constexpr,
+                 ROTATE: tl.constexpr):
     """Task t (block t // splits, split t % splits; programs take every grid-th task) stores the fp32 product
-    of all M rows and the block's BN weight rows over its split's K range to PARTS[split, :, block columns]."""
+    of all M rows (M = BM) and the block's BN weight rows over its split's K range to PARTS[split, :, block
+    columns]; with REDUCE, as the megakernel does, to OUT where the block is whole, else to the block's slot at PARTS + part_off, and the split that
+    takes the block's ticket (PARTS[block]) last sums the partials in order into OUT and zeroes the ticket
+    for the next launch."""
     num_blocks = tl.cdiv(N, BN)
     chunk = tl.cdiv(tl.cdiv(K, splits), BK) * BK
     rows = tl.arange(0, BM)
@@ -43,15 +60,23 @@ def split_blocks(X, W, PARTS, M, N, K, splits, BM: tl.constexpr, BN: tl.constexp
             for k0 in tl.range(k_lo, k_hi, BK, num_stages=STAGES):
                 acc = tl.dot(xd.load([0, k0]), tl.trans(wd.load([n0, k0])), acc)
         else:
-            for k0 in tl.range(k_lo, k_hi, BK, num_stages=STAGES):
-                ks = k0 + tl.arange(0, BK)
-                k_ok = (ks < k_hi)[None, :]
-                x = tl.load(X + rows[:, None] * K + ks[None, :], mask=(rows < M)[:, None] & k_ok, other=0.0)
-                w = tl.load(W + cols[:, None].to(tl.int64) * K + ks[None, :], mask=(cols < N)[:, None] & k_ok,
-                            other=0.0)
-                acc = tl.dot(x, tl.trans(w), acc)
-        tl.store(PARTS + split * M * N + rows[:, None] * N + cols[None, :], acc,
-                 mask=(rows < M)[:, None] & (cols < N)[None, :])
+            # ROTATE: block b starts its K range b chunks in and wraps around (two loops), so that the programs'
+            # loads at one moment fall on different offsets within the weight rows (a power-of-two stride)
+            rot = (block % tl.cdiv(k_hi - k_lo, BK)) * BK if ROTATE else 0
+            acc = chunks_product(X, W, rows, cols, M, N, K, k_lo + rot, k_hi, acc, BK, STAGES)
+            if ROTATE:
+                acc = chunks_product(X, W, rows, cols, M, N, K, k_lo, k_lo + rot, acc, BK, STAGES)
+        if REDUCE:
+            if splits == 1:
+                tl.store(OUT + rows[:, None] * N + cols[None, :], acc, mask=(cols < N)[None, :])
+            else:
+                last, total = sum_of_splits(PARTS, part_off, 0, block, split, splits, acc, rows, BM)
+                if last:
+                    tl.store(PARTS + block, 0.0)
+                    tl.store(OUT + rows[:, None] * N + cols[None, :], total, mask=(cols < N)[None, :])
+        else:
+            tl.store(PARTS + part_off + split * M * N + rows[:, None] * N + cols[None, :], acc,
+                     mask=(rows < M)[:, None] & (cols < N)[None, :])
 
 
 @dataclass(frozen=True)
@@ -63,6 +88,8 @@ class Variant:
     warps: int = 4
     programs: int = 264  # 0: one program a task
     tma: int = 0
+    rotate: int = 0  # 1: each block starts its K range at a different chunk (pointer loads only)
+    reduce: int = 1  # the last split sums the partials (the megakernel's `sum_of_splits`); 0: stores only
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -78,21 +105,27 @@ class Variant:
                         f.default) or "default"
 
 
-DEFAULT_VARIANTS = ("programs=0 warps=8 bn=128,splits=4 bn=128,splits=4,warps=8 bn=128,splits=2 "
-                    "bn=256,splits=4,warps=8 bn=128,splits=4,stages=3,bk=128 tma=1 bn=128,splits=4,tma=1 "
-                    "stages=6 bn=64,splits=8")
+DEFAULT_VARIANTS = ("splits=1 splits=2 reduce=0 bn=128,splits=1 bn=128,splits=2 bn=32,splits=8 programs=0 "
+                    "warps=8 stages=6 tma=1 bn=128,splits=4,stages=3,bk=128")
 
 
 def run_variant(v: Variant, x: torch.Tensor, w: torch.Tensor, expected: torch.Tensor) -> float:
     m, k = x.shape
     n = w.shape[0]
-    parts = torch.empty(v.splits, m, n, device=x.device, dtype=torch.float32)
-    tasks = triton.cdiv(n, v.bn) * v.splits
-    grid = (v.programs or tasks,)
-    launch = lambda: split_blocks[grid](x, w, parts, m, n, k, v.splits, BM=64, BN=v.bn, BK=v.bk,  # noqa: E731
-                                        STAGES=v.stages, TMA=bool(v.tma), num_warps=v.warps)
+    blocks = triton.cdiv(n, v.bn)
+    part_off = -(-blocks // 16) * 16  # the blocks' tickets, then the partials (16-float aligned)
+    scratch = torch.zeros(part_off + v.splits * m * n, device=x.device, dtype=torch.float32)
+    parts = scratch[part_off:].view(v.splits, m, n)  # (without REDUCE: split-major)
+    out = torch.empty(m, n, device=x.device, dtype=torch.float32)
+    grid = (v.programs or blocks * v.splits,)
+    launch = lambda: split_blocks[grid](x, w, scratch, out, m, n, k, v.splits, part_off, BM=m,  # noqa: E731
+                                        BN=v.bn,
+                                        BK=v.bk, STAGES=v.stages, TMA=bool(v.tma), REDUCE=bool(v.reduce),
+                                        ROTATE=bool(v.rotate),
+                                        num_warps=v.warps)
     launch()
-    error = (parts.sum(0) - expected).abs().max().item() / expected.abs().max().item()
+    result = out if v.reduce else parts.sum(0)
+    error = (result - expected).abs().max().item() / expected.abs().max().item()
     if error > 1e-2:
         raise SystemExit(f"{v}: relative error {error:.2e} against torch")
     return median_ms(launch, x.device, num_warmup=3, num_reps=30)
