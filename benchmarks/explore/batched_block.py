@@ -1,6 +1,7 @@
 """The batched decode block alone: [rows, BN] products of a projection over split K ranges, as the megakernel's
-`split_block` computes them at batch 64 (x [64, K] bf16 times W [N, K] bf16, each block's fp32 partials stored,
-not summed), in a standalone Triton kernel whose shape can change in seconds. Prints each variant's time and
+`split_block` computes them at batch 64 (x [64, K] bf16 times W [N, K] bf16; the last split of a block sums the
+fp32 partials in order, with the megakernel's `sum_of_splits`), in a standalone Triton kernel whose shape can
+change in seconds. Prints each variant's time and
 its weight stream in TB/s next to cuBLAS's `x @ W.T` and the DRAM read bandwidth measured in the same run.
 A probe for the megakernel's batched path, not part of it:
 
@@ -38,13 +39,12 @@ def chunks_product(X, W, rows, cols, M, N, K, k_lo, k_hi, acc, BK: tl.constexpr,
 
 @triton.jit
 def split_blocks(X, W, PARTS, OUT, M, N, K, splits, part_off, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                 STAGES: tl.constexpr, TMA: tl.constexpr, REDUCE: tl.constexpr,
-                 ROTATE: tl.constexpr):
-    """Task t (block t // splits, split t % splits; programs take every grid-th task) stores the fp32 product
-    of all M rows (M = BM) and the block's BN weight rows over its split's K range to PARTS[split, :, block
-    columns]; with REDUCE, as the megakernel does, to OUT where the block is whole, else to the block's slot at PARTS + part_off, and the split that
-    takes the block's ticket (PARTS[block]) last sums the partials in order into OUT and zeroes the ticket
-    for the next launch."""
+                 STAGES: tl.constexpr, TMA: tl.constexpr, REDUCE: tl.constexpr, ROTATE: tl.constexpr):
+    """Task t (block t // splits, split t % splits; programs take every grid-th task) computes the fp32 product
+    of all M rows (M = BM) and the block's BN weight rows over its split's K range. Without REDUCE it stores it
+    to its split's [M, N] plane of the partials at PARTS + part_off. With REDUCE, as the megakernel does, a whole block stores it
+    to OUT; a split stores it to the block's slot at PARTS + part_off, and the split that takes the block's
+    ticket (PARTS[block]) last sums the partials in order into OUT and zeroes the ticket for the next launch."""
     num_blocks = tl.cdiv(N, BN)
     chunk = tl.cdiv(tl.cdiv(K, splits), BK) * BK
     rows = tl.arange(0, BM)
@@ -118,11 +118,9 @@ def run_variant(v: Variant, x: torch.Tensor, w: torch.Tensor, expected: torch.Te
     parts = scratch[part_off:].view(v.splits, m, n)  # (without REDUCE: split-major)
     out = torch.empty(m, n, device=x.device, dtype=torch.float32)
     grid = (v.programs or blocks * v.splits,)
-    launch = lambda: split_blocks[grid](x, w, scratch, out, m, n, k, v.splits, part_off, BM=m,  # noqa: E731
-                                        BN=v.bn,
-                                        BK=v.bk, STAGES=v.stages, TMA=bool(v.tma), REDUCE=bool(v.reduce),
-                                        ROTATE=bool(v.rotate),
-                                        num_warps=v.warps)
+    launch = lambda: split_blocks[grid](  # noqa: E731
+        x, w, scratch, out, m, n, k, v.splits, part_off, BM=m, BN=v.bn, BK=v.bk, STAGES=v.stages, TMA=bool(v.tma),
+        REDUCE=bool(v.reduce), ROTATE=bool(v.rotate), num_warps=v.warps)
     launch()
     result = out if v.reduce else parts.sum(0)
     error = (result - expected).abs().max().item() / expected.abs().max().item()
