@@ -61,6 +61,10 @@ class CompileConfig:
     # through TMA 8.56; H100 b64 9.79 against 9.75 (32 at 6 stages). (Before pinned thread ids and parked state
     # it lost on the H100: 64 at 6 / 4 stages 11.61 / 10.76 ms against 32 at 6 10.58.)
     batch_n: int = 64
+    # columns of the batched blocks of a group that runs them whole (no K split: gate/up, an LM head); 0: batch_n.
+    # H200, Llama-3-8B ctx512, 128 / 64: b8 5.47 / 5.63 ms, b32 5.92 / 6.09, b64 7.43 / 7.55 (b64's 64-row blocks
+    # then take 96 KB of shared memory at batch_stages 4; at 3, 7.65), b1 4.75 / 4.75
+    whole_batch_n: int = 128
     # K splits of each batched block (at most batch_n // block_n); 0: the fewest that give a group a task for
     # every program (`codegen.lower.linear_splits`). Tasks of the group past its blocks' splits end at once
     batch_splits: int = 0
@@ -181,9 +185,10 @@ class CompileConfig:
                 raise ValueError(f"{name} must be at least 0, got {getattr(self, name)}")
         for name in ("block_n", "expert_block_n", "expert_block_k", "block_k", "block_k_dot", "prefill_block_k",
                      "block_m", "qkv_block_m", "attention_block_m", "wide_m", "prefill_m", "wide_n", "batch_n",
+                     "whole_batch_n",
                      "block_kv", "page_size", "stream_tiles", "stream_block_k", "qkv_batch_k"):
             value = getattr(self, name)
-            if (value <= 0 or value & (value - 1)) and not (name in ("prefill_block_k", "wide_m") and value == 0):
+            if (value <= 0 or value & (value - 1)) and not (name in ("prefill_block_k", "wide_m", "whole_batch_n") and value == 0):
                 raise ValueError(f"{name} must be a power of two, got {value}")
         if min(self.block_m, self.qkv_block_m, self.attention_block_m) < 16:
             raise ValueError("block_m, qkv_block_m and attention_block_m must be at least 16 (tl.dot)")

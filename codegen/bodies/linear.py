@@ -10,10 +10,10 @@ Three shapes of the same computation, by the number of rows in the step:
 - one row (batch-1 decode): a GEMV streaming [BN, BK] weight chunks into fp32 accumulators, and up to
   ROWS_GEMV rows the same chunks times each row in turn;
 - a few rows (batched decode): one tensor-core dot over all rows and this task's columns, so the weights
-  stream once whatever the batch. Up to BM rows, the task's BN columns; up to BMW rows, a block of BNB
-  columns, so that no task reads more input than weights: whole where the group has a block for every
-  program, else the task's split of a block's K range (the last split to finish sums the fp32 partials
-  in order and runs the epilogue);
+  stream once whatever the batch. Up to BM rows, the task's BN columns; up to BMW rows, a block of columns,
+  so that no task reads more input than weights: a block of BNBW columns whole where the group has a block
+  of BNB for every program, else the task's split of a block of BNB columns' K range (the last split to
+  finish sums the fp32 partials in order and runs the epilogue);
 - many rows (prefill): the group's tasks share the [BMP, BNW] tiles of the whole output, so each weight
   and input chunk feeds a wide tensor-core tile instead of being read once per BN columns. When the tiles
   are too few for the group's tasks (a short prompt), their K ranges split over the tasks as above.
@@ -291,20 +291,20 @@ def dot_block(desc, m0, n0, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
 
 @triton.jit
 def split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr):
-    """Up to BM rows times a block of BN columns. With `splits` > 1 the task is split `tile % splits` of
-    the K range of block `tile // splits` (the group's tasks past its blocks' splits have none), and the last
-    split to finish (a ticket counter the planner zeroes every step) sums the fp32 partials in order and runs
-    the epilogue; with one, task `tile` of the group's `num_tasks` owns blocks `tile`, `tile + num_tasks`...
-    whole (where blocks are at least as wide as a task's columns, one block or none: the group's other tasks
-    are idle)."""
+                BNW: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr):
+    """Up to BM rows times blocks of columns. With `splits` > 1 the task is split `tile % splits` of the K
+    range of block `tile // splits` of BN columns (the group's tasks past its blocks' splits have none), and
+    the last split to finish (a ticket counter the planner zeroes every step) sums the fp32 partials in order
+    and runs the epilogue; with one, task `tile` of the group's `num_tasks` owns blocks `tile`,
+    `tile + num_tasks`... of BNW columns whole (where blocks are at least as wide as a task's columns, one
+    block or none: the group's other tasks are idle)."""
     K, N = word8(desc, 2), word(desc, 4)
     splits, part_off, ticket_off = word(desc, 16), word(desc, 17), word(desc, 18)
     rows = tl.arange(0, BM)
     row_ok = rows < num_rows
     if splits == 1:
-        for block in range(tile, tl.cdiv(N, BN), num_tasks):
-            dot_block(desc, 0, block * BN, num_rows, W, ACT, F32, BM, BN, BK, DOT_F32, STAGES, TMA)
+        for block in range(tile, tl.cdiv(N, BNW), num_tasks):
+            dot_block(desc, 0, block * BNW, num_rows, W, ACT, F32, BM, BNW, BK, DOT_F32, STAGES, TMA)
     else:
         block = tile // splits
         split = tile % splits
@@ -346,14 +346,14 @@ def linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM: tl.constexpr, BN: 
 @triton.jit
 def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, BKM: tl.constexpr, BMW: tl.constexpr, BMP: tl.constexpr, BNW: tl.constexpr,
-                BNB: tl.constexpr, BKD: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
+                BNB: tl.constexpr, BNBW: tl.constexpr, BKD: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
                 BATCH_STAGES: tl.constexpr, PREFILL_STAGES: tl.constexpr, BATCH_TMA: tl.constexpr,
                 PREFILL_TMA: tl.constexpr, PREFILL_PARTS: tl.constexpr, PREFILL_SPLITS: tl.constexpr,
                 ROWS_GEMV: tl.constexpr, ROWS_STAGES: tl.constexpr, ROWS_MAX: tl.constexpr, PREFILL_BK: tl.constexpr,
                 STREAM_OUT: tl.constexpr, STREAM_PARTS: tl.constexpr, STREAM_TICKETS: tl.constexpr,
                 STREAM_BK: tl.constexpr, STREAM_STAGES: tl.constexpr, STREAM_TILES: tl.constexpr):
     """BK, BKM, BKD, PREFILL_BK: the K chunk of the GEMV, of the dots over up to BM rows, of the [BMW, BNB]
-    batched blocks, of the [BMP, BNW] prefill tiles; STAGES, BATCH_STAGES, PREFILL_STAGES: their pipelining depths;
+    batched blocks (BNBW columns where they run whole), of the [BMP, BNW] prefill tiles; STAGES, BATCH_STAGES, PREFILL_STAGES: their pipelining depths;
     BATCH_TMA, PREFILL_TMA: the batched blocks, the prefill tiles load through tensor descriptors;
     PREFILL_PARTS, PREFILL_SPLITS: the prefill tiles' split-K scratch in parts, and its splits (0: auto);
     ROWS_GEMV: steps of up to this many rows take `gemv_rows` (0: none); ROWS_STAGES: the few-row dots' depth;
@@ -368,7 +368,7 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
                     ROWS_STAGES, ROWS_MAX, STREAM_OUT, STREAM_PARTS, STREAM_TICKETS, STREAM_BK, STREAM_STAGES,
                     STREAM_TILES)
     elif num_rows <= BMW:  # batched decode: BNB columns per dot, so that inputs are read no more than weights
-        split_block(desc, tile, tl.cdiv(word(desc, 4), BN), num_rows, W, ACT, F32, BMW, BNB, BKD, DOT_F32,
+        split_block(desc, tile, tl.cdiv(word(desc, 4), BN), num_rows, W, ACT, F32, BMW, BNB, BNBW, BKD, DOT_F32,
                     BATCH_STAGES, BATCH_TMA)
     else:  # prefill: this task takes every num_tasks-th wide tile, row blocks innermost (weights shared in L2)
         K, N, part_off, ticket_off = word8(desc, 2), word(desc, 4), word(desc, 19), word(desc, 20)
