@@ -185,10 +185,10 @@ class CompileConfig:
                 raise ValueError(f"{name} must be at least 0, got {getattr(self, name)}")
         for name in ("block_n", "expert_block_n", "expert_block_k", "block_k", "block_k_dot", "prefill_block_k",
                      "block_m", "qkv_block_m", "attention_block_m", "wide_m", "prefill_m", "wide_n", "batch_n",
-                     "whole_batch_n",
-                     "block_kv", "page_size", "stream_tiles", "stream_block_k", "qkv_batch_k"):
+                     "whole_batch_n", "block_kv", "page_size", "stream_tiles", "stream_block_k", "qkv_batch_k"):
             value = getattr(self, name)
-            if (value <= 0 or value & (value - 1)) and not (name in ("prefill_block_k", "wide_m", "whole_batch_n") and value == 0):
+            zero_ok = name in ("prefill_block_k", "wide_m", "whole_batch_n")  # 0: another field's value
+            if (value <= 0 or value & (value - 1)) and not (zero_ok and value == 0):
                 raise ValueError(f"{name} must be a power of two, got {value}")
         if min(self.block_m, self.qkv_block_m, self.attention_block_m) < 16:
             raise ValueError("block_m, qkv_block_m and attention_block_m must be at least 16 (tl.dot)")

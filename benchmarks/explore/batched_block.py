@@ -42,9 +42,10 @@ def split_blocks(X, W, PARTS, OUT, M, N, K, splits, part_off, BM: tl.constexpr, 
                  STAGES: tl.constexpr, TMA: tl.constexpr, REDUCE: tl.constexpr, ROTATE: tl.constexpr):
     """Task t (block t // splits, split t % splits; programs take every grid-th task) computes the fp32 product
     of all M rows (M = BM) and the block's BN weight rows over its split's K range. Without REDUCE it stores it
-    to its split's [M, N] plane of the partials at PARTS + part_off. With REDUCE, as the megakernel does, a whole block stores it
-    to OUT; a split stores it to the block's slot at PARTS + part_off, and the split that takes the block's
-    ticket (PARTS[block]) last sums the partials in order into OUT and zeroes the ticket for the next launch."""
+    to its split's [M, N] plane of the partials at PARTS + part_off. With REDUCE, as the megakernel does, a
+    whole block stores it to OUT; a split stores it to the block's slot at PARTS + part_off, and the split that
+    takes the block's ticket (PARTS[block]) last sums the partials in order into OUT and zeroes the ticket for
+    the next launch."""
     num_blocks = tl.cdiv(N, BN)
     chunk = tl.cdiv(tl.cdiv(K, splits), BK) * BK
     rows = tl.arange(0, BM)

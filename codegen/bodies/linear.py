@@ -290,8 +290,8 @@ def dot_block(desc, m0, n0, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
 
 
 @triton.jit
-def split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr,
-                BNW: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr):
+def split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr, BNW: tl.constexpr,
+                BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr):
     """Up to BM rows times blocks of columns. With `splits` > 1 the task is split `tile % splits` of the K
     range of block `tile // splits` of BN columns (the group's tasks past its blocks' splits have none), and
     the last split to finish (a ticket counter the planner zeroes every step) sums the fp32 partials in order
@@ -346,14 +346,15 @@ def linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM: tl.constexpr, BN: 
 @triton.jit
 def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, BKM: tl.constexpr, BMW: tl.constexpr, BMP: tl.constexpr, BNW: tl.constexpr,
-                BNB: tl.constexpr, BNBW: tl.constexpr, BKD: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
-                BATCH_STAGES: tl.constexpr, PREFILL_STAGES: tl.constexpr, BATCH_TMA: tl.constexpr,
+                BNB: tl.constexpr, BNBW: tl.constexpr, BKD: tl.constexpr, DOT_F32: tl.constexpr,
+                STAGES: tl.constexpr, BATCH_STAGES: tl.constexpr, PREFILL_STAGES: tl.constexpr, BATCH_TMA: tl.constexpr,
                 PREFILL_TMA: tl.constexpr, PREFILL_PARTS: tl.constexpr, PREFILL_SPLITS: tl.constexpr,
                 ROWS_GEMV: tl.constexpr, ROWS_STAGES: tl.constexpr, ROWS_MAX: tl.constexpr, PREFILL_BK: tl.constexpr,
                 STREAM_OUT: tl.constexpr, STREAM_PARTS: tl.constexpr, STREAM_TICKETS: tl.constexpr,
                 STREAM_BK: tl.constexpr, STREAM_STAGES: tl.constexpr, STREAM_TILES: tl.constexpr):
     """BK, BKM, BKD, PREFILL_BK: the K chunk of the GEMV, of the dots over up to BM rows, of the [BMW, BNB]
-    batched blocks (BNBW columns where they run whole), of the [BMP, BNW] prefill tiles; STAGES, BATCH_STAGES, PREFILL_STAGES: their pipelining depths;
+    batched blocks (BNBW columns where they run whole), of the [BMP, BNW] prefill tiles; STAGES, BATCH_STAGES,
+    PREFILL_STAGES: their pipelining depths;
     BATCH_TMA, PREFILL_TMA: the batched blocks, the prefill tiles load through tensor descriptors;
     PREFILL_PARTS, PREFILL_SPLITS: the prefill tiles' split-K scratch in parts, and its splits (0: auto);
     ROWS_GEMV: steps of up to this many rows take `gemv_rows` (0: none); ROWS_STAGES: the few-row dots' depth;
@@ -367,7 +368,7 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
         linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM, BN, BK, BKM, DOT_F32, STAGES, ROWS_GEMV,
                     ROWS_STAGES, ROWS_MAX, STREAM_OUT, STREAM_PARTS, STREAM_TICKETS, STREAM_BK, STREAM_STAGES,
                     STREAM_TILES)
-    elif num_rows <= BMW:  # batched decode: BNB columns per dot, so that inputs are read no more than weights
+    elif num_rows <= BMW:  # batched decode: BNB (or BNBW) columns a dot, so that inputs are read no more than weights
         split_block(desc, tile, tl.cdiv(word(desc, 4), BN), num_rows, W, ACT, F32, BMW, BNB, BNBW, BKD, DOT_F32,
                     BATCH_STAGES, BATCH_TMA)
     else:  # prefill: this task takes every num_tasks-th wide tile, row blocks innermost (weights shared in L2)
