@@ -23,18 +23,7 @@ import triton.language as tl
 
 from benchmarks.baselines import median_ms, read_bandwidth_tbs
 from codegen.bodies.common import sum_of_splits
-
-
-@triton.jit
-def chunks_product(X, W, rows, cols, M, N, K, k_lo, k_hi, acc, BK: tl.constexpr, STAGES: tl.constexpr):
-    """acc plus x[rows, k_lo:k_hi] @ W[cols, k_lo:k_hi].T through pointer tiles, STAGES chunks in flight."""
-    for k0 in tl.range(k_lo, k_hi, BK, num_stages=STAGES):
-        ks = k0 + tl.arange(0, BK)
-        k_ok = (ks < k_hi)[None, :]
-        x = tl.load(X + rows[:, None] * K + ks[None, :], mask=(rows < M)[:, None] & k_ok, other=0.0)
-        w = tl.load(W + cols[:, None].to(tl.int64) * K + ks[None, :], mask=(cols < N)[:, None] & k_ok, other=0.0)
-        acc = tl.dot(x, tl.trans(w), acc)
-    return acc
+from codegen.bodies.linear import tile_product
 
 
 @triton.jit
@@ -52,21 +41,15 @@ def split_blocks(X, W, PARTS, OUT, M, N, K, splits, part_off, BM: tl.constexpr, 
     for t in range(tl.program_id(0), num_blocks * splits, tl.num_programs(0)):
         block, split = t // splits, t % splits
         n0, k_lo = block * BN, split * chunk
-        k_hi = tl.minimum(K, k_lo + chunk)
+        k_hi = tl.multiple_of(tl.minimum(K, k_lo + chunk), 8)  # as `split_block`: keeps the K mask vector-wide
         cols = n0 + tl.arange(0, BN)
-        acc = tl.zeros((BM, BN), tl.float32)
-        if TMA:
-            xd = tl.make_tensor_descriptor(X, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
-            wd = tl.make_tensor_descriptor(W, shape=[N, K], strides=[K, 1], block_shape=[BN, BK])
-            for k0 in tl.range(k_lo, k_hi, BK, num_stages=STAGES):
-                acc = tl.dot(xd.load([0, k0]), tl.trans(wd.load([n0, k0])), acc)
-        else:
-            # ROTATE: block b starts its K range b chunks in and wraps around (two loops), so that the programs'
-            # loads at one moment fall on different offsets within the weight rows (a power-of-two stride)
-            rot = (block % tl.cdiv(k_hi - k_lo, BK)) * BK if ROTATE else 0
-            acc = chunks_product(X, W, rows, cols, M, N, K, k_lo + rot, k_hi, acc, BK, STAGES)
-            if ROTATE:
-                acc = chunks_product(X, W, rows, cols, M, N, K, k_lo, k_lo + rot, acc, BK, STAGES)
+        # the megakernel's K loop itself (`tile_product`); ROTATE: block b starts its K range b chunks in and
+        # wraps around (two loops), so that the programs' loads at one moment fall on different offsets within
+        # the weight rows (a power-of-two stride)
+        rot = (block % tl.cdiv(k_hi - k_lo, BK)) * BK if ROTATE else 0
+        acc = tile_product(0, K, K, 0, N, 0, n0, k_lo + rot, k_hi, M, W, X, BM, BN, BK, False, STAGES, TMA)
+        if ROTATE:
+            acc += tile_product(0, K, K, 0, N, 0, n0, k_lo, k_lo + rot, M, W, X, BM, BN, BK, False, STAGES, TMA)
         if REDUCE:
             if splits == 1:
                 tl.store(OUT + rows[:, None] * N + cols[None, :], acc, mask=(cols < N)[None, :])
@@ -89,7 +72,7 @@ class Variant:
     warps: int = 4
     programs: int = 264  # 0: one program a task
     tma: int = 0
-    rotate: int = 0  # 1: each block starts its K range at a different chunk (pointer loads only)
+    rotate: int = 0  # 1: each block starts its K range at a different chunk
     reduce: int = 1  # the last split sums the partials (the megakernel's `sum_of_splits`); 0: stores only
 
     @classmethod
