@@ -18,6 +18,7 @@ ATTENTION_FIELDS = ("q_off", "out_off", "num_heads", "num_kv_heads", "head_dim",
 # merger: 0, the last split of a (sequence, KV head) merges its splits; 1, they only store their partials, and
 # a group of its own merges them (task (sequence, query head)); 2, this is that group
 NEG = tl.constexpr(-1.0e30)
+WINDOW = tl.constexpr(16)  # key blocks whose page ids `attend` reads at once
 
 
 @triton.jit
@@ -28,36 +29,41 @@ def attend(q, q_pos, j_lo, j_hi, pages, k_base, v_base, row_stride, d, d_ok, sca
     m_i = tl.full((q.shape[0],), NEG, tl.float32)
     l_i = tl.zeros((q.shape[0],), tl.float32)
     acc = tl.zeros(q.shape, tl.float32)
-    # each block's page ids are read an iteration ahead, so that its keys' and values' addresses do not
-    # come from a load of the same iteration. Read in the iteration, the pipeliner spent a stage on them and
-    # gave keys and values one buffer: every block waited for its own loads in full (sm_90 TTGIR, 3 stages).
-    # Now they get STAGES - 1 buffers: the next block's loads are in flight while this one's dots run
-    first = j_lo + tl.arange(0, BKV)
-    page = tl.load(pages + first // PAGE_SIZE, mask=first < j_hi, other=0)
-    for j0 in tl.range(j_lo, j_hi, BKV, num_stages=STAGES):
-        j = j0 + tl.arange(0, BKV)
-        j_ok = j < j_hi
-        slot = page.to(tl.int64) * PAGE_SIZE + j % PAGE_SIZE
-        page = tl.load(pages + (j + BKV) // PAGE_SIZE, mask=j + BKV < j_hi, other=0)
-        kv_mask = j_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_base + slot[:, None] * row_stride + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_base + slot[:, None] * row_stride + d[None, :], mask=kv_mask, other=0.0)
-        if DOT_F32:
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = round_to(round_to(s, dt) * scale, dt)
-        s = tl.where((j[None, :] <= q_pos[:, None]) & j_ok[None, :], s, NEG)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DOT_F32:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(dt), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+    # the page ids of a window of WINDOW blocks are read before the window's loop, so that no load of the loop
+    # waits on another: its keys' and values' addresses come from registers (`tl.gather`), and the pipeliner
+    # keeps STAGES - 1 blocks of keys and values in flight. (Read in the loop, an iteration ahead, each block's
+    # ids were a trip to memory that the next block's loads waited on.) A window's keys may straddle one more
+    # page than they fill
+    W: tl.constexpr = WINDOW * BKV
+    WP: tl.constexpr = 2 * ((W + PAGE_SIZE - 1) // PAGE_SIZE)
+    for w0 in range(j_lo, j_hi, W):
+        p0 = w0 // PAGE_SIZE
+        pj = p0 + tl.arange(0, WP)
+        ids = tl.load(pages + pj, mask=pj * PAGE_SIZE < j_hi, other=0)
+        for j0 in tl.range(w0, tl.minimum(w0 + W, j_hi), BKV, num_stages=STAGES):
+            j = j0 + tl.arange(0, BKV)
+            j_ok = j < j_hi
+            page = tl.gather(ids, tl.minimum(j // PAGE_SIZE - p0, WP - 1), 0)
+            slot = page.to(tl.int64) * PAGE_SIZE + j % PAGE_SIZE
+            kv_mask = j_ok[:, None] & d_ok[None, :]
+            k = tl.load(k_base + slot[:, None] * row_stride + d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_base + slot[:, None] * row_stride + d[None, :], mask=kv_mask, other=0.0)
+            if DOT_F32:
+                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = round_to(round_to(s, dt) * scale, dt)
+            s = tl.where((j[None, :] <= q_pos[:, None]) & j_ok[None, :], s, NEG)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if DOT_F32:
+                pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(dt), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
     return m_i, l_i, acc
 
 
