@@ -48,10 +48,11 @@ def decode_config(batch: int, context: int, num_tokens: int, **fields) -> Compil
                          max_new_tokens=new_tokens, **fields)
 
 
-def tpot_ms(kernel: Megakernel, batch: int, context: int, num_tokens: int) -> float:
+def tpot_ms(kernel: Megakernel, batch: int, context: int, num_tokens: int, sampling: dict | None = None) -> float:
+    """`sampling`: SamplingParams fields (default greedy), e.g. {"temperature": 0.8, "top_p": 0.95}."""
     prompts = [torch.randint(0, 1000, (context,)).tolist() for _ in range(batch)]
     params = SamplingParams(max_tokens=decode_tokens(batch, context, kernel.config.max_tokens_per_step, num_tokens),
-                            temperature=0, ignore_eos=True)
+                            ignore_eos=True, **({"temperature": 0} | (sampling or {})))
     kernel.generate(prompts, params)  # warm up
     kernel.generate(prompts, params)
     return full_batch_step_ms(kernel.step_log(), batch)
@@ -128,7 +129,11 @@ def main() -> None:
                              "(e.g. 1x512 1x512:attention_stages=3 ttft512:wide_n=128 1x512:outline=rows+small)")
     parser.add_argument("--preset", default="llama3-8b")
     parser.add_argument("--tokens", type=int, default=32, help="full-batch decode steps to take the median of")
+    parser.add_argument("--sampling", default="", metavar="FIELD=VALUE,...",
+                        help="SamplingParams of the decode steps (default greedy), e.g. temperature=0.8,top_p=0.95")
     args = parser.parse_args()
+    sampling = {key: float(value) if key in ("temperature", "top_p") else int(value)
+                for key, value in (item.split("=", 1) for item in filter(None, args.sampling.split(",")))}
     variants = [Variant.parse(spec) for spec in args.variants]
     model = resolve_model(args.preset)
     try:
@@ -139,13 +144,13 @@ def main() -> None:
     bandwidth = read_bandwidth_tbs("cuda")
     for variant in variants:
         try:
-            run(args.preset, model, variant, args.tokens, bandwidth)
+            run(args.preset, model, variant, args.tokens, bandwidth, sampling)
         except Exception as error:  # a sweep goes on past a variant that does not compile or run
             print(f"{args.preset} {variant.spec}: failed: {type(error).__name__}: {str(error).splitlines()[0]}",
                   flush=True)
 
 
-def run(preset: str, model, variant: Variant, num_tokens: int, bandwidth: float) -> None:
+def run(preset: str, model, variant: Variant, num_tokens: int, bandwidth: float, sampling: dict) -> None:
     config = variant.config(num_tokens)
     path = compile_model(model, config, artifact_path("bench"), WeightsSource(seed=0)).path
     kernel = Megakernel.load(path, device="cuda", timeout_s=120)
@@ -155,7 +160,7 @@ def run(preset: str, model, variant: Variant, num_tokens: int, bandwidth: float)
     if variant.is_ttft:
         print(f"{preset} {variant.spec}: TTFT {ttft_ms(kernel, variant.context):.2f} ms | {resources}", flush=True)
     else:
-        ms = tpot_ms(kernel, variant.batch, variant.context, num_tokens)
+        ms = tpot_ms(kernel, variant.batch, variant.context, num_tokens, sampling)
         read = decode_bytes(build_graph(model, config), variant.batch, variant.context).total
         roofline = read / (bandwidth * 1e12) * 1e3
         print(f"{preset} {variant.spec}: TPOT {ms:.2f} ms | roofline {roofline:.2f} ms at {bandwidth:.2f} TB/s "

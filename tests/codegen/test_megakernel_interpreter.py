@@ -219,6 +219,22 @@ def test_batched_blocks_with_fewer_splits_than_tasks_match_the_reference_engine(
     check((7, 12, 4))
 
 
+def test_sampling_without_a_cut_draws_the_same_tokens_however_the_row_is_split(checkpoint, tmp_path):
+    """A draw at a temperature with no top-k or top-p cut is spread over the sequence's sampling tasks like a
+    greedy pick (each chunk's argmax of z / temperature plus the token's Gumbel noise): the tokens depend on the
+    seed, not on how many chunks the row is cut into."""
+    tokens = []
+    for splits in (1, 4):
+        kernel, _ = _tiny_kernel(checkpoint, tmp_path / f"sample{splits}.cubin",
+                                 dataclasses.replace(CONFIG, sample_splits=splits), "tiny-qwen3")
+        params = SamplingParams(max_tokens=6, temperature=1.5, seed=5, ignore_eos=True)
+        tokens.append([c.tokens for c in kernel.generate(PROMPTS[:2], params)])
+    greedy = [c.tokens for c in kernel.generate(PROMPTS[:2], SamplingParams(max_tokens=6, temperature=0,
+                                                                            ignore_eos=True))]
+    assert tokens[0] == tokens[1]
+    assert tokens[0] != greedy
+
+
 def test_streamed_gemv_matches_the_reference_engine(checkpoint, tmp_path):
     """With `stream_gemv`, the one-row steps of gate/up and the LM head run as one part a program (here the
     grid's one), each part standing for the group's tasks in its claims and signals, and still match token for
