@@ -70,10 +70,8 @@ def sample_task(desc, tile, I32, F32, num_seqs, step, CONTROL: tl.constexpr, SEQ
                 REQ_TOP_K: tl.constexpr, REQ_IGNORE_EOS: tl.constexpr, REQ_TEMPERATURE: tl.constexpr,
                 REQ_TOP_P: tl.constexpr, OUT_TOKENS: tl.constexpr, MAX_NEW: tl.constexpr, EOS_IDS: tl.constexpr,
                 VB: tl.constexpr):
-    """Task (sequence, vocabulary chunk). Greedy, and sampling with no top-k or top-p cut (a draw is the argmax
-    of z / temperature + Gumbel noise, whose noise depends on the token, not on the chunk): each chunk's argmax,
-    the last chunk to finish picks the first maximum in order and emits. Sampling with a cut (thresholds need
-    the whole row): chunk 0 does it all."""
+    """Task (sequence, vocabulary chunk). Greedy: each chunk's argmax, the last chunk to finish picks the
+    first maximum in order and emits. Sampling (thresholds need the whole row): chunk 0 does it all."""
     logits_off, vocab = tl.load(desc + 0), tl.load(desc + 1).to(tl.int32)
     splits, part_off, ticket_off = tl.load(desc + 2), tl.load(desc + 3), tl.load(desc + 4)
     b = tile // splits
@@ -83,15 +81,11 @@ def sample_task(desc, tile, I32, F32, num_seqs, step, CONTROL: tl.constexpr, SEQ
             r = tl.load(I32 + SEQ_REQ + b)
             row = logits_off + b * vocab
             temperature = tl.load(F32 + REQ_TEMPERATURE + r)
-            top_p, top_k = tl.load(F32 + REQ_TOP_P + r), tl.load(I32 + REQ_TOP_K + r)
             token = -1
-            if (temperature == 0.0) | ((top_p >= 1.0) & ((top_k <= 0) | (top_k >= vocab))):
+            if temperature == 0.0:
                 width = tl.cdiv(tl.cdiv(vocab, splits), VB) * VB
                 lo = (chunk * width).to(tl.int32)
-                noisy = temperature > 0.0
-                best, index = _argmax(F32, row, lo, tl.minimum(vocab, lo + width), vocab, VB,
-                                      tl.load(I32 + REQ_SEED + r), tl.load(I32 + REQ_NUM_OUT + r),
-                                      tl.where(noisy, temperature, 1.0), float("-inf"), noisy)
+                best, index = _argmax(F32, row, lo, tl.minimum(vocab, lo + width), VB, 0, 0, 1.0, 0.0, False)
                 if splits == 1:
                     token = index
                 else:
@@ -101,8 +95,8 @@ def sample_task(desc, tile, I32, F32, num_seqs, step, CONTROL: tl.constexpr, SEQ
                     if arrives_last(F32 + ticket_off + b, splits):
                         token = _first_max(part, splits)
             elif chunk == 0:
-                token = _pick(F32, row, vocab, temperature, top_p, top_k, tl.load(I32 + REQ_SEED + r),
-                              tl.load(I32 + REQ_NUM_OUT + r), VB)
+                token = _pick(F32, row, vocab, temperature, tl.load(F32 + REQ_TOP_P + r), tl.load(I32 + REQ_TOP_K + r),
+                              tl.load(I32 + REQ_SEED + r), tl.load(I32 + REQ_NUM_OUT + r), VB)
             if token >= 0:
                 _emit(I32, r, token, CONTROL, REQ_NUM_OUT, REQ_MAX_TOKENS, REQ_FINISHED, REQ_LAST, REQ_IGNORE_EOS,
                       OUT_TOKENS, MAX_NEW, EOS_IDS)
@@ -122,17 +116,15 @@ def _first_max(part, splits):
 
 
 @triton.jit
-def _argmax(F32, row, lo, hi, vocab, VB: tl.constexpr, noise_seed, noise_index, temperature, cut, use_noise):
-    """(max, argmax) over v in lo .. hi of z_v (+ Gumbel noise) among z_v >= cut, z = logits / temperature. Token
-    v's noise is draw `noise_index * vocab + v` of the seed's stream, so a chunk of the row draws what the whole
-    row would."""
+def _argmax(F32, row, lo, hi, VB: tl.constexpr, noise_seed, noise_index, temperature, cut, use_noise):
+    """(max, argmax) over v in lo .. hi of z_v (+ Gumbel noise) among z_v >= cut, z = logits / temperature."""
     best_val = float("-inf")
     best_idx = 0
     for v0 in range(lo, hi, VB):
         v = v0 + tl.arange(0, VB)
         z = tl.load(F32 + row + v, mask=v < hi, other=float("-inf")) / temperature
         if use_noise:
-            u = tl.rand(noise_seed, noise_index * vocab + v)
+            u = tl.rand(noise_seed, noise_index * hi + v)
             z = tl.where(z >= cut, z - tl.log(-tl.log(tl.maximum(u, 1e-10))), float("-inf"))
         m = tl.max(z, 0)
         i = tl.argmax(z, 0)
@@ -145,7 +137,7 @@ def _argmax(F32, row, lo, hi, vocab, VB: tl.constexpr, noise_seed, noise_index, 
 @triton.jit
 def _pick(F32, row, vocab, temperature, top_p, top_k, seed, index, VB: tl.constexpr):
     if temperature == 0.0:
-        return _argmax(F32, row, 0, vocab, vocab, VB, seed, index, 1.0, 0.0, False)[1]
+        return _argmax(F32, row, 0, vocab, VB, seed, index, 1.0, 0.0, False)[1]
     z_max = float("-inf")
     z_min = float("inf")
     for v0 in range(0, vocab, VB):
@@ -159,7 +151,7 @@ def _pick(F32, row, vocab, temperature, top_p, top_k, seed, index, VB: tl.conste
             cut = _bisect_count(F32, row, vocab, temperature, top_k, z_min, z_max, VB)
     if top_p < 1.0:
         cut = tl.maximum(cut, _bisect_mass(F32, row, vocab, temperature, top_p, cut, z_max, VB))
-    return _argmax(F32, row, 0, vocab, vocab, VB, seed, index, temperature, cut, True)[1]
+    return _argmax(F32, row, 0, vocab, VB, seed, index, temperature, cut, True)[1]
 
 
 @triton.jit
