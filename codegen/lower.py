@@ -187,7 +187,7 @@ def _allocate(lw: Lowering) -> None:
     if streamed:
         lw.layout.alloc("stream_parts", "F32", cfg.target_programs * 2 * cfg.block_n)
         lw.layout.alloc("stream_out", "F32", -(-max(streamed) // cfg.block_n) * cfg.block_n)
-    lw.layout.alloc("sample_parts", "F32", cfg.max_batch * sample_splits(lw) * 2)
+    lw.layout.alloc("sample_parts", "F32", cfg.max_batch * sample_splits(lw) * 3)
     if attention_nodes:  # one scratch for every layer, as for the QKV parts
         head_dim = _pow2(max(16, max(n.attrs["head_dim"] for n in attention_nodes)))
         lw.layout.alloc("attention_parts", "F32", cfg.max_batch * max(

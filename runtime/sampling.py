@@ -38,6 +38,12 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     """One token from fp32 logits [V]."""
     if params.is_greedy:
         return int(logits.argmax())
+    return int(torch.multinomial(probabilities(logits, params).cpu(), 1, generator=generator))
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution a sampled token follows: softmax(logits / temperature) over the top-k tokens (ties
+    at the k-th value kept), then over the smallest nucleus holding top_p of that mass; zero elsewhere."""
     logits = logits.float() / params.temperature
     if params.top_k:
         kth = logits.topk(min(params.top_k, logits.numel())).values[-1]
@@ -47,4 +53,4 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         sorted_probs, order = probs.sort(descending=True)
         outside = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p  # keep the smallest nucleus
         probs = probs.scatter(0, order, sorted_probs.masked_fill(outside, 0.0))
-    return int(torch.multinomial(probs.cpu(), 1, generator=generator))
+    return probs / probs.sum()

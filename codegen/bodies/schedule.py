@@ -4,7 +4,8 @@ The planner turns request state into the step's inputs: each unfinished request 
 chunk (within the step's token budget) or its last sampled token; it writes token ids, positions, cache
 slots (from the request's pages), the sequences' extents, and zeroes the norm statistics. When no request
 is left it sets `done`. The sampler picks each finished chunk's next token on the GPU: greedy, or Gumbel-max
-over temperature-scaled logits restricted by top-k and top-p, with a per-request seed.
+over temperature-scaled logits restricted by top-k and top-p, with a per-request seed. Both spread the row
+over the sequence's tasks; a cut costs the last of them a pass or a few over the row.
 """
 import triton
 import triton.language as tl
@@ -70,8 +71,10 @@ def sample_task(desc, tile, I32, F32, num_seqs, step, CONTROL: tl.constexpr, SEQ
                 REQ_TOP_K: tl.constexpr, REQ_IGNORE_EOS: tl.constexpr, REQ_TEMPERATURE: tl.constexpr,
                 REQ_TOP_P: tl.constexpr, OUT_TOKENS: tl.constexpr, MAX_NEW: tl.constexpr, EOS_IDS: tl.constexpr,
                 VB: tl.constexpr):
-    """Task (sequence, vocabulary chunk). Greedy: each chunk's argmax, the last chunk to finish picks the
-    first maximum in order and emits. Sampling (thresholds need the whole row): chunk 0 does it all."""
+    """Task (sequence, vocabulary chunk). Each chunk finds its candidate: greedy, the argmax of the logits;
+    sampling, the Gumbel-max of z = logits / temperature (each token's noise drawn by its index, so the
+    chunks together draw what the whole row would). The last chunk to finish takes the first best candidate
+    in order; with a top-k or top-p cut it then checks the draw against the cut (`_draw_within`)."""
     logits_off, vocab = tl.load(desc + 0), tl.load(desc + 1).to(tl.int32)
     splits, part_off, ticket_off = tl.load(desc + 2), tl.load(desc + 3), tl.load(desc + 4)
     b = tile // splits
@@ -81,22 +84,31 @@ def sample_task(desc, tile, I32, F32, num_seqs, step, CONTROL: tl.constexpr, SEQ
             r = tl.load(I32 + SEQ_REQ + b)
             row = logits_off + b * vocab
             temperature = tl.load(F32 + REQ_TEMPERATURE + r)
+            width = tl.cdiv(tl.cdiv(vocab, splits), VB) * VB
+            lo = (chunk * width).to(tl.int32)
+            hi = tl.minimum(vocab, lo + width)
+            part = F32 + part_off + b * splits * 3
             token = -1
             if temperature == 0.0:
-                width = tl.cdiv(tl.cdiv(vocab, splits), VB) * VB
-                lo = (chunk * width).to(tl.int32)
-                best, index = _argmax(F32, row, lo, tl.minimum(vocab, lo + width), VB, 0, 0, 1.0, 0.0, False)
+                best, index = _argmax(F32, row, lo, hi, VB)
                 if splits == 1:
                     token = index
                 else:
-                    part = F32 + part_off + b * splits * 2
-                    tl.store(part + chunk * 2, best)
-                    tl.store(part + chunk * 2 + 1, index.to(tl.float32))
+                    tl.store(part + chunk * 3, best)
+                    tl.store(part + chunk * 3 + 1, index.to(tl.float32))
                     if arrives_last(F32 + ticket_off + b, splits):
                         token = _first_max(part, splits)
-            elif chunk == 0:
-                token = _pick(F32, row, vocab, temperature, tl.load(F32 + REQ_TOP_P + r), tl.load(I32 + REQ_TOP_K + r),
-                              tl.load(I32 + REQ_SEED + r), tl.load(I32 + REQ_NUM_OUT + r), VB)
+            else:
+                seed, draw = tl.load(I32 + REQ_SEED + r), tl.load(I32 + REQ_NUM_OUT + r)
+                best, index, z_top = _gumbel_max(F32, row, lo, hi, vocab, VB, seed, draw, temperature,
+                                                 float("-inf"), float("-inf"))
+                tl.store(part + chunk * 3, best)
+                tl.store(part + chunk * 3 + 1, index.to(tl.float32))
+                tl.store(part + chunk * 3 + 2, z_top)
+                if arrives_last(F32 + ticket_off + b, splits):
+                    token = _draw_within(F32, row, vocab, VB, seed, draw, temperature, tl.load(I32 + REQ_TOP_K + r),
+                                         tl.load(F32 + REQ_TOP_P + r), _first_max(part, splits),
+                                         _largest(part + 2, splits))
             if token >= 0:
                 _emit(I32, r, token, CONTROL, REQ_NUM_OUT, REQ_MAX_TOKENS, REQ_FINISHED, REQ_LAST, REQ_IGNORE_EOS,
                       OUT_TOKENS, MAX_NEW, EOS_IDS)
@@ -108,24 +120,29 @@ def _first_max(part, splits):
     best = float("-inf")
     token = 0
     for c in range(0, splits):
-        value = tl.load(part + c * 2)
+        value = tl.load(part + c * 3)
         if value > best:
             best = value
-            token = tl.load(part + c * 2 + 1).to(tl.int32)
+            token = tl.load(part + c * 3 + 1).to(tl.int32)
     return token
 
 
 @triton.jit
-def _argmax(F32, row, lo, hi, VB: tl.constexpr, noise_seed, noise_index, temperature, cut, use_noise):
-    """(max, argmax) over v in lo .. hi of z_v (+ Gumbel noise) among z_v >= cut, z = logits / temperature."""
+def _largest(values, splits):
+    top = float("-inf")
+    for c in range(0, splits):
+        top = tl.maximum(top, tl.load(values + c * 3))
+    return top
+
+
+@triton.jit
+def _argmax(F32, row, lo, hi, VB: tl.constexpr):
+    """(max, first argmax) of the logits v in lo .. hi."""
     best_val = float("-inf")
     best_idx = 0
     for v0 in range(lo, hi, VB):
         v = v0 + tl.arange(0, VB)
-        z = tl.load(F32 + row + v, mask=v < hi, other=float("-inf")) / temperature
-        if use_noise:
-            u = tl.rand(noise_seed, noise_index * hi + v)
-            z = tl.where(z >= cut, z - tl.log(-tl.log(tl.maximum(u, 1e-10))), float("-inf"))
+        z = tl.load(F32 + row + v, mask=v < hi, other=float("-inf"))
         m = tl.max(z, 0)
         i = tl.argmax(z, 0)
         if m > best_val:
@@ -135,63 +152,103 @@ def _argmax(F32, row, lo, hi, VB: tl.constexpr, noise_seed, noise_index, tempera
 
 
 @triton.jit
-def _pick(F32, row, vocab, temperature, top_p, top_k, seed, index, VB: tl.constexpr):
-    if temperature == 0.0:
-        return _argmax(F32, row, 0, vocab, VB, seed, index, 1.0, 0.0, False)[1]
-    z_max = float("-inf")
-    z_min = float("inf")
-    for v0 in range(0, vocab, VB):
+def _gumbel_max(F32, row, lo, hi, vocab, VB: tl.constexpr, seed, draw, temperature, above, at_least):
+    """Gumbel-max over the tokens v in lo .. hi with above < z_v and at_least <= z_v, z = logits / temperature:
+    (max of z_v + g_v, its first token, max of z_v over lo .. hi). Token v's noise g_v is -log(-log(u)), u
+    draw `draw * vocab + v` of the seed's stream: the same whichever task or pass computes it. A block with
+    no token in range draws no noise."""
+    best_val = float("-inf")
+    best_idx = 0
+    z_top = float("-inf")
+    for v0 in range(lo, hi, VB):
         v = v0 + tl.arange(0, VB)
-        z = tl.load(F32 + row + v, mask=v < vocab, other=float("-inf")) / temperature
-        z_max = tl.maximum(z_max, tl.max(z, 0))
-        z_min = tl.minimum(z_min, tl.min(tl.where(v < vocab, z, float("inf")), 0))
-    cut = z_min
-    if top_k > 0:
-        if top_k < vocab:
-            cut = _bisect_count(F32, row, vocab, temperature, top_k, z_min, z_max, VB)
-    if top_p < 1.0:
-        cut = tl.maximum(cut, _bisect_mass(F32, row, vocab, temperature, top_p, cut, z_max, VB))
-    return _argmax(F32, row, 0, vocab, VB, seed, index, temperature, cut, True)[1]
+        z = tl.load(F32 + row + v, mask=v < hi, other=float("-inf")) / temperature
+        z_top = tl.maximum(z_top, tl.max(z, 0))
+        keep = (z > above) & (z >= at_least)
+        if tl.max(keep.to(tl.int32), 0) > 0:
+            u = tl.rand(seed, draw * vocab + v)
+            z = tl.where(keep, z - tl.log(-tl.log(tl.maximum(u, 1e-10))), float("-inf"))
+            m = tl.max(z, 0)
+            i = tl.argmax(z, 0)
+            if m > best_val:
+                best_val = m
+                best_idx = (v0 + i).to(tl.int32)
+    return best_val, best_idx, z_top
 
 
 @triton.jit
-def _bisect_count(F32, row, vocab, temperature, k, lo, hi, VB: tl.constexpr):
-    """Largest cut with count(z >= cut) >= k: the top-k survivors (ties at the k-th value survive)."""
-    for _ in range(40):
-        mid = (lo + hi) * 0.5
-        count = 0
-        for v0 in range(0, vocab, VB):
-            v = v0 + tl.arange(0, VB)
-            z = tl.load(F32 + row + v, mask=v < vocab, other=float("-inf")) / temperature
-            count += tl.sum((z >= mid).to(tl.int32), 0)
-        if count >= k:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+def _draw_within(F32, row, vocab, VB: tl.constexpr, seed, draw, temperature, top_k, top_p, token, z_top):
+    """The Gumbel-max draw over the tokens that survive top-k and then top-p, given `token`, the draw over
+    the whole row. The argmax over a set is the argmax over any subset it lands in, so the draw stands
+    whenever it survives the cut, and the cut needs no sort:
+    - top-k keeps z >= the k-th largest z (ties at it survive), found exactly by a radix select;
+    - top-p keeps a token while the tokens above it hold less than top_p of the kept mass (the smallest
+      nucleus). A rejected draw gives way to the draw over the tokens above it, which still hold the whole
+      nucleus, until one survives: a pass over the row a try, and rarely a second try."""
+    at_least = float("-inf")
+    if (top_k > 0) & (top_k < vocab):
+        at_least = _kth_largest(F32, row, vocab, VB, temperature, top_k)
+    z = tl.load(F32 + row + token) / temperature
+    above = float("-inf")
+    redraw = z < at_least
+    if (not redraw) & (top_p < 1.0):
+        mass, kept = _masses(F32, row, vocab, VB, temperature, z, at_least, z_top)
+        redraw = mass >= top_p * kept
+        above = z
+    while redraw:
+        token = _gumbel_max(F32, row, 0, vocab, vocab, VB, seed, draw, temperature, above, at_least)[1]
+        z = tl.load(F32 + row + token) / temperature
+        redraw = False
+        if top_p < 1.0:
+            mass, kept = _masses(F32, row, vocab, VB, temperature, z, at_least, z_top)
+            redraw = mass >= top_p * kept
+            above = z
+    return token
 
 
 @triton.jit
-def _bisect_mass(F32, row, vocab, temperature, p, lo, hi, VB: tl.constexpr):
-    """Largest cut whose survivors (z >= cut, among z >= lo) hold at least p of the probability: the
-    smallest nucleus."""
-    total = 0.0
+def _masses(F32, row, vocab, VB: tl.constexpr, temperature, z_cut, at_least, z_top):
+    """Probability mass, unnormalized, of the tokens with z > z_cut and of those with z >= at_least."""
+    above = 0.0
+    kept = 0.0
     for v0 in range(0, vocab, VB):
         v = v0 + tl.arange(0, VB)
         z = tl.load(F32 + row + v, mask=v < vocab, other=float("-inf")) / temperature
-        total += tl.sum(tl.where(z >= lo, tl.exp(z - hi), 0.0), 0)
-    for _ in range(40):
-        mid = (lo + hi) * 0.5
-        mass = 0.0
+        p = tl.exp(z - z_top)
+        above += tl.sum(tl.where(z > z_cut, p, 0.0), 0)
+        kept += tl.sum(tl.where(z >= at_least, p, 0.0), 0)
+    return above, kept
+
+
+@triton.jit
+def _kth_largest(F32, row, vocab, VB: tl.constexpr, temperature, k):
+    """The k-th largest z of the row, exactly: a radix select over z's bits read as an order-preserving
+    int32 key, a byte a pass from the top (four passes of a 256-bin histogram)."""
+    prefix = k * 0
+    want = k
+    digits = tl.arange(0, 256)
+    for level in range(4):
+        shift = 24 - 8 * level
+        sign = 128 * (level == 0)  # the top byte holds the sign: flipped, negative keys order below positive
+        counts = tl.zeros((256,), tl.int32)
         for v0 in range(0, vocab, VB):
             v = v0 + tl.arange(0, VB)
-            z = tl.load(F32 + row + v, mask=v < vocab, other=float("-inf")) / temperature
-            mass += tl.sum(tl.where(z >= mid, tl.exp(z - hi), 0.0), 0)
-        if mass >= p * total:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+            key = _order_key((tl.load(F32 + row + v, mask=v < vocab, other=0.0) / temperature).to(tl.int32,
+                                                                                                    bitcast=True))
+            same_above = (level == 0) | (((key >> shift) >> 8) == ((prefix >> shift) >> 8))
+            counts += tl.histogram(((key >> shift) & 255) ^ sign, 256, mask=(v < vocab) & same_above)
+        at_or_above = tl.sum(counts, 0) - tl.cumsum(counts, 0) + counts
+        d = tl.max(tl.where(at_or_above >= want, digits, -1), 0)
+        want -= tl.sum(tl.where(digits > d, counts, 0), 0)
+        prefix = prefix | ((d ^ sign) << shift)
+    return _order_key(prefix).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _order_key(bits):
+    """A float's bits (as int32) turned into an int32 that orders as the float does: a negative float's
+    magnitude bits flipped. Its own inverse."""
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
 
 
 @triton.jit

@@ -1,0 +1,84 @@
+"""The sampler's pieces (codegen/bodies/schedule.py) alone under TRITON_INTERPRET=1: the radix select against
+torch.topk, and seeded draws under top-k and top-p against the same Gumbel-max draw over the kept set that
+runtime.sampling.probabilities defines. The same tests run compiled where a GPU is (marked `gpu`)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from codegen.bodies.schedule import _draw_within, _gumbel_max, _kth_largest
+from runtime.sampling import SamplingParams, probabilities
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = "cpu" if INTERPRET else "cuda"
+pytestmark = [pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(), reason="needs the interpreter or a GPU"),
+              *([] if INTERPRET else [pytest.mark.gpu])]
+
+VB = 64  # smaller than the rows below, so that every loop crosses blocks and ends on a partial one
+
+
+@triton.jit
+def _kth_kernel(F32, OUT, vocab, temperature, k, VB: tl.constexpr):
+    row = tl.program_id(0) * vocab
+    tl.store(OUT + tl.program_id(0), _kth_largest(F32, row, vocab, VB, temperature, tl.load(k + tl.program_id(0))))
+
+
+@triton.jit
+def _draw_kernel(F32, OUT, vocab, seed, num_draws, temperature, top_k, top_p, cut, VB: tl.constexpr):
+    """Draw i with the sampler (the whole row's draw, then the cut), and beside it the draw over the tokens
+    with z >= cut alone."""
+    for i in range(num_draws):
+        best, token, z_top = _gumbel_max(F32, 0, 0, vocab, vocab, VB, seed, i, temperature, float("-inf"),
+                                         float("-inf"))
+        tl.store(OUT + 2 * i, _draw_within(F32, 0, vocab, VB, seed, i, temperature, top_k, top_p, token, z_top))
+        tl.store(OUT + 2 * i + 1, _gumbel_max(F32, 0, 0, vocab, vocab, VB, seed, i, temperature, float("-inf"),
+                                              cut)[1])
+
+
+def test_the_radix_select_finds_the_kth_largest_exactly():
+    generator = torch.Generator().manual_seed(0)
+    rows = [torch.randn(150, generator=generator) * 4,  # both signs
+            torch.randn(150, generator=generator).abs() + 1e3,  # one sign, one exponent: the low bytes decide
+            (torch.randn(150, generator=generator) * 3).round(),  # ties
+            -torch.rand(150, generator=generator) * 1e-30]  # tiny negatives
+    ks = torch.tensor([1, 17, 75, 149], dtype=torch.int32)
+    for temperature in (1.0, 0.5):  # exact on the GPU too, whose division may round
+        for rolled in range(4):
+            k = ks.roll(rolled)
+            logits = torch.stack(rows)
+            out = torch.zeros(len(rows), device=DEVICE)
+            _kth_kernel[(len(rows),)](logits.flatten().to(DEVICE), out, 150, temperature, k.to(DEVICE), VB)
+            z = logits / temperature
+            expected = torch.stack([z[i].topk(int(k[i])).values[-1] for i in range(len(rows))])
+            assert out.tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.0, top_k=5),
+    SamplingParams(temperature=0.7, top_p=0.6),
+    SamplingParams(temperature=1.0, top_p=0.05),  # the nucleus is the top token alone
+    SamplingParams(temperature=2.0, top_k=30, top_p=0.8),
+    SamplingParams(temperature=1.0, top_k=100, top_p=0.999),
+], ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}")
+def test_a_draw_under_a_cut_is_the_draw_over_the_kept_tokens(params):
+    """The same noise drawn over the kept set alone picks the same token every time, every token drawn is
+    kept, and the draws follow the reference distribution."""
+    vocab, num_draws = 100, 200
+    logits = torch.randn(vocab, generator=torch.Generator().manual_seed(1)) * 2
+    expected = probabilities(logits, params)
+    z = logits / params.temperature  # the cut halfway to the next token down: the GPU's division may round
+    cut = float((z[expected > 0].min() + z[expected == 0].max()) / 2) if bool((expected == 0).any()) else -1e30
+    out = torch.zeros(2 * num_draws, dtype=torch.int32, device=DEVICE)
+    _draw_kernel[(1,)](logits.to(DEVICE), out, vocab, 7, num_draws, params.temperature, params.top_k, params.top_p, cut, VB)
+    drawn, within = out.cpu()[0::2], out.cpu()[1::2]
+    assert drawn.tolist() == within.tolist()
+    assert bool((expected[drawn.long()] > 0).all())
+    observed = torch.bincount(drawn.long(), minlength=vocab).double() / num_draws
+    spread = float((2 * expected * (1 - expected) / (torch.pi * num_draws)).sqrt().sum()) / 2
+    distance = float((observed - expected.double()).abs().sum()) / 2
+    print(f"total variation {distance:.3f}, expected from the draws' own noise ~{spread:.3f}")
+    assert distance <= 2 * spread + 0.01
