@@ -187,7 +187,7 @@ def _allocate(lw: Lowering) -> None:
     if streamed:
         lw.layout.alloc("stream_parts", "F32", cfg.target_programs * 2 * cfg.block_n)
         lw.layout.alloc("stream_out", "F32", -(-max(streamed) // cfg.block_n) * cfg.block_n)
-    lw.layout.alloc("sample_parts", "F32", cfg.max_batch * sample_splits(lw) * 3)
+    lw.layout.alloc("sample_parts", "F32", cfg.max_batch * sample_splits(lw) * 2)
     if attention_nodes:  # one scratch for every layer, as for the QKV parts
         head_dim = _pow2(max(16, max(n.attrs["head_dim"] for n in attention_nodes)))
         lw.layout.alloc("attention_parts", "F32", cfg.max_batch * max(
@@ -549,5 +549,6 @@ def _add_sampling(lw: Lowering) -> None:
     splits = sample_splits(lw)
     desc = lw.tasks.add_desc(SAMPLE_FIELDS, dict(
         logits_off=lw.constants["LOGITS_OFF"], vocab=logits.shape[1], splits=splits,
-        part_off=lw.layout.offset("sample_parts"), ticket_off=lw.layout.offset("tickets:sample")))
+        part_off=lw.layout.offset("sample_parts"), ticket_off=lw.layout.offset("tickets:sample"),
+        top_off=lw.layout.alloc("sample_tops", "F32", lw.config.max_batch * splits)))  # chunks' largest z
     lw.sample = lw.tasks.add_group(Kind.SAMPLE, desc, lw.config.max_batch * splits, "sample", lw.waits(logits))
