@@ -112,7 +112,8 @@ def _sample(F32, row, vocab, lo, hi, part, tops, chunk, splits, ticket, seed, dr
     noise drawn by its index, so the chunks together draw what the whole row would); the last chunk to
     finish takes the row's draw and checks it against the cut (`_draw_within`, over blocks of WB logits).
     The token, or -1 for every other chunk. A function of its own (`noinline`): its registers, and the
-    cut's code, stay out of the other bodies' allocation (inlined, greedy Llama-3-8B b64 lost 2%)."""
+    cut's code, stay out of the other bodies' allocation (inlined, greedy Llama-3-8B b64 lost 2-3%;
+    outlined, 1%: benchmarks/RESULTS.md, session 25)."""
     best, index, z_top = _gumbel_max(F32, row, lo, hi, vocab, VB, seed, draw, temperature, float("-inf"),
                                      float("-inf"))
     tl.store(part + chunk * 2, best)
@@ -140,6 +141,7 @@ def _first_max(part, splits):
 
 @triton.jit
 def _largest(values, splits):
+    """The largest of the chunks' `splits` values."""
     top = float("-inf")
     for c in range(0, splits):
         top = tl.maximum(top, tl.load(values + c))
