@@ -212,8 +212,9 @@ def test_rendered_source_stands_alone_and_dispatches_only_used_kinds(preset, has
 
 
 def test_outlined_bodies_are_compiled_as_functions_of_their_own():
-    """Each outline group names plain @triton.jit bodies; outlined, exactly they become noinline."""
-    from codegen.bodies import OUTLINE_GROUPS
+    """Each outline group names plain @triton.jit bodies; outlined, exactly they become noinline (besides the
+    helpers that always are)."""
+    from codegen.bodies import ALWAYS_OUTLINED, OUTLINE_GROUPS
     from codegen.render import inline_bodies, outline
 
     def noinline(source):
@@ -221,13 +222,14 @@ def test_outlined_bodies_are_compiled_as_functions_of_their_own():
         return {n.name for n in tree.body if isinstance(n, ast.FunctionDef)
                 and any("noinline" in ast.unparse(d) for d in n.decorator_list)}
 
-    assert noinline(inline_bodies()) == set()
+    always = set(ALWAYS_OUTLINED)
+    assert noinline(inline_bodies()) == always
     for group, names in OUTLINE_GROUPS.items():
-        assert noinline(outline(inline_bodies(), group)) == set(names)
-    assert noinline(render_kernel(_lowered("tiny-llama"), "tiny-llama")) == set()  # the default: none
+        assert noinline(outline(inline_bodies(), group)) == set(names) | always
+    assert noinline(render_kernel(_lowered("tiny-llama"), "tiny-llama")) == always  # the default: no body
     config = dataclasses.replace(CONFIG, outline="rows,small")
     source = render_kernel(lower(build_graph(resolve_model("tiny-llama"), config), config), "tiny-llama")
-    assert noinline(source) == set(OUTLINE_GROUPS["rows"] + OUTLINE_GROUPS["small"])
+    assert noinline(source) == set(OUTLINE_GROUPS["rows"] + OUTLINE_GROUPS["small"]) | always
 
 
 def test_task_bodies_defining_one_name_twice_are_rejected(tmp_path, monkeypatch):
