@@ -15,7 +15,8 @@ from runtime.sampling import SamplingParams, probabilities
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRET else "cuda"
-pytestmark = [pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(), reason="needs the interpreter or a GPU"),
+pytestmark = [pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(),
+                                 reason="needs the interpreter or a GPU"),
               *([] if INTERPRET else [pytest.mark.gpu])]
 
 VB = 64  # smaller than the rows below, so that every loop crosses blocks and ends on a partial one
@@ -73,8 +74,10 @@ def test_a_draw_under_a_cut_is_the_draw_over_the_kept_tokens(params):
     z = logits / params.temperature  # the cut halfway to the next token down: the GPU's division may round
     cut = float((z[expected > 0].min() + z[expected == 0].max()) / 2) if bool((expected == 0).any()) else -1e30
     out = torch.zeros(2 * num_draws, dtype=torch.int32, device=DEVICE)
-    _draw_kernel[(1,)](logits.to(DEVICE), out, vocab, 7, num_draws, params.temperature, params.top_k, params.top_p, cut, VB)
-    drawn, within = out.cpu()[0::2], out.cpu()[1::2]
+    _draw_kernel[(1,)](logits.to(DEVICE), out, vocab, 7, num_draws, params.temperature, params.top_k, params.top_p,
+                       cut, VB)
+    host = out.cpu()
+    drawn, within = host[0::2], host[1::2]
     assert drawn.tolist() == within.tolist()
     assert bool((expected[drawn.long()] > 0).all())
     observed = torch.bincount(drawn.long(), minlength=vocab).double() / num_draws
