@@ -129,11 +129,13 @@ def main() -> None:
                              "(e.g. 1x512 1x512:attention_stages=3 ttft512:wide_n=128 1x512:outline=rows+small)")
     parser.add_argument("--preset", default="llama3-8b")
     parser.add_argument("--tokens", type=int, default=32, help="full-batch decode steps to take the median of")
-    parser.add_argument("--sampling", default="", metavar="FIELD=VALUE,...",
-                        help="SamplingParams of the decode steps (default greedy), e.g. temperature=0.8,top_p=0.95")
+    parser.add_argument("--sampling", action="append", default=[], metavar="FIELD=VALUE,...",
+                        help="SamplingParams of the decode steps (default greedy), e.g. temperature=0.8,top_p=0.95; "
+                             "repeated: each decode variant is timed under each, on one load ('greedy': none)")
     args = parser.parse_args()
-    sampling = {key: float(value) if key in ("temperature", "top_p") else int(value)
-                for key, value in (item.split("=", 1) for item in filter(None, args.sampling.split(",")))}
+    samplings = [{key: float(value) if key in ("temperature", "top_p") else int(value)
+                  for key, value in (item.split("=", 1) for item in spec.split(",") if item and item != "greedy")}
+                 for spec in args.sampling or [""]]
     variants = [Variant.parse(spec) for spec in args.variants]
     model = resolve_model(args.preset)
     try:
@@ -144,13 +146,13 @@ def main() -> None:
     bandwidth = read_bandwidth_tbs("cuda")
     for variant in variants:
         try:
-            run(args.preset, model, variant, args.tokens, bandwidth, sampling)
+            run(args.preset, model, variant, args.tokens, bandwidth, samplings)
         except Exception as error:  # a sweep goes on past a variant that does not compile or run
             print(f"{args.preset} {variant.spec}: failed: {type(error).__name__}: {str(error).splitlines()[0]}",
                   flush=True)
 
 
-def run(preset: str, model, variant: Variant, num_tokens: int, bandwidth: float, sampling: dict) -> None:
+def run(preset: str, model, variant: Variant, num_tokens: int, bandwidth: float, samplings: list[dict]) -> None:
     config = variant.config(num_tokens)
     path = compile_model(model, config, artifact_path("bench"), WeightsSource(seed=0)).path
     kernel = Megakernel.load(path, device="cuda", timeout_s=120)
@@ -160,11 +162,14 @@ def run(preset: str, model, variant: Variant, num_tokens: int, bandwidth: float,
     if variant.is_ttft:
         print(f"{preset} {variant.spec}: TTFT {ttft_ms(kernel, variant.context):.2f} ms | {resources}", flush=True)
     else:
-        ms = tpot_ms(kernel, variant.batch, variant.context, num_tokens, sampling)
         read = decode_bytes(build_graph(model, config), variant.batch, variant.context).total
         roofline = read / (bandwidth * 1e12) * 1e3
-        print(f"{preset} {variant.spec}: TPOT {ms:.2f} ms | roofline {roofline:.2f} ms at {bandwidth:.2f} TB/s "
-              f"({roofline / ms:.0%}) | {variant.batch * 1e3 / ms:.0f} tok/s | {resources}", flush=True)
+        for sampling in samplings:
+            ms = tpot_ms(kernel, variant.batch, variant.context, num_tokens, sampling)
+            label = f" [{','.join(f'{k}={v}' for k, v in sampling.items()) or 'greedy'}]" if len(samplings) > 1 else ""
+            print(f"{preset} {variant.spec}{label}: TPOT {ms:.2f} ms | roofline {roofline:.2f} ms at "
+                  f"{bandwidth:.2f} TB/s ({roofline / ms:.0%}) | {variant.batch * 1e3 / ms:.0f} tok/s | {resources}",
+                  flush=True)
     del kernel
     torch.cuda.empty_cache()
 

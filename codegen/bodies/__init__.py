@@ -12,8 +12,9 @@ to it) and the step's metadata, and is unit-tested on its own against the op's r
 # None but "dots" issues Hopper's tensor-core dots (wgmma: Triton takes them for 64 rows and more), and outlining
 # those serializes every wgmma of the kernel (ptxas: "wgmma pipeline crossing function boundary").
 # Helpers that are functions of their own whatever `outline` says: the sampled part of a sampling task, whose
-# registers inlined cost greedy Llama-3-8B b64 2-3% (benchmarks/RESULTS.md, session 25).
-ALWAYS_OUTLINED = ("_sample",)
+# registers inlined cost greedy Llama-3-8B b64 2-3% (benchmarks/RESULTS.md, session 25), and its pass over the
+# row's masses, which inlined in it cost greedy b64 1.2% (session 26).
+ALWAYS_OUTLINED = ("_sample", "_masses")
 OUTLINE_GROUPS = {
     "rows": ("linear_rows", "qkv_rows"),  # projections of up to block_m rows: the GEMV and the few-row dots
     "decode_attention": ("decode_rows", "merge_head"),

@@ -30,14 +30,15 @@ def _kth_kernel(F32, OUT, vocab, temperature, k, VB: tl.constexpr):
 
 @triton.jit
 def _draw_kernel(F32, OUT, vocab, seed, num_draws, temperature, top_k, top_p, cut, VB: tl.constexpr):
-    """Draw i with the sampler (the whole row's draw, then the cut), and beside it the draw over the tokens
-    with z >= cut alone."""
+    """Draw i with the sampler (the whole row's draw, then the cut), beside it the draw over the tokens with
+    z >= cut alone, and the whole row's draw."""
     for i in range(num_draws):
         best, token, z_top = _gumbel_max(F32, 0, 0, vocab, vocab, VB, seed, i, temperature, float("-inf"),
                                          float("-inf"))
-        tl.store(OUT + 2 * i, _draw_within(F32, 0, vocab, VB, seed, i, temperature, top_k, top_p, token, z_top))
-        tl.store(OUT + 2 * i + 1, _gumbel_max(F32, 0, 0, vocab, vocab, VB, seed, i, temperature, float("-inf"),
+        tl.store(OUT + 3 * i, _draw_within(F32, 0, vocab, VB, seed, i, temperature, top_k, top_p, token, z_top))
+        tl.store(OUT + 3 * i + 1, _gumbel_max(F32, 0, 0, vocab, vocab, VB, seed, i, temperature, float("-inf"),
                                               cut)[1])
+        tl.store(OUT + 3 * i + 2, token)
 
 
 def test_the_radix_select_finds_the_kth_largest_exactly():
@@ -64,6 +65,7 @@ def test_the_radix_select_finds_the_kth_largest_exactly():
     SamplingParams(temperature=1.0, top_p=0.05),  # the nucleus is the top token alone
     SamplingParams(temperature=2.0, top_k=30, top_p=0.8),
     SamplingParams(temperature=1.0, top_k=100, top_p=0.999),
+    SamplingParams(temperature=0.3, top_k=20, top_p=0.9),  # peaked: most draws are settled by one count pass
 ], ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}")
 def test_a_draw_under_a_cut_is_the_draw_over_the_kept_tokens(params):
     """The same noise drawn over the kept set alone picks the same token every time, every token drawn is
@@ -73,12 +75,13 @@ def test_a_draw_under_a_cut_is_the_draw_over_the_kept_tokens(params):
     expected = probabilities(logits, params)
     z = logits / params.temperature  # the cut halfway to the next token down: the GPU's division may round
     cut = float((z[expected > 0].min() + z[expected == 0].max()) / 2) if bool((expected == 0).any()) else -1e30
-    out = torch.zeros(2 * num_draws, dtype=torch.int32, device=DEVICE)
+    out = torch.zeros(3 * num_draws, dtype=torch.int32, device=DEVICE)
     _draw_kernel[(1,)](logits.to(DEVICE), out, vocab, 7, num_draws, params.temperature, params.top_k, params.top_p,
                        cut, VB)
     host = out.cpu()
-    drawn, within = host[0::2], host[1::2]
+    drawn, within, whole = host[0::3], host[1::3], host[2::3]
     assert drawn.tolist() == within.tolist()
+    print(f"the whole row's draw kept {int((drawn == whole).sum())} times of {num_draws}")
     assert bool((expected[drawn.long()] > 0).all())
     observed = torch.bincount(drawn.long(), minlength=vocab).double() / num_draws
     spread = float((2 * expected * (1 - expected) / (torch.pi * num_draws)).sqrt().sum()) / 2
