@@ -15,13 +15,14 @@ tma (0/1), rotate (0/1), reduce (0/1)); "default" is the megakernel's batched bl
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 import torch
 import triton
 import triton.language as tl
 
 from benchmarks.baselines import median_ms, read_bandwidth_tbs
+from benchmarks.explore.variant_fields import with_fields
 from codegen.bodies.common import sum_of_splits
 from codegen.bodies.linear import tile_product
 
@@ -77,12 +78,7 @@ class Variant:
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
-        types = {f.name: f.type for f in fields(cls)}
-        items = [item.split("=", 1) for item in filter(None, spec.split(","))]
-        unknown = [key for key, _ in items if key not in types]
-        if unknown:
-            raise SystemExit(f"unknown variant fields {unknown}; known: {sorted(types)}")
-        return replace(cls(), **{key: int(value) for key, value in items})
+        return with_fields(cls(), spec.split(","), spec)
 
     def __str__(self) -> str:
         return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self) if getattr(self, f.name) !=

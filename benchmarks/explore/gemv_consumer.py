@@ -19,13 +19,14 @@ A variant is comma-separated: the body (fma or dot), then fields bn, bk, stages,
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 import torch
 import triton
 import triton.language as tl
 
 from benchmarks.baselines import median_ms, read_bandwidth_tbs
+from benchmarks.explore.variant_fields import with_fields
 
 UNIT_BYTES = 128 * 1024  # weights a unit (a task in the megakernel): BN rows x UNIT_BYTES / (2 BN) columns
 
@@ -80,17 +81,10 @@ class Variant:
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
-        body, *rest = spec.split(",")
+        body, *items = spec.split(",")
         if body not in ("fma", "dot"):
             raise SystemExit(f"variant {spec!r}: the body is fma or dot")
-        types = {f.name: f.type for f in fields(cls)}
-        values = {}
-        for item in rest:
-            name, _, value = item.partition("=")
-            if name not in types or name == "body":
-                raise SystemExit(f"variant {spec!r}: unknown field {name!r} (known: bn, bk, stages, programs)")
-            values[name] = int(value)
-        return replace(cls(body=body), **values)
+        return with_fields(cls(body=body), items, spec)
 
     @property
     def ku(self) -> int:

@@ -15,13 +15,14 @@ row-major), tk (tile columns, default 64), bn, bk, stages, programs.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 import torch
 import triton
 import triton.language as tl
 
 from benchmarks.baselines import median_ms, read_bandwidth_tbs
+from benchmarks.explore.variant_fields import with_fields
 
 
 @triton.jit
@@ -78,11 +79,7 @@ class Variant:
         kind, *items = spec.split(",")
         if kind not in ("gemv", "block"):
             raise SystemExit(f"a variant starts with gemv or block, got {spec!r}")
-        pairs = [item.split("=", 1) for item in items]
-        known = {f.name for f in fields(cls)} - {"kind"}
-        if any(key not in known for key, _ in pairs):
-            raise SystemExit(f"unknown fields in {spec!r}; known: {sorted(known)}")
-        v = replace(cls(kind), **{key: int(value) for key, value in pairs})
+        v = with_fields(cls(kind), items, spec)
         defaults = dict(bn=16, bk=512, stages=3) if kind == "gemv" else dict(bn=128, bk=64, stages=4)
         return replace(v, **{key: getattr(v, key) or value for key, value in defaults.items()})
 
