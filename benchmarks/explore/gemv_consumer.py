@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from benchmarks.baselines import median_ms, read_bandwidth_tbs
-from benchmarks.explore.variant_fields import with_fields
+from benchmarks.explore.variant_fields import with_kind
 
 UNIT_BYTES = 128 * 1024  # weights a unit (a task in the megakernel): BN rows x UNIT_BYTES / (2 BN) columns
 
@@ -40,6 +40,7 @@ def gemv_units(W, X, OUT, N, K, repeat, KU: tl.constexpr, BN: tl.constexpr, BK: 
     splits = K // KU
     units = (N // BN) * splits
     lanes = tl.arange(0, BN)
+    ACC2D: tl.constexpr = BN * BK <= 8192  # the FMA body's [BN, BK] accumulator, as in `gemv_row`
     for t in range(tl.program_id(0), units * repeat, tl.num_programs(0)):
         u = t % units
         block, split = u // splits, u % splits
@@ -47,7 +48,7 @@ def gemv_units(W, X, OUT, N, K, repeat, KU: tl.constexpr, BN: tl.constexpr, BK: 
         x_base = X + split * KU
         if DOT:
             acc = tl.zeros((BN, 16), tl.float32)
-        elif BN * BK <= 8192:
+        elif ACC2D:
             acc = tl.zeros((BN, BK), tl.float32)
         else:
             acc = tl.zeros((BN, ), tl.float32)
@@ -58,13 +59,11 @@ def gemv_units(W, X, OUT, N, K, repeat, KU: tl.constexpr, BN: tl.constexpr, BK: 
             if DOT:
                 xb = tl.where(tl.arange(0, 16)[None, :] == 0, x[:, None], tl.zeros((BK, 16), x.dtype))
                 acc = tl.dot(w, xb, acc)
-            elif BN * BK <= 8192:
+            elif ACC2D:
                 acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
             else:
                 acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], 1)
-        if DOT:
-            y = tl.sum(acc, 1)
-        elif BN * BK <= 8192:
+        if DOT or ACC2D:
             y = tl.sum(acc, 1)
         else:
             y = acc
@@ -81,10 +80,7 @@ class Variant:
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
-        body, *items = spec.split(",")
-        if body not in ("fma", "dot"):
-            raise SystemExit(f"variant {spec!r}: the body is fma or dot")
-        return with_fields(cls(body=body), items, spec)
+        return with_kind(cls, spec, ("fma", "dot"))
 
     @property
     def ku(self) -> int:

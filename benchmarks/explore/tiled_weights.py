@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from benchmarks.baselines import median_ms, read_bandwidth_tbs
-from benchmarks.explore.variant_fields import with_fields
+from benchmarks.explore.variant_fields import with_kind
 
 
 @triton.jit
@@ -76,11 +76,8 @@ class Variant:
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
-        kind, *items = spec.split(",")
-        if kind not in ("gemv", "block"):
-            raise SystemExit(f"a variant starts with gemv or block, got {spec!r}")
-        v = with_fields(cls(kind), items, spec)
-        defaults = dict(bn=16, bk=512, stages=3) if kind == "gemv" else dict(bn=128, bk=64, stages=4)
+        v = with_kind(cls, spec, ("gemv", "block"))
+        defaults = dict(bn=16, bk=512, stages=3) if v.kind == "gemv" else dict(bn=128, bk=64, stages=4)
         return replace(v, **{key: getattr(v, key) or value for key, value in defaults.items()})
 
     def __str__(self) -> str:

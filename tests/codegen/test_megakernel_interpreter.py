@@ -221,8 +221,7 @@ def test_batched_blocks_with_fewer_splits_than_tasks_match_the_reference_engine(
 
 def test_sampling_without_a_cut_draws_the_same_tokens_however_the_row_is_split(checkpoint, tmp_path):
     """A seeded draw at a temperature depends on the seed, not on how many sampling tasks a sequence's row of
-    logits is cut into (each token's Gumbel noise is drawn by its index: benchmarks/RESULTS.md, session 24, has a
-    version that spreads such draws over the tasks as greedy picks are)."""
+    logits is cut into: each task draws over its chunk, and each token's Gumbel noise is drawn by its index."""
     tokens = []
     for splits in (1, 4):
         kernel, _ = _tiny_kernel(checkpoint, tmp_path / f"sample{splits}.cubin",
