@@ -218,6 +218,12 @@ def sample_splits(lw: Lowering) -> int:
     return lw.config.sample_splits or max(1, min(32, -(-vocab // 8192)))
 
 
+def sample_wide(lw: Lowering) -> int:
+    """Logits per block of the passes a sampling cut takes over the whole row (and the scratch a sequence's
+    top-k select copies its last candidates to)."""
+    return min(4096, 1 << (lw.graph.outputs["logits"].shape[1] - 1).bit_length())
+
+
 def attention_splits(config: CompileConfig, num_kv_heads: int) -> int:
     """Tasks per (sequence, KV head) at decode: enough for about 256 tasks per layer at full batch (a
     decode step's attention is latency, not bandwidth: short tasks side by side), each at least a key block,
@@ -550,5 +556,6 @@ def _add_sampling(lw: Lowering) -> None:
     desc = lw.tasks.add_desc(SAMPLE_FIELDS, dict(
         logits_off=lw.constants["LOGITS_OFF"], vocab=logits.shape[1], splits=splits,
         part_off=lw.layout.offset("sample_parts"), ticket_off=lw.layout.offset("tickets:sample"),
-        top_off=lw.layout.alloc("sample_tops", "F32", lw.config.max_batch * splits)))  # chunks' largest z
+        # a sequence's chunks' largest z, then its top-k select's scratch (schedule.py, `_kth_largest`)
+        top_off=lw.layout.alloc("sample_tops", "F32", lw.config.max_batch * (splits + sample_wide(lw) + 1))))
     lw.sample = lw.tasks.add_group(Kind.SAMPLE, desc, lw.config.max_batch * splits, "sample", lw.waits(logits))

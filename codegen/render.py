@@ -14,7 +14,7 @@ import triton
 from codegen.bodies import OUTLINE_GROUPS
 from codegen.kernel_abi import KERNEL_NAME
 from codegen.layout import CONTROL_FIELDS, PARK_WORDS, STEP_LOG, STEP_REGIONS
-from codegen.lower import Lowering, qkv_block_k, sample_splits
+from codegen.lower import Lowering, qkv_block_k, sample_splits, sample_wide
 from codegen.tasks import (CLAIM, DESC_WORDS, FLAGS, GROUP_SIZE, GROUP_START, MAX_WAITS, NEXT, PREFILL_ONLY,
                            STREAM_ONLY, STREAMS, TASK_WORDS, Kind)
 
@@ -42,7 +42,6 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     full_rotary = hdp == c.get("HEAD_DIM_MAX") and not c.get("PARTIAL_ROTARY")  # rotary over the whole padded head
     vocab = lw.graph.outputs["logits"].shape[1]
     sample_block = min(1024, _pow2(-(-vocab // sample_splits(lw))))  # logits per iteration of a chunk's loop
-    sample_wide = min(4096, _pow2(vocab))  # and of the passes over the whole row a sampling cut takes
     calls = {
         Kind.LINEAR: f"linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn}, {bk}, {bk_rows}, "
                      f"{cfg.wide_rows}, {cfg.prefill_m}, {cfg.wide_n}, {cfg.batch_n}, "
@@ -73,7 +72,7 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
                      f"{r.seq_req}, {r.seq_final}, {r.req_num_out}, {r.req_max_tokens}, {r.req_finished}, "
                      f"{r.req_last}, {r.req_seed}, {r.req_top_k}, {r.req_ignore_eos}, "
                      f"{lw.layout.offset('req_temperature')}, {lw.layout.offset('req_top_p')}, {r.out_tokens}, "
-                     f"{cfg.max_new_tokens}, {r.eos_ids}, {sample_block}, {sample_wide})",
+                     f"{cfg.max_new_tokens}, {r.eos_ids}, {sample_block}, {sample_wide(lw)})",
     }
     used = sorted({t.kind for t in lw.tasks.tasks})
     return [(int(kind), calls[kind]) for kind in used]

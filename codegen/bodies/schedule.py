@@ -97,9 +97,10 @@ def sample_task(desc, tile, I32, F32, num_seqs, step, CONTROL: tl.constexpr, SEQ
                     if arrives_last(F32 + ticket_off + b, splits):
                         token = _first_max(part, splits)
             else:
-                token = _sample(F32, row, vocab, lo, hi, part, F32 + tl.load(desc + 5) + b * splits, chunk, splits,
-                                F32 + ticket_off + b, tl.load(I32 + REQ_SEED + r), tl.load(I32 + REQ_NUM_OUT + r),
-                                temperature, tl.load(I32 + REQ_TOP_K + r), tl.load(F32 + REQ_TOP_P + r), VB, WB)
+                token = _sample(F32, row, vocab, lo, hi, part, F32 + tl.load(desc + 5) + b * (splits + WB + 1),
+                                chunk, splits, F32 + ticket_off + b, tl.load(I32 + REQ_SEED + r),
+                                tl.load(I32 + REQ_NUM_OUT + r), temperature, tl.load(I32 + REQ_TOP_K + r),
+                                tl.load(F32 + REQ_TOP_P + r), VB, WB)
             if token >= 0:
                 _emit(I32, r, token, CONTROL, REQ_NUM_OUT, REQ_MAX_TOKENS, REQ_FINISHED, REQ_LAST, REQ_IGNORE_EOS,
                       OUT_TOKENS, MAX_NEW, EOS_IDS)
@@ -122,7 +123,7 @@ def _sample(F32, row, vocab, lo, hi, part, tops, chunk, splits, ticket, seed, dr
     token = -1
     if arrives_last(ticket, splits):
         token = _draw_within(F32, row, vocab, WB, seed, draw, temperature, top_k, top_p, _first_max(part, splits),
-                             _largest(tops, splits))
+                             _largest(tops, splits), tops + splits)
     return token
 
 
@@ -190,14 +191,14 @@ def _gumbel_max(F32, row, lo, hi, vocab, VB: tl.constexpr, seed, draw, temperatu
 
 
 @triton.jit
-def _draw_within(F32, row, vocab, VB: tl.constexpr, seed, draw, temperature, top_k, top_p, token, z_top):
+def _draw_within(F32, row, vocab, VB: tl.constexpr, seed, draw, temperature, top_k, top_p, token, z_top, cands):
     """The Gumbel-max draw over the tokens that survive top-k and then top-p, given `token`, the draw over
     the whole row. The argmax over a set is the argmax over any subset it lands in, so the draw stands
     whenever it survives the cut, and the cut needs no sort:
     - top-k keeps z >= the k-th largest z (ties at it survive): the draw survives it when fewer than k
       tokens lie above it (one pass, which also settles top-p when the tokens at or above the draw, a part
       of the kept mass, already hold enough). Only a draw that pass cannot settle takes the k-th largest z
-      itself, exactly, from a radix select (four passes);
+      itself, exactly, from a radix select (`_kth_largest`: a pass or two over the row, then a block);
     - top-p keeps a token while the tokens above it hold less than top_p of the kept mass (the smallest
       nucleus). A rejected draw gives way to the draw over the tokens above it, which still hold the whole
       nucleus, until one survives: a pass over the row a try, and rarely a second try."""
@@ -212,7 +213,9 @@ def _draw_within(F32, row, vocab, VB: tl.constexpr, seed, draw, temperature, top
         # this accepts only what the exact test below would
         settled = (count < top_k) & ((top_p >= 1.0) | (mass < top_p * from_draw))
         if not settled:
-            at_least = _kth_largest(F32, row, vocab, VB, temperature, top_k)
+            # the k-th largest lies above the draw when k tokens do
+            z_low = tl.where(count >= top_k, z, float("-inf"))
+            at_least = _kth_largest(F32, row, vocab, VB, temperature, top_k, z_low, z_top, cands)
             redraw = z < at_least
     if (not settled) & (not redraw) & (top_p < 1.0):
         _, mass, kept = _masses(F32, row, vocab, VB, temperature, z, at_least, z_top)
@@ -248,34 +251,79 @@ def _masses(F32, row, vocab, VB: tl.constexpr, temperature, z_cut, at_least, z_t
 
 
 @triton.jit
-def _kth_largest(F32, row, vocab, VB: tl.constexpr, temperature, k):
-    """The k-th largest z of the row, exactly: a radix select over z's bits read as an order-preserving
-    int32 key, a byte a pass from the top (four passes of a 256-bin histogram)."""
-    prefix = k * 0
-    want = k
-    digits = tl.arange(0, 256)
-    for level in range(4):
-        shift = 24 - 8 * level
-        sign = 128 * (level == 0)  # the top byte holds the sign: flipped, negative keys order below positive
-        counts = tl.zeros((256,), tl.int32)
-        for v0 in range(0, vocab, VB):
+def _kth_largest(F32, row, vocab, VB: tl.constexpr, temperature, k, z_low, z_top, cands):
+    """The k-th largest z of the row, exactly, given z_low <= it and z_top, the row's largest z: a radix select
+    over z's bits read as an order-preserving key (`_key`), DIGIT bits a pass (a histogram of 2^DIGIT bins),
+    from the highest bit in which z_low's key and z_top's differ (the bits above are the answer's too). Once the
+    keys that share the bits decided so far fit a block (VB), one pass copies their logits to `cands` (VB floats,
+    then a counter) and the passes left read that block alone. (Four passes of 256 bins over the whole row, the
+    select before, took ~0.3 ms more at b1 on random weights: benchmarks/RESULTS.md, session 27.)"""
+    DIGIT: tl.constexpr = 6
+    hi = _key(z_top)
+    top = _bit_length(_key(z_low) ^ hi)  # bits still to decide (0 when z_low is z_top)
+    prefix = hi ^ _low_bits(hi, top)  # the bits decided, the others 0
+    want = k  # rank of the answer among the keys that share the decided bits (none lies above z_top)
+    src = F32 + row
+    n = vocab
+    copied = 0
+    while top > 0:
+        shift = tl.maximum(top - DIGIT, 0)
+        digits = tl.arange(0, 1 << DIGIT)
+        counts = tl.zeros((1 << DIGIT,), tl.int32)
+        for v0 in range(0, n, VB):
             v = v0 + tl.arange(0, VB)
-            key = _order_key((tl.load(F32 + row + v, mask=v < vocab, other=0.0) / temperature).to(tl.int32,
-                                                                                                    bitcast=True))
-            same_above = (level == 0) | (((key >> shift) >> 8) == ((prefix >> shift) >> 8))
-            counts += tl.histogram(((key >> shift) & 255) ^ sign, 256, mask=(v < vocab) & same_above)
+            key = _key(tl.load(src + v, mask=v < n, other=0.0) / temperature)
+            digit = ((key >> shift.to(tl.uint32)) & ((1 << (top - shift)) - 1).to(tl.uint32)).to(tl.int32)
+            counts += tl.histogram(digit, 1 << DIGIT, mask=(v < n) & (_low_bits(key ^ prefix, top) == key ^ prefix))
         at_or_above = tl.sum(counts, 0) - tl.cumsum(counts, 0) + counts
         d = tl.max(tl.where(at_or_above >= want, digits, -1), 0)
         want -= tl.sum(tl.where(digits > d, counts, 0), 0)
-        prefix = prefix | ((d ^ sign) << shift)
-    return _order_key(prefix).to(tl.float32, bitcast=True)
+        bucket = tl.sum(tl.where(digits == d, counts, 0), 0)
+        prefix = prefix | (d.to(tl.uint32) << shift.to(tl.uint32))
+        top = shift
+        if (copied == 0) & (bucket <= VB) & (top > 0):  # the candidates fit a block: copied out, in any order
+            # each takes its slot from a counter after the block (a scan for the slots, tl.cumsum, raised the
+            # kernel's spills: Llama-3-8B b64 296 -> 384 B a thread, and greedy b64 lost 1%)
+            tl.store(cands + VB, 0.0)
+            tl.debug_barrier()
+            for v0 in range(0, vocab, VB):
+                v = v0 + tl.arange(0, VB)
+                logit = tl.load(F32 + row + v, mask=v < vocab, other=0.0)
+                diff = _key(logit / temperature) ^ prefix
+                keep = (v < vocab) & (_low_bits(diff, top) == diff)
+                slot = tl.atomic_add(cands + VB + v * 0, 1.0, mask=keep, sem="relaxed")
+                tl.store(cands + slot.to(tl.int32), logit, mask=keep)
+            tl.debug_barrier()  # every thread's copies are stored before any thread reads them
+            src = cands
+            n = bucket
+            copied = 1
+    bits = tl.where(prefix >= 0x80000000, prefix ^ 0x80000000, prefix ^ 0xFFFFFFFF)
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _order_key(bits):
-    """A float's bits (as int32) turned into an int32 that orders as the float does: a negative float's
-    magnitude bits flipped. Its own inverse."""
-    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+def _key(z):
+    """z's bits as a uint32 that orders as z does (-0.0 just below +0.0): a positive float's sign bit set, a
+    negative float's bits all flipped."""
+    bits = z.to(tl.uint32, bitcast=True)
+    return tl.where((bits >> 31) == 1, bits ^ 0xFFFFFFFF, bits | 0x80000000)
+
+
+@triton.jit
+def _low_bits(key, bits):
+    """key's lowest `bits` bits (0 .. 32), the others 0 (a uint32 shifted by 32 is undefined: 0 bits is a case
+    of its own)."""
+    wide = bits.to(tl.uint32)
+    return key & tl.where(bits == 0, 0, (0xFFFFFFFF >> (32 - tl.maximum(wide, 1))))
+
+
+@triton.jit
+def _bit_length(x):
+    """The bits a uint32 needs: 0 for 0, else one past its highest set bit."""
+    n = 0
+    while (n < 32) & (_low_bits(x, n) != x):
+        n += 1
+    return n
 
 
 @triton.jit

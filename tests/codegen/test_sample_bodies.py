@@ -23,40 +23,50 @@ VB = 64  # smaller than the rows below, so that every loop crosses blocks and en
 
 
 @triton.jit
-def _kth_kernel(F32, OUT, vocab, temperature, k, VB: tl.constexpr):
-    row = tl.program_id(0) * vocab
-    tl.store(OUT + tl.program_id(0), _kth_largest(F32, row, vocab, VB, temperature, tl.load(k + tl.program_id(0))))
+def _kth_kernel(F32, LOW, CANDS, OUT, vocab, temperature, k, VB: tl.constexpr):
+    """Row i's k[i]-th largest z, given a lower bound LOW[i] (a logit) and the row's largest z."""
+    i = tl.program_id(0)
+    z_top = _gumbel_max(F32, i * vocab, 0, vocab, vocab, VB, 0, 0, temperature, float("inf"), float("inf"))[2]
+    tl.store(OUT + i, _kth_largest(F32, i * vocab, vocab, VB, temperature, tl.load(k + i), tl.load(LOW + i) / temperature,
+                                   z_top, CANDS + i * (VB + 1)))
 
 
 @triton.jit
-def _draw_kernel(F32, OUT, vocab, seed, num_draws, temperature, top_k, top_p, cut, VB: tl.constexpr):
+def _draw_kernel(F32, CANDS, OUT, vocab, seed, num_draws, temperature, top_k, top_p, cut, VB: tl.constexpr):
     """Draw i with the sampler (the whole row's draw, then the cut), beside it the draw over the tokens with
     z >= cut alone, and the whole row's draw."""
     for i in range(num_draws):
         best, token, z_top = _gumbel_max(F32, 0, 0, vocab, vocab, VB, seed, i, temperature, float("-inf"),
                                          float("-inf"))
-        tl.store(OUT + 3 * i, _draw_within(F32, 0, vocab, VB, seed, i, temperature, top_k, top_p, token, z_top))
+        tl.store(OUT + 3 * i, _draw_within(F32, 0, vocab, VB, seed, i, temperature, top_k, top_p, token, z_top, CANDS))
         tl.store(OUT + 3 * i + 1, _gumbel_max(F32, 0, 0, vocab, vocab, VB, seed, i, temperature, float("-inf"),
                                               cut)[1])
         tl.store(OUT + 3 * i + 2, token)
 
 
 def test_the_radix_select_finds_the_kth_largest_exactly():
+    """Against torch.topk, from no lower bound and from bounds at and below the answer; rows where the
+    candidates fit the scratch block after a pass or two, and rows where they never do (one value 150 times)."""
     generator = torch.Generator().manual_seed(0)
-    rows = [torch.randn(150, generator=generator) * 4,  # both signs
-            torch.randn(150, generator=generator).abs() + 1e3,  # one sign, one exponent: the low bytes decide
-            (torch.randn(150, generator=generator) * 3).round(),  # ties
-            -torch.rand(150, generator=generator) * 1e-30]  # tiny negatives
-    ks = torch.tensor([1, 17, 75, 149], dtype=torch.int32)
+    rows = torch.stack([torch.randn(150, generator=generator) * 4,  # both signs
+                        torch.randn(150, generator=generator).abs() + 1e3,  # one sign, one exponent
+                        (torch.randn(150, generator=generator) * 3).round(),  # ties
+                        -torch.rand(150, generator=generator) * 1e-30,  # tiny negatives
+                        torch.full((150,), -2.5)])  # every key alike: no pass narrows the candidates
+    ks = torch.tensor([1, 17, 75, 149, 40], dtype=torch.int32)
     for temperature in (1.0, 0.5):  # exact on the GPU too, whose division may round
-        for rolled in range(4):
+        for rolled in range(len(rows)):
             k = ks.roll(rolled)
-            logits = torch.stack(rows)
-            out = torch.zeros(len(rows), device=DEVICE)
-            _kth_kernel[(len(rows),)](logits.flatten().to(DEVICE), out, 150, temperature, k.to(DEVICE), VB)
-            z = logits / temperature
-            expected = torch.stack([z[i].topk(int(k[i])).values[-1] for i in range(len(rows))])
-            assert out.tolist() == expected.tolist()
+            ranked = [rows[i].topk(int(k[i])).values for i in range(len(rows))]
+            expected = torch.stack([r[-1] for r in ranked]) / temperature
+            for low in (torch.full((len(rows),), float("-inf")),  # no bound
+                        torch.stack([r[-1] for r in ranked]),  # the answer itself
+                        torch.stack([rows[i].topk(min(150, int(k[i]) + 9)).values[-1] for i in range(len(rows))])):
+                out = torch.zeros(len(rows), device=DEVICE)
+                _kth_kernel[(len(rows),)](rows.flatten().to(DEVICE), low.to(DEVICE),
+                                          torch.zeros(len(rows) * (VB + 1), device=DEVICE), out, 150, temperature,
+                                          k.to(DEVICE), VB)
+                assert out.cpu().tolist() == expected.tolist()
 
 
 @pytest.mark.parametrize("params", [
@@ -76,8 +86,8 @@ def test_a_draw_under_a_cut_is_the_draw_over_the_kept_tokens(params):
     z = logits / params.temperature  # the cut halfway to the next token down: the GPU's division may round
     cut = float((z[expected > 0].min() + z[expected == 0].max()) / 2) if bool((expected == 0).any()) else -1e30
     out = torch.zeros(3 * num_draws, dtype=torch.int32, device=DEVICE)
-    _draw_kernel[(1,)](logits.to(DEVICE), out, vocab, 7, num_draws, params.temperature, params.top_k, params.top_p,
-                       cut, VB)
+    _draw_kernel[(1,)](logits.to(DEVICE), torch.zeros(VB + 1, device=DEVICE), out, vocab, 7, num_draws,
+                       params.temperature, params.top_k, params.top_p, cut, VB)
     host = out.cpu()
     drawn, within, whole = host[0::3], host[1::3], host[2::3]
     assert drawn.tolist() == within.tolist()
