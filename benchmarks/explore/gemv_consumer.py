@@ -14,11 +14,17 @@ program next to the DRAM bandwidth measured in the same run:
     python -m benchmarks.explore.gemv_consumer                       # on an H100 / H200
     python -m benchmarks.explore.gemv_consumer --variants "fma,bn=16,bk=512 dot,bn=64,bk=128"
 
-A variant is comma-separated: the body (fma or dot), then fields bn, bk, stages, programs.
+A variant is comma-separated: the body (fma or dot), then fields bn, bk, stages, programs, and the pieces of a
+megakernel task around the loop, each 0 or 1: descs (each unit reads its task row, then its descriptor, for its
+pointers and K), epilogue (each unit runs the megakernel's own gate/up epilogue: 1/rms, SiLU-gating, a bf16
+store), claimed (units past the first wave are claimed from a counter, one at a time, as the megakernel's are):
+
+    python -m benchmarks.explore.gemv_consumer --variants "fma fma,descs=1,epilogue=1,claimed=1"
 """
 from __future__ import annotations
 
 import argparse
+import struct
 from dataclasses import dataclass, replace
 
 import torch
@@ -27,25 +33,37 @@ import triton.language as tl
 
 from benchmarks.baselines import median_ms, read_bandwidth_tbs
 from benchmarks.explore.variant_fields import with_kind
+from codegen.bodies.common import word8
+from codegen.bodies.linear import LINEAR_FIELDS, linear_epilogue
 
 UNIT_BYTES = 128 * 1024  # weights a unit (a task in the megakernel): BN rows x UNIT_BYTES / (2 BN) columns
 
 
 @triton.jit
-def gemv_units(W, X, OUT, N, K, repeat, KU: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-               STAGES: tl.constexpr, DOT: tl.constexpr):
+def gemv_units(W, X, OUT, N, K, repeat, TASKS, DESC, ACT, F32, CLAIM, KU: tl.constexpr, BN: tl.constexpr,
+               BK: tl.constexpr, STAGES: tl.constexpr, DOT: tl.constexpr, DESCS: tl.constexpr,
+               EPILOGUE: tl.constexpr, CLAIMED: tl.constexpr):
     """Unit u (rows (u // splits) * BN .., columns (u % splits) * KU ..) of W [N, K] times X [K]; the units of
-    `repeat` passes over W, a program taking every grid-th one. Stores each unit's fp32 [BN] partial at
-    OUT[split, rows]."""
+    `repeat` passes over W, a program taking every grid-th one, or (CLAIMED) its first that way and the rest from
+    the counter CLAIM, one at a time, as the megakernel's claimed tasks. Stores each unit's fp32 [BN] partial at
+    OUT[split, rows]. DESCS: each unit first reads its task row and, through it, its descriptor (DESC, the
+    megakernel's LINEAR_FIELDS) for the input, weight and shape words, as a task does; EPILOGUE: each unit also
+    runs the megakernel's own epilogue (`linear_epilogue`) on its products, as DESC says (gate/up's: 1/rms,
+    SiLU-gating, a bf16 store to ACT)."""
     splits = K // KU
     units = (N // BN) * splits
     lanes = tl.arange(0, BN)
     ACC2D: tl.constexpr = BN * BK <= 8192  # the FMA body's [BN, BK] accumulator, as in `gemv_row`
-    for t in range(tl.program_id(0), units * repeat, tl.num_programs(0)):
+    t = tl.program_id(0)
+    while t < units * repeat:
         u = t % units
+        x_base, w_base, k_words = X, W, K
+        if DESCS:
+            desc = DESC + tl.load(TASKS + t * 3 + 1) * 21
+            x_base, w_base, k_words = X + word8(desc, 0), W + word8(desc, 3), word8(desc, 2)
         block, split = u // splits, u % splits
-        w_rows = W + (block * BN + lanes)[:, None].to(tl.int64) * K + split * KU
-        x_base = X + split * KU
+        w_rows = w_base + (block * BN + lanes)[:, None].to(tl.int64) * k_words + split * KU
+        x_base = x_base + split * KU
         if DOT:
             acc = tl.zeros((BN, 16), tl.float32)
         elif ACC2D:
@@ -68,6 +86,13 @@ def gemv_units(W, X, OUT, N, K, repeat, KU: tl.constexpr, BN: tl.constexpr, BK: 
         else:
             y = acc
         tl.store(OUT + split * N + block * BN + lanes, y)
+        if EPILOGUE:
+            row = tl.arange(0, 1)
+            linear_epilogue(DESC, y[None, :], row, row < 1, block * BN, W, ACT, F32)
+        if CLAIMED:
+            t = tl.num_programs(0) + tl.atomic_add(CLAIM, 1, sem="relaxed")
+        else:
+            t += tl.num_programs(0)
 
 
 @dataclass(frozen=True)
@@ -77,6 +102,9 @@ class Variant:
     bk: int = 512
     stages: int = 3
     programs: int = 264
+    descs: int = 0  # 1: each unit reads its task row and descriptor first
+    epilogue: int = 0  # 1: each unit runs the megakernel's gate/up epilogue
+    claimed: int = 0  # 1: units past the first wave are claimed from a counter
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -90,10 +118,22 @@ class Variant:
 def run(variant: Variant, w: torch.Tensor, x: torch.Tensor, repeat: int, bw: float, label: str) -> None:
     n, k = w.shape
     out = torch.empty(k // variant.ku, n, dtype=torch.float32, device=w.device)
+    units = n // variant.bn * (k // variant.ku)
+    tasks = torch.zeros(units * repeat, 3, dtype=torch.int64, device=w.device)  # (kind, descriptor, tile)
+    fields = dict(x_off=0, x_stride=k, k=k, w_off=0, n=n, out_off=0, out_stride=n // 2, out_kind=0, gated=1,
+                  stats_off=0, eps=struct.unpack("<q", struct.pack("<d", 1e-5))[0], res_off=-1, res_stride=0,
+                  bias_off=-1, out_stats_off=-1)
+    desc = torch.tensor([fields.get(name, 0) for name in LINEAR_FIELDS], dtype=torch.int64, device=w.device)
+    act = torch.empty(n // 2, dtype=torch.bfloat16, device=w.device)
+    stats = torch.full((1,), float(k), device=w.device)  # a row's sum of squares: 1/rms = 1
+    claim = torch.zeros(1, dtype=torch.int32, device=w.device)
 
     def launch():
-        gemv_units[(variant.programs,)](w, x, out, n, k, repeat, KU=variant.ku, BN=variant.bn, BK=variant.bk,
-                                        STAGES=variant.stages, DOT=variant.body == "dot", num_warps=4)
+        claim.zero_()
+        gemv_units[(variant.programs,)](w, x, out, n, k, repeat, tasks, desc, act, stats, claim, KU=variant.ku,
+                                        BN=variant.bn, BK=variant.bk, STAGES=variant.stages,
+                                        DOT=variant.body == "dot", DESCS=variant.descs, EPILOGUE=variant.epilogue,
+                                        CLAIMED=variant.claimed, num_warps=4)
     launch()
     torch.cuda.synchronize()
     ref = (w.float() @ x.float())
@@ -102,16 +142,16 @@ def run(variant: Variant, w: torch.Tensor, x: torch.Tensor, repeat: int, bw: flo
     nbytes = w.numel() * 2 * repeat
     per_program = nbytes / (ms * 1e-3) / variant.programs / 1e9
     print(f"{label:5s} {variant.body} bn={variant.bn:3d} bk={variant.bk:4d} stages={variant.stages} "
-          f"programs={variant.programs}: {ms:8.3f} ms  {nbytes / ms / 1e9:6.2f} TB/s  "
+          f"programs={variant.programs} descs={variant.descs} epilogue={variant.epilogue} claimed={variant.claimed}: "
+          f"{ms:8.3f} ms  {nbytes / ms / 1e9:6.2f} TB/s  "
           f"{per_program:5.1f} GB/s a program  ({100 * nbytes / ms / 1e9 / bw:5.1f}% of DRAM)  rel err {err:.1e}",
           flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variants", default="fma,bn=16,bk=512 fma,bn=16,bk=256,stages=5 dot,bn=16,bk=512 "
-                        "dot,bn=16,bk=256,stages=4 dot,bn=64,bk=128 dot,bn=64,bk=128,stages=4 dot,bn=64,bk=256 "
-                        "dot,bn=128,bk=64,stages=4")
+    parser.add_argument("--variants", default="fma fma,descs=1 fma,epilogue=1 fma,claimed=1 "
+                        "fma,descs=1,epilogue=1,claimed=1 fma,bn=16,bk=256,stages=5 dot,bn=64,bk=128")
     args = parser.parse_args()
     torch.manual_seed(0)
     bw = read_bandwidth_tbs("cuda")
