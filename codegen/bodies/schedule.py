@@ -122,8 +122,8 @@ def _sample(F32, row, vocab, lo, hi, part, tops, chunk, splits, ticket, seed, dr
     tl.store(tops + chunk, z_top)
     token = -1
     if arrives_last(ticket, splits):
-        token = _draw_within(F32, row, vocab, WB, seed, draw, temperature, top_k, top_p, _first_max(part, splits),
-                             _largest(tops, splits), tops + splits)
+        token = _draw_within(F32, row, vocab, WB, VB, seed, draw, temperature, top_k, top_p,
+                             _first_max(part, splits), _largest(tops, splits), tops + splits)
     return token
 
 
@@ -191,7 +191,8 @@ def _gumbel_max(F32, row, lo, hi, vocab, VB: tl.constexpr, seed, draw, temperatu
 
 
 @triton.jit
-def _draw_within(F32, row, vocab, VB: tl.constexpr, seed, draw, temperature, top_k, top_p, token, z_top, cands):
+def _draw_within(F32, row, vocab, VB: tl.constexpr, NB: tl.constexpr, seed, draw, temperature, top_k, top_p, token,
+                 z_top, cands):
     """The Gumbel-max draw over the tokens that survive top-k and then top-p, given `token`, the draw over
     the whole row. The argmax over a set is the argmax over any subset it lands in, so the draw stands
     whenever it survives the cut, and the cut needs no sort:
@@ -222,7 +223,8 @@ def _draw_within(F32, row, vocab, VB: tl.constexpr, seed, draw, temperature, top
         redraw = mass >= top_p * kept
         above = z
     while redraw:
-        token = _gumbel_max(F32, row, 0, vocab, vocab, VB, seed, draw, temperature, above, at_least)[1]
+        # in blocks of NB, smaller than the passes' VB: a block with no kept token draws no noise
+        token = _gumbel_max(F32, row, 0, vocab, vocab, NB, seed, draw, temperature, above, at_least)[1]
         z = tl.load(F32 + row + token) / temperature
         redraw = False
         if top_p < 1.0:

@@ -27,8 +27,9 @@ def _kth_kernel(F32, LOW, CANDS, OUT, vocab, temperature, k, VB: tl.constexpr):
     """Row i's k[i]-th largest z, given a lower bound LOW[i] (a logit) and the row's largest z."""
     i = tl.program_id(0)
     z_top = _gumbel_max(F32, i * vocab, 0, vocab, vocab, VB, 0, 0, temperature, float("inf"), float("inf"))[2]
-    tl.store(OUT + i, _kth_largest(F32, i * vocab, vocab, VB, temperature, tl.load(k + i), tl.load(LOW + i) / temperature,
-                                   z_top, CANDS + i * (VB + 1)))
+    z_low = tl.load(LOW + i) / temperature
+    tl.store(OUT + i, _kth_largest(F32, i * vocab, vocab, VB, temperature, tl.load(k + i), z_low, z_top,
+                                   CANDS + i * (VB + 1)))
 
 
 @triton.jit
@@ -38,7 +39,8 @@ def _draw_kernel(F32, CANDS, OUT, vocab, seed, num_draws, temperature, top_k, to
     for i in range(num_draws):
         best, token, z_top = _gumbel_max(F32, 0, 0, vocab, vocab, VB, seed, i, temperature, float("-inf"),
                                          float("-inf"))
-        tl.store(OUT + 3 * i, _draw_within(F32, 0, vocab, VB, seed, i, temperature, top_k, top_p, token, z_top, CANDS))
+        tl.store(OUT + 3 * i, _draw_within(F32, 0, vocab, VB, VB // 2, seed, i, temperature, top_k, top_p, token, z_top,
+                                           CANDS))
         tl.store(OUT + 3 * i + 1, _gumbel_max(F32, 0, 0, vocab, vocab, VB, seed, i, temperature, float("-inf"),
                                               cut)[1])
         tl.store(OUT + 3 * i + 2, token)
