@@ -7,7 +7,7 @@ weights give them (flat: a draw at temperature 0.8 lands outside the top 50 almo
 launch:
 
     python -m benchmarks.explore.sample_cut                      # on an H100 / H200
-    python -m benchmarks.explore.sample_cut --top-k 50 --temperature 0.8 --vocab 128256
+    python -m benchmarks.explore.sample_cut --top-k 50 --temperature 0.8 --vocab 128256 --digits 4,5,6,8
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ PIECES = ("empty", "masses", "select", "select_from_draw", "noise", "redraw", "r
 
 @triton.jit
 def _piece(F32, CANDS, OUT, vocab, temperature, k, draw_logit, top_logit, kth_logit, PIECE: tl.constexpr,
-           VB: tl.constexpr):
+           VB: tl.constexpr, DIGIT: tl.constexpr):
     z_draw = draw_logit / temperature
     z_top = top_logit / temperature
     result = 0.0
@@ -34,9 +34,10 @@ def _piece(F32, CANDS, OUT, vocab, temperature, k, draw_logit, top_logit, kth_lo
         result = count.to(tl.float32) + above + kept
     elif PIECE == 2:
         result = _kth_largest(F32, 0, vocab, VB, temperature, k, tl.full((), float("-inf"), tl.float32), z_top,
-                              CANDS)
+                              CANDS, DIGIT)
     elif PIECE == 3:
-        result = _kth_largest(F32, 0, vocab, VB, temperature, k, z_draw, z_top, CANDS)
+        z_low = tl.where(z_draw < z_top, z_draw, float("-inf"))  # (main passes +inf unless k tokens lie above)
+        result = _kth_largest(F32, 0, vocab, VB, temperature, k, z_low, z_top, CANDS, DIGIT)
     elif PIECE == 4:
         result = _gumbel_max(F32, 0, 0, vocab, vocab, VB, 7, 0, temperature, float("-inf"), float("-inf"))[0]
     elif PIECE == 5:
@@ -53,7 +54,9 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=128256)
     parser.add_argument("--top-k", type=int, default=50)
     parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--digits", default="6", help="bits a pass of the selects to time, comma-separated")
     args = parser.parse_args()
+    torch.manual_seed(0)
     device = torch.device("cuda")
     block = min(4096, triton.next_power_of_2(args.vocab))  # the kernel's `sample_wide`
     logits = torch.randn(args.vocab, generator=torch.Generator().manual_seed(0)).to(device)
@@ -66,15 +69,21 @@ def main() -> None:
     cands, out = torch.zeros(block + 1, device=device), torch.zeros(1, device=device)
     base = None
     for index, name in enumerate(PIECES):
-        def launch(piece=index):
-            _piece[(1,)](logits, cands, out, args.vocab, args.temperature, args.top_k, float(logits[draw]),
-                         float(logits.max()), kth, piece, block)
-        launch()
-        if name.startswith("select"):
-            assert float(out) == float(z.topk(args.top_k).values[-1]), (name, float(out))
-        ms = median_ms(launch, device, num_warmup=5, num_reps=50)
-        base = ms if base is None else base
-        print(f"{name:>18}: {ms * 1e3:8.1f} us ({(ms - base) * 1e3:7.1f} over an empty launch)")
+        for digit in [int(d) for d in args.digits.split(",")] if name.startswith("select") else [6]:
+            def launch(piece=index, digit=digit):
+                # a floor for the select from the draw only where k tokens lie above it, as in `_draw_within`
+                draw_logit = float(logits[draw]) if piece != 3 or above >= args.top_k else float("inf")
+                _piece[(1,)](logits, cands, out, args.vocab, args.temperature, args.top_k, draw_logit,
+                             float(logits.max()), kth, piece, block, digit)
+            launch()
+            if name.startswith("select"):
+                assert float(out) == float(z.topk(args.top_k).values[-1]), (name, float(out))
+                name_shown = f"{name} ({digit} bits)"
+            else:
+                name_shown = name
+            ms = median_ms(launch, device, num_warmup=5, num_reps=50)
+            base = ms if base is None else base
+            print(f"{name_shown:>27}: {ms * 1e3:8.1f} us ({(ms - base) * 1e3:7.1f} over an empty launch)")
 
 
 if __name__ == "__main__":

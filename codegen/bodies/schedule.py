@@ -253,14 +253,14 @@ def _masses(F32, row, vocab, VB: tl.constexpr, temperature, z_cut, at_least, z_t
 
 
 @triton.jit
-def _kth_largest(F32, row, vocab, VB: tl.constexpr, temperature, k, z_low, z_top, cands):
+def _kth_largest(F32, row, vocab, VB: tl.constexpr, temperature, k, z_low, z_top, cands, DIGIT: tl.constexpr = 6):
     """The k-th largest z of the row, exactly, given z_low <= it and z_top, the row's largest z: a radix select
-    over z's bits read as an order-preserving key (`_key`), DIGIT bits a pass (a histogram of 2^DIGIT bins),
+    over z's bits read as an order-preserving key (`_key`), DIGIT bits a pass (a histogram of 2^DIGIT bins: over
+    128K flat logits 5 and 6 bits took 0.23-0.25 ms, 4 and 8 0.31-0.37; benchmarks/RESULTS.md, session 27),
     from the highest bit in which z_low's key and z_top's differ (the bits above are the answer's too). Once the
     keys that share the bits decided so far fit a block (VB), one pass copies their logits to `cands` (VB floats,
     then a counter) and the passes left read that block alone. (Four passes of 256 bins over the whole row, the
     select before, took ~0.3 ms more at b1 on random weights: benchmarks/RESULTS.md, session 27.)"""
-    DIGIT: tl.constexpr = 6
     hi = _key(z_top)
     top = _bit_length(_key(z_low) ^ hi)  # bits still to decide (0 when z_low is z_top)
     prefix = hi ^ _low_bits(hi, top)  # the bits decided, the others 0
