@@ -56,6 +56,7 @@ def test_the_radix_select_finds_the_kth_largest_exactly():
                         -torch.rand(150, generator=generator) * 1e-30,  # tiny negatives
                         torch.full((150,), -2.5)])  # every key alike: no pass narrows the candidates
     ks = torch.tensor([1, 17, 75, 149, 40], dtype=torch.int32)
+    copied = 0
     for temperature in (1.0, 0.5):  # exact on the GPU too, whose division may round
         for rolled in range(len(rows)):
             k = ks.roll(rolled)
@@ -65,10 +66,14 @@ def test_the_radix_select_finds_the_kth_largest_exactly():
                         torch.stack([r[-1] for r in ranked]),  # the answer itself
                         torch.stack([rows[i].topk(min(150, int(k[i]) + 9)).values[-1] for i in range(len(rows))])):
                 out = torch.zeros(len(rows), device=DEVICE)
-                _kth_kernel[(len(rows),)](rows.flatten().to(DEVICE), low.to(DEVICE),
-                                          torch.zeros(len(rows) * (VB + 1), device=DEVICE), out, 150, temperature,
+                cands = torch.zeros(len(rows), VB + 1, device=DEVICE)  # each row's copies, then their counter
+                _kth_kernel[(len(rows),)](rows.flatten().to(DEVICE), low.to(DEVICE), cands, out, 150, temperature,
                                           k.to(DEVICE), VB)
                 assert out.cpu().tolist() == expected.tolist()
+                copies = cands[:, VB].cpu()
+                assert copies[4] == 0  # the row of one value never narrows
+                copied += int((copies > 0).sum())
+    assert copied > 0  # and the others mostly finish on their copies
 
 
 @pytest.mark.parametrize("params", [
