@@ -42,7 +42,7 @@ UNIT_BYTES = 128 * 1024  # weights a unit (a task in the megakernel): BN rows x 
 @triton.jit
 def gemv_units(W, X, OUT, N, K, repeat, TASKS, DESC, ACT, F32, CLAIM, KU: tl.constexpr, BN: tl.constexpr,
                BK: tl.constexpr, STAGES: tl.constexpr, DOT: tl.constexpr, DESCS: tl.constexpr,
-               EPILOGUE: tl.constexpr, CLAIMED: tl.constexpr):
+               EPILOGUE: tl.constexpr, CLAIMED: tl.constexpr, ROW_WORDS: tl.constexpr, DESC_WORDS: tl.constexpr):
     """Unit u (rows (u // splits) * BN .., columns (u % splits) * KU ..) of W [N, K] times X [K]; the units of
     `repeat` passes over W, a program taking every grid-th one, or (CLAIMED) its first that way and the rest from
     the counter CLAIM, one at a time, as the megakernel's claimed tasks. Stores each unit's fp32 [BN] partial at
@@ -59,7 +59,7 @@ def gemv_units(W, X, OUT, N, K, repeat, TASKS, DESC, ACT, F32, CLAIM, KU: tl.con
         u = t % units
         x_base, w_base, k_words = X, W, K
         if DESCS:
-            desc = DESC + tl.load(TASKS + t * 3 + 1) * 21
+            desc = DESC + tl.load(TASKS + t * ROW_WORDS + 1) * DESC_WORDS
             x_base, w_base, k_words = X + word8(desc, 0), W + word8(desc, 3), word8(desc, 2)
         block, split = u // splits, u % splits
         w_rows = w_base + (block * BN + lanes)[:, None].to(tl.int64) * k_words + split * KU
@@ -133,7 +133,8 @@ def run(variant: Variant, w: torch.Tensor, x: torch.Tensor, repeat: int, bw: flo
         gemv_units[(variant.programs,)](w, x, out, n, k, repeat, tasks, desc, act, stats, claim, KU=variant.ku,
                                         BN=variant.bn, BK=variant.bk, STAGES=variant.stages,
                                         DOT=variant.body == "dot", DESCS=variant.descs, EPILOGUE=variant.epilogue,
-                                        CLAIMED=variant.claimed, num_warps=4)
+                                        CLAIMED=variant.claimed, ROW_WORDS=tasks.shape[1], DESC_WORDS=len(desc),
+                                        num_warps=4)
     launch()
     torch.cuda.synchronize()
     ref = (w.float() @ x.float())
