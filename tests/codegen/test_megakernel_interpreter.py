@@ -111,6 +111,9 @@ def test_sampling_on_the_kernel_is_seeded_and_top_k_one_is_greedy(compiled):
     assert first[0].tokens == again[0].tokens
     assert first[0].tokens != other[0].tokens
     assert first[0].tokens != greedy[0].tokens
+    # any int is a seed (wrapped into the kernel's int32 word), and a top_k past the vocabulary cuts nothing
+    wrapped = kernel.generate(PROMPTS[:1], dataclasses.replace(hot, seed=11 + (1 << 40), top_k=10**12))
+    assert wrapped[0].tokens == first[0].tokens
 
 
 def test_a_wait_that_is_never_satisfied_is_reported_as_a_hang(compiled):
@@ -135,6 +138,8 @@ def test_bad_requests_are_clear_errors(compiled):
         kernel.generate([PROMPTS[0]], SamplingParams(max_tokens=60))
     with pytest.raises(ValueError, match="token ids in"):
         kernel.generate([[10**6]], SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match="token ids in"):
+        kernel.generate([[5, -1]], SamplingParams(max_tokens=2))
 
 
 @pytest.mark.parametrize("qkv_block_m, wide_m, block_n, tma, prefill_splits, merge_group", [
