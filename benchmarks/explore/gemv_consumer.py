@@ -17,7 +17,10 @@ program next to the DRAM bandwidth measured in the same run:
 A variant is comma-separated: the body (fma or dot), then fields bn, bk, stages, programs, and the pieces of a
 megakernel task around the loop, each 0 or 1: descs (each unit reads its task row, then its descriptor, for its
 pointers and K), epilogue (each unit runs the megakernel's own gate/up epilogue: 1/rms, SiLU-gating, a bf16
-store), claimed (units past the first wave are claimed from a counter, one at a time, as the megakernel's are):
+store), claimed (units past the first wave are claimed from a counter, one at a time, as the megakernel's are),
+waits (each pass over the matrix a group that waits for the pass before, as the layer's projections wait for
+each other: every program's first unit of a pass waits, and each pass ends in a partial wave), and passes (over
+the matrix from DRAM, default 2):
 
     python -m benchmarks.explore.gemv_consumer --variants "fma fma,descs=1,epilogue=1,claimed=1"
 """
@@ -40,23 +43,37 @@ UNIT_BYTES = 128 * 1024  # weights a unit (a task in the megakernel): BN rows x 
 
 
 @triton.jit
-def gemv_units(W, X, OUT, N, K, repeat, TASKS, DESC, ACT, F32, CLAIM, KU: tl.constexpr, BN: tl.constexpr,
+def gemv_units(W, X, OUT, N, K, repeat, TASKS, DESC, ACT, F32, CLAIM, DONE, KU: tl.constexpr, BN: tl.constexpr,
                BK: tl.constexpr, STAGES: tl.constexpr, DOT: tl.constexpr, DESCS: tl.constexpr,
-               EPILOGUE: tl.constexpr, CLAIMED: tl.constexpr, ROW_WORDS: tl.constexpr, DESC_WORDS: tl.constexpr):
+               EPILOGUE: tl.constexpr, CLAIMED: tl.constexpr, WAITS: tl.constexpr, ROW_WORDS: tl.constexpr,
+               DESC_WORDS: tl.constexpr):
     """Unit u (rows (u // splits) * BN .., columns (u % splits) * KU ..) of W [N, K] times X [K]; the units of
     `repeat` passes over W, a program taking every grid-th one, or (CLAIMED) its first that way and the rest from
     the counter CLAIM, one at a time, as the megakernel's claimed tasks. Stores each unit's fp32 [BN] partial at
     OUT[split, rows]. DESCS: each unit first reads its task row and, through it, its descriptor (DESC, the
     megakernel's LINEAR_FIELDS) for the input, weight and shape words, as a task does; EPILOGUE: each unit also
     runs the megakernel's own epilogue (`linear_epilogue`) on its products, as DESC says (gate/up's: 1/rms,
-    SiLU-gating, a bf16 store to ACT)."""
+    SiLU-gating, a bf16 store to ACT). WAITS: each pass is a group of its own, as a layer's projections are:
+    a unit signals the counter DONE (release) when it is done, and a program's first unit of a pass waits
+    (acquire) until every unit of the pass before has signalled."""
     splits = K // KU
     units = (N // BN) * splits
     lanes = tl.arange(0, BN)
     ACC2D: tl.constexpr = BN * BK <= 8192  # the FMA body's [BN, BK] accumulator, as in `gemv_row`
     t = tl.program_id(0)
+    waited = 0  # the last pass whose group this program waited for
     while t < units * repeat:
         u = t % units
+        if WAITS:
+            group = t // units
+            if group > waited:
+                seen = tl.atomic_add(DONE, 0, sem="acquire")
+                spins = 0
+                while (seen < group * units) & (spins < 1 << 24):  # a grid not co-resident gives up, not hangs
+                    seen = tl.atomic_add(DONE, 0, sem="acquire")
+                    spins += 1
+                tl.debug_barrier()
+                waited = group
         x_base, w_base, k_words = X, W, K
         if DESCS:
             desc = DESC + tl.load(TASKS + t * ROW_WORDS + 1) * DESC_WORDS
@@ -89,6 +106,9 @@ def gemv_units(W, X, OUT, N, K, repeat, TASKS, DESC, ACT, F32, CLAIM, KU: tl.con
         if EPILOGUE:
             row = tl.arange(0, 1)
             linear_epilogue(DESC, y[None, :], row, row < 1, block * BN, W, ACT, F32)
+        if WAITS:
+            tl.debug_barrier()  # every thread's stores before the release
+            tl.atomic_add(DONE, 1, sem="release")
         if CLAIMED:
             t = tl.num_programs(0) + tl.atomic_add(CLAIM, 1, sem="relaxed")
         else:
@@ -105,6 +125,8 @@ class Variant:
     descs: int = 0  # 1: each unit reads its task row and descriptor first
     epilogue: int = 0  # 1: each unit runs the megakernel's gate/up epilogue
     claimed: int = 0  # 1: units past the first wave are claimed from a counter
+    waits: int = 0  # 1: each pass over the matrix is a group that waits for the one before
+    passes: int = 2  # passes over the matrix from DRAM (40 over the one in L2)
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -127,13 +149,16 @@ def run(variant: Variant, w: torch.Tensor, x: torch.Tensor, repeat: int, bw: flo
     act = torch.empty(n // 2, dtype=torch.bfloat16, device=w.device)
     stats = torch.full((1,), float(k), device=w.device)  # a row's sum of squares: 1/rms = 1
     claim = torch.zeros(1, dtype=torch.int32, device=w.device)
+    done = torch.zeros(1, dtype=torch.int32, device=w.device)
 
     def launch():
         claim.zero_()
-        gemv_units[(variant.programs,)](w, x, out, n, k, repeat, tasks, desc, act, stats, claim, KU=variant.ku,
+        done.zero_()
+        gemv_units[(variant.programs,)](w, x, out, n, k, repeat, tasks, desc, act, stats, claim, done, KU=variant.ku,
                                         BN=variant.bn, BK=variant.bk, STAGES=variant.stages,
                                         DOT=variant.body == "dot", DESCS=variant.descs, EPILOGUE=variant.epilogue,
-                                        CLAIMED=variant.claimed, ROW_WORDS=tasks.shape[1], DESC_WORDS=len(desc),
+                                        CLAIMED=variant.claimed, WAITS=variant.waits, ROW_WORDS=tasks.shape[1],
+                                        DESC_WORDS=len(desc),
                                         num_warps=4)
     launch()
     torch.cuda.synchronize()
@@ -143,7 +168,8 @@ def run(variant: Variant, w: torch.Tensor, x: torch.Tensor, repeat: int, bw: flo
     nbytes = w.numel() * 2 * repeat
     per_program = nbytes / (ms * 1e-3) / variant.programs / 1e9
     print(f"{label:5s} {variant.body} bn={variant.bn:3d} bk={variant.bk:4d} stages={variant.stages} "
-          f"programs={variant.programs} descs={variant.descs} epilogue={variant.epilogue} claimed={variant.claimed}: "
+          f"programs={variant.programs} descs={variant.descs} epilogue={variant.epilogue} claimed={variant.claimed} "
+          f"waits={variant.waits} passes={repeat}: "
           f"{ms:8.3f} ms  {nbytes / ms / 1e9:6.2f} TB/s  "
           f"{per_program:5.1f} GB/s a program  ({100 * nbytes / ms / 1e9 / bw:5.1f}% of DRAM)  rel err {err:.1e}",
           flush=True)
@@ -163,10 +189,11 @@ def main() -> None:
     x = torch.randn(k, device="cuda").to(torch.bfloat16)
     for spec in args.variants.split():
         variant = Variant.parse(spec)
-        for programs in (variant.programs, 2 * variant.programs):
+        # twice the programs may not all fit co-resident (the FMA body's registers): a wait would never be met
+        for programs in (variant.programs, ) if variant.waits else (variant.programs, 2 * variant.programs):
             v = replace(variant, programs=programs)
             run(v, small, x, 40, bw, "L2")
-            run(v, large, x, 2, bw, "DRAM")
+            run(v, large, x, variant.passes, bw, "DRAM")
 
 
 if __name__ == "__main__":
