@@ -1,0 +1,159 @@
+"""How fast does the megakernel's decode attention loop read keys and values with nothing else around it? (probe)
+
+At batch 64 and 512 tokens of context, Llama-3-8B's attention reads 134 MB of keys and values a layer, 32 us at
+4.2 TB/s. In the megakernel it takes ~57 us a layer (`profile_step --batch 64`: 512 tasks, a sequence and KV head
+each, ~27 us a task, two waves on 264 programs), the largest gap of a b64 step. This probe runs the kernel's own
+`attend` (codegen/bodies/attention.py) over the same tasks, one query token a sequence, and prints each variant's
+time next to the time of its bytes at the read bandwidth measured in the same run and torch's SDPA over the same
+keys and values stored contiguously. If the loop alone is as slow, the body is the lever; if not, what the kernel
+does around it is.
+
+    python -m benchmarks.explore.decode_attention                     # on an H100 / H200
+    python -m benchmarks.explore.decode_attention --variants "programs=264 programs=264,stages=4"
+
+A variant is comma-separated fields: programs (a persistent grid taking every grid-th task, as the kernel's
+programs do; 0: a program a task, placed by the hardware), bkv (keys a block), stages (pipelined blocks), warps,
+layout (0: the kernel's cache, a token's row holding every KV head; 1: each KV head's keys contiguous) and
+shuffled (1: each sequence's pages in random order, as a long-lived pool leaves them; 0: in order, as the runtime
+gives them out today).
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from benchmarks.baselines import median_ms, read_bandwidth_tbs
+from benchmarks.explore.variant_fields import with_fields
+from codegen.bodies.attention import attend
+
+PAGE_SIZE = 16
+
+
+@triton.jit
+def attend_tasks(Q, KV, PAGES, OUT, num_tasks, ctx, kv_plane, head_stride, row_stride, pages_per_seq, scale,
+                 HKV: tl.constexpr, REP: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr,
+                 PAGE_SIZE: tl.constexpr, BKV: tl.constexpr, STAGES: tl.constexpr):
+    """Task t: sequence t // HKV's one query token (its REP query heads of KV head t % HKV, padded to BM rows)
+    against its `ctx` keys, paged; out = softmax(q k^T * scale) v in fp32. Keys at KV + slot * row_stride +
+    head * head_stride, values kv_plane further."""
+    d = tl.arange(0, HD)
+    d_ok = d < HD
+    r = tl.arange(0, BM)
+    r_ok = r < REP
+    t = tl.program_id(0)
+    while t < num_tasks:
+        b, g = t // HKV, t % HKV
+        head = g * REP + r % REP
+        q = tl.load(Q + (b * HKV * REP + head[:, None]) * HD + d[None, :], mask=r_ok[:, None], other=0.0)
+        q_pos = tl.full((BM,), 0, tl.int32) + ctx - 1
+        k_base = KV + tl.multiple_of(g * head_stride, 8)
+        v_base = k_base + kv_plane
+        m_i, l_i, acc = attend(q, q_pos, 0, ctx, PAGES + b * pages_per_seq, k_base, v_base, row_stride, d, d_ok,
+                               scale, PAGE_SIZE, BKV, False, STAGES)
+        tl.store(OUT + (b * HKV * REP + head[:, None]) * HD + d[None, :], acc / l_i[:, None], mask=r_ok[:, None])
+        t += tl.num_programs(0)
+
+
+@dataclass(frozen=True)
+class Variant:
+    programs: int = 264
+    bkv: int = 32
+    stages: int = 3
+    warps: int = 4
+    layout: int = 0
+    shuffled: int = 0
+
+    @classmethod
+    def parse(cls, spec: str) -> "Variant":
+        return with_fields(cls(), spec.split(","), spec)
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    ctx: int
+    kv_heads: int = 8
+    rep: int = 4  # query heads a KV head
+    head_dim: int = 128
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.batch * self.kv_heads * self.ctx * self.head_dim * 2 * 2
+
+
+def paged_cache(shape: Shape, k: torch.Tensor, v: torch.Tensor, variant: Variant):
+    """k, v [B, HKV, ctx, D] written into a paged cache laid out as the variant says; returns (cache, page table
+    [B, pages a sequence], head stride, row stride, plane) in elements."""
+    pages_per_seq = -(-shape.ctx // PAGE_SIZE)
+    num_pages = shape.batch * pages_per_seq
+    order = torch.randperm(num_pages) if variant.shuffled else torch.arange(num_pages)
+    table = order.view(shape.batch, pages_per_seq).to(torch.int32)
+    slots = (table.long()[:, :, None] * PAGE_SIZE + torch.arange(PAGE_SIZE)).view(shape.batch, -1)[:, :shape.ctx]
+    num_slots, hkv, hd = num_pages * PAGE_SIZE, shape.kv_heads, shape.head_dim
+    plane = num_slots * hkv * hd
+    cache = torch.zeros(2, *((num_slots, hkv, hd) if variant.layout == 0 else (hkv, num_slots, hd)),
+                        dtype=k.dtype, device=k.device)
+    for i, x in enumerate((k, v)):  # x [B, HKV, ctx, D]
+        if variant.layout == 0:
+            cache[i][slots.to(k.device)] = x.transpose(1, 2)
+        else:
+            cache[i][:, slots.to(k.device)] = x.transpose(0, 1)
+    head_stride, row_stride = (hd, hkv * hd) if variant.layout == 0 else (num_slots * hd, hd)
+    return cache, table.to(k.device), head_stride, row_stride, plane
+
+
+def run(shape: Shape, variant: Variant, q, k, v, ref, bw: float) -> None:
+    cache, table, head_stride, row_stride, plane = paged_cache(shape, k, v, variant)
+    out = torch.empty_like(ref)
+    num_tasks = shape.batch * shape.kv_heads
+    grid = (variant.programs or num_tasks,)
+
+    def launch():
+        attend_tasks[grid](q, cache, table, out, num_tasks, shape.ctx, plane, head_stride, row_stride,
+                           table.shape[1], shape.head_dim ** -0.5, HKV=shape.kv_heads, REP=shape.rep,
+                           HD=shape.head_dim, BM=16, PAGE_SIZE=PAGE_SIZE, BKV=variant.bkv, STAGES=variant.stages,
+                           num_warps=variant.warps)
+    out.fill_(float("nan"))
+    launch()
+    err = ((out - ref).norm() / ref.norm()).item()
+    us = median_ms(launch, q.device, num_warmup=3, num_reps=50) * 1e3
+    floor = shape.kv_bytes / (bw * 1e12) * 1e6
+    print(f"programs={variant.programs:3d} bkv={variant.bkv} stages={variant.stages} warps={variant.warps} "
+          f"layout={variant.layout} shuffled={variant.shuffled}: {us:6.1f} us  ({100 * floor / us:5.1f}% of DRAM; "
+          f"{shape.kv_bytes / us / 1e3 / (variant.programs or num_tasks):5.1f} GB/s a program)  rel err {err:.1e}",
+          flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="64x512,64x4096", help="batch x context pairs")
+    parser.add_argument("--variants", default="programs=264 programs=0 programs=264,stages=4 programs=264,bkv=64 "
+                        "programs=264,bkv=16,stages=6 programs=264,layout=1 programs=264,shuffled=1")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    bw = read_bandwidth_tbs("cuda")
+    print(f"{torch.cuda.get_device_name()}: DRAM read {bw:.2f} TB/s", flush=True)
+    for pair in args.shapes.split(","):
+        batch, ctx = map(int, pair.split("x"))
+        shape = Shape(batch, ctx + 1)  # the context and the token being decoded
+        hq = shape.kv_heads * shape.rep
+        q = torch.randn(batch, hq, shape.head_dim, device="cuda").to(torch.bfloat16)
+        k, v = (torch.randn(batch, shape.kv_heads, shape.ctx, shape.head_dim, device="cuda").to(torch.bfloat16)
+                for _ in range(2))
+        ref = F.scaled_dot_product_attention(q.float()[:, :, None], k.float(), v.float(), enable_gqa=True)[:, :, 0]
+        sdpa_us = median_ms(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True),
+                            q.device, num_warmup=3, num_reps=50) * 1e3
+        print(f"b{batch} ctx{shape.ctx}: {shape.kv_bytes / 1e6:.1f} MB of keys and values, "
+              f"{shape.kv_bytes / (bw * 1e12) * 1e6:.1f} us at the read bandwidth; torch SDPA (contiguous, GQA) "
+              f"{sdpa_us:.1f} us", flush=True)
+        for spec in args.variants.split():
+            run(shape, Variant.parse(spec), q, k, v, ref, bw)
+
+
+if __name__ == "__main__":
+    main()
