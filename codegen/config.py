@@ -69,6 +69,7 @@ class CompileConfig:
     # every program (`codegen.lower.linear_splits`). Tasks of the group past its blocks' splits end at once
     batch_splits: int = 0
     block_kv: int = 32  # keys per attention block
+    decode_block_kv: int = 0  # keys per block of a decoding sequence's attention; 0: `codegen.lower.decode_block_kv`
     # software pipelining depth of the projections' K loops: the GEMV and dots up to block_m rows, the
     # batched decode blocks ([wide_m + batch_n] x block_k_dot each), the prefill tiles ([prefill_m + wide_n] x
     # block_k_dot each). 72 KB of shared memory for the last two; at 48 KB (prefill 2 stages) on the H100,
@@ -185,9 +186,11 @@ class CompileConfig:
                 raise ValueError(f"{name} must be at least 0, got {getattr(self, name)}")
         for name in ("block_n", "expert_block_n", "expert_block_k", "block_k", "block_k_dot", "prefill_block_k",
                      "block_m", "qkv_block_m", "attention_block_m", "wide_m", "prefill_m", "wide_n", "batch_n",
-                     "whole_batch_n", "block_kv", "page_size", "stream_tiles", "stream_block_k", "qkv_batch_k"):
+                     "whole_batch_n", "block_kv", "decode_block_kv", "page_size", "stream_tiles", "stream_block_k",
+                     "qkv_batch_k"):
             value = getattr(self, name)
-            zero_ok = name in ("prefill_block_k", "wide_m", "whole_batch_n")  # 0: another field's value
+            # 0: another field's value, or a choice of the lowering's
+            zero_ok = name in ("prefill_block_k", "wide_m", "whole_batch_n", "decode_block_kv")
             if (value <= 0 or value & (value - 1)) and not (zero_ok and value == 0):
                 raise ValueError(f"{name} must be a power of two, got {value}")
         if min(self.block_m, self.qkv_block_m, self.attention_block_m) < 16:

@@ -22,6 +22,8 @@ from codegen.tasks import Kind, Prefetch, TaskGraph, Wait
 from ir.graph import Graph, Node, Value
 from ir.ops.fused import fused_linear_inputs, qkv_rope_store_inputs
 
+LONG_DECODE_KEYS = 2048  # keys a decode attention task spans from which its blocks are larger (`decode_block_kv`)
+
 
 @dataclass
 class Lowering:
@@ -232,6 +234,21 @@ def attention_splits(config: CompileConfig, num_kv_heads: int) -> int:
     if config.attention_splits:
         return config.attention_splits
     return max(1, min(32, 256 // (config.max_batch * num_kv_heads), config.max_model_len // config.block_kv))
+
+
+def decode_block_kv(config: CompileConfig, num_kv_heads: int) -> int:
+    """Keys per block of a decoding sequence's attention: `decode_block_kv` if set; else 64 (block_kv if larger)
+    where a decode task spans at least LONG_DECODE_KEYS keys of the compiled context, block_kv elsewhere. A long
+    task streams better in fewer, larger blocks; a short one does not gain, and at batch 64 the larger blocks'
+    registers cost the other bodies (spills 74 -> 100 B). H200, Llama-3-8B TPOT ms at 32 / 64 keys a block (one
+    kernel compiled for each context): b64 ctx512 7.39 / 7.51, ctx1024 8.59 / 8.52, ctx2048 10.92 / 10.51, ctx4096
+    15.51 / 14.44; b32 ctx512 5.82 / 5.82, ctx4096 9.93 / 9.34; b16 ctx4096 7.64 / 7.44; b8 ctx4096 6.32 / 6.32;
+    b1 ctx512 4.68 / 4.74, ctx4096 4.93 / 4.91. Alone (`benchmarks/explore/decode_attention.py`, 264 programs, b64):
+    ctx513 47.1 / 44.0 us, ctx4097 303 / 253 us (84% / 101% of the read bandwidth)."""
+    if config.decode_block_kv:
+        return config.decode_block_kv
+    keys_per_task = config.max_model_len // attention_splits(config, num_kv_heads)
+    return max(config.block_kv, 64) if keys_per_task >= LONG_DECODE_KEYS else config.block_kv
 
 
 def linear_splits(config: CompileConfig, n: int) -> int:
@@ -466,6 +483,8 @@ def _paged_attention(lw: Lowering, node: Node) -> None:
     layer = int(cache.name.rsplit(".", 1)[1]) if cache.name else _layer_of(lw, cache)
     splits = attention_splits(lw.config, a["num_kv_heads"])
     lw.constants["ATTENTION_SPLITS_MAX"] = max(lw.constants.get("ATTENTION_SPLITS_MAX", 1), splits)
+    lw.constants["DECODE_BLOCK_KV"] = max(lw.constants.get("DECODE_BLOCK_KV", 0),
+                                          decode_block_kv(lw.config, a["num_kv_heads"]))
     # a decode step's tasks are (sequence, KV head, split); a prefill step's blocks are shared by every task of
     # the group, so it has at least one a program: the tasks past the decode ones only prefill (batch 1 has
     # 128 decode tasks; a 512-token prompt's 256 blocks then ran two to a task on half the programs), and in

@@ -57,6 +57,7 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
         Kind.ATTENTION: f"attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs, "
                         f"{r.seq_starts}, {r.context_lens}, {r.seq_req}, {r.req_pages}, {cfg.max_pages_per_seq}, "
                         f"{cfg.page_size}, {_pow2(cfg.max_batch)}, {bm}, {cfg.attention_block_m}, {cfg.block_kv}, "
+                        f"{c.get('DECODE_BLOCK_KV', cfg.block_kv)}, "
                         f"{hdp}, {dot_f32}, {cfg.attention_stages}, {cfg.merge_stages}, "
                         f"{_pow2(c.get('ATTENTION_SPLITS_MAX', 1))})",
         Kind.EMBED: f"embed_task(desc, tile, W, ACT, F32, I32, num_tokens, {r.input_ids}, {bm}, {bn})",

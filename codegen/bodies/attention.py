@@ -71,8 +71,8 @@ def attend(q, q_pos, j_lo, j_hi, pages, k_base, v_base, row_stride, d, d_ok, sca
 def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs, SEQ_STARTS: tl.constexpr,
                    CONTEXT_LENS: tl.constexpr, SEQ_REQ: tl.constexpr, REQ_PAGES: tl.constexpr,
                    PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, MAX_SEQS: tl.constexpr,
-                   BM: tl.constexpr, BMP: tl.constexpr, BKV: tl.constexpr, HDP: tl.constexpr,
-                   DOT_F32: tl.constexpr, STAGES: tl.constexpr, MERGE_STAGES: tl.constexpr,
+                   BM: tl.constexpr, BMP: tl.constexpr, BKV: tl.constexpr, DECODE_BKV: tl.constexpr,
+                   HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, MERGE_STAGES: tl.constexpr,
                    SPLITS: tl.constexpr):
     """Task (sequence, KV head, split) of the group's `num_tasks` (MAX_SEQS: the most sequences a step has,
     rounded up to a power of two). A sequence whose query rows (its tokens x the group's heads) fit BM
@@ -90,8 +90,8 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs
             q_len = tl.load(I32 + SEQ_STARTS + b + 1) - tl.load(I32 + SEQ_STARTS + b)
             if q_len * rep <= BM:
                 decode_rows(desc, b, group % HKV, tile % splits, ACT, F32, I32, KV, kv_plane, SEQ_STARTS,
-                            CONTEXT_LENS, SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ, PAGE_SIZE, BM, BKV, HDP, DOT_F32, STAGES,
-                            MERGE_STAGES, SPLITS)
+                            CONTEXT_LENS, SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ, PAGE_SIZE, BM, DECODE_BKV, HDP, DOT_F32,
+                            STAGES, MERGE_STAGES, SPLITS)
         if num_tokens > num_seqs:  # some sequence has more than one token: prefill blocks, numbered over the step
             seqs = tl.arange(0, MAX_SEQS)
             live = seqs < num_seqs

@@ -203,6 +203,15 @@ def _tiny_kernel(checkpoint, path, config, preset="tiny-llama"):
     return kernel, check
 
 
+def test_decode_attention_in_key_blocks_of_its_own_matches_the_reference_engine(checkpoint, tmp_path):
+    """Decoding sequences' attention reads its keys in blocks of 16 while the prompts' prefill reads them in
+    blocks of 32 (`decode_block_kv`, larger than block_kv on the GPU where a task's keys are many), each
+    sequence's context over two tasks."""
+    config = dataclasses.replace(CONFIG, block_kv=32, decode_block_kv=16, attention_splits=2)
+    _, check = _tiny_kernel(checkpoint, tmp_path / "decode_blocks.cubin", config)
+    check((12, 12, 12))
+
+
 @pytest.mark.parametrize("rows_gemv, rows_max", [(4, 4), (0, 16)])
 def test_few_row_steps_match_the_reference_engine(checkpoint, tmp_path, rows_gemv, rows_max):
     """Steps of two and three decoding sequences take `gemv_rows` (each weight chunk times every row in turn,

@@ -325,6 +325,22 @@ def test_attention_splits_aim_at_about_256_tasks_per_layer(max_batch, kv_heads, 
     assert attention_splits(config, kv_heads) == expected
 
 
+@pytest.mark.parametrize("max_batch, max_len, fields, expected", [
+    (64, 4136, {}, 64),  # one task a sequence and KV head: 4,136 keys each
+    (16, 4136, {}, 64),  # two splits: 2,068 keys each
+    (64, 1100, {}, 32),
+    (8, 4136, {}, 32),  # four splits: 1,034 keys each
+    (1, 4136, {}, 32),
+    (64, 4136, {"block_kv": 128}, 128),  # never smaller than the prefill's blocks
+    (1, 4136, {"decode_block_kv": 16}, 16),  # as set
+])
+def test_decode_attention_takes_larger_key_blocks_where_its_tasks_are_long(max_batch, max_len, fields, expected):
+    from codegen.lower import decode_block_kv
+
+    config = CompileConfig(max_batch=max_batch, max_model_len=max_len, max_tokens_per_step=256, **fields)
+    assert decode_block_kv(config, 8) == expected
+
+
 def test_a_prefill_has_an_attention_task_a_program_and_those_past_the_decode_ones_only_prefill():
     from codegen.lower import attention_splits
 

@@ -78,7 +78,7 @@ def precompiled(request):
     """The kernels of every selected case, compiled side by side before the first runs (runs only when some
     case does: skipped tests set up no fixtures)."""
     params = [item.callspec.params for item in request.session.items
-              if item.module is request.module and hasattr(item, "callspec")]
+              if item.module is request.module and item.originalname == "test_megakernel_matches_reference_on_gpu"]
     seconds = compile_many([(p["preset"], case_config(p["batch"])) for p in params])
     print(f"\ncompiled {len(params)} kernels side by side in {seconds:.0f} s")
 
@@ -111,8 +111,37 @@ def test_a_short_prompt_splits_k_on_gpu(tmp_path):
     check_against_reference("llama3-8b", 1, case_config(1), tmp_path, lengths=[128])
 
 
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("block", [32, 64])
+def test_decode_attention_key_blocks_on_gpu(block, tmp_path):
+    """Batch 64 decodes 100 tokens in blocks of 32 or 64 keys (`decode_block_kv`: 64 by default where a decode
+    task spans 2,048 keys or more), so that its contexts end one to three blocks long, the last one partial."""
+    config = dataclasses.replace(case_config(64), decode_block_kv=block, max_new_tokens=128)
+    check_against_reference("llama3-8b", 64, config, tmp_path, decode_tokens=100)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.xfail(strict=False, reason="a race: long batch-64 prefill steps give wrong logits now and then "
+                   "(benchmarks/explore/NOTES.md, session 28)")
+def test_a_long_batch_64_prefill_on_gpu(tmp_path):
+    """64 prompts of 40 to 249 tokens (10,040) prefilled in one step, then decoded, three times over. H200, session
+    28: the logits were wrong in 3 of 14 such checks (relative error 0.9-1.3 against the bf16 reference's 0.09), at
+    budgets of 10,040 and 10,048 tokens and with 32- and 64-key decode blocks alike, after the prefill step or
+    after decoding, while the same kernels passed in other runs: something races. The cases above, whose prompts
+    are 3 to 39 tokens, have not shown it."""
+    lengths = torch.randint(40, 250, (64,), generator=torch.Generator().manual_seed(7)).tolist()
+    config = dataclasses.replace(case_config(64), max_tokens_per_step=sum(lengths))
+    for run in range(3):
+        (tmp_path / str(run)).mkdir()
+        check_against_reference("llama3-8b", 64, config, tmp_path / str(run), lengths=lengths)
+
+
 def check_against_reference(preset: str, batch: int, config: CompileConfig, tmp_path,
-                            lengths: list[int] | None = None) -> None:
+                            lengths: list[int] | None = None, decode_tokens: int = 4) -> None:
     model = resolve_model(preset)
     out = compile_model(model, config, tmp_path / "model.cubin", WeightsSource(seed=1)).path
     kernel = Megakernel.load(out, device="cuda", timeout_s=300)
@@ -122,5 +151,5 @@ def check_against_reference(preset: str, batch: int, config: CompileConfig, tmp_
     prompts = [torch.randint(0, model.config.vocab_size, (int(n),), generator=g).tolist() for n in lengths]
     kernel.generate(prompts, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
     assert_within_bf16_tolerance(kernel, model, prompts)
-    out = kernel.generate(prompts, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    out = kernel.generate(prompts, SamplingParams(max_tokens=decode_tokens, temperature=0, ignore_eos=True))
     assert_within_bf16_tolerance(kernel, model, [p + c.tokens[:-1] for p, c in zip(prompts, out)])
