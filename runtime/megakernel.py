@@ -282,8 +282,8 @@ class Megakernel:
 
 def wait_for(event: torch.cuda.Event, timeout_s: float) -> bool:
     """Whether `event` completed within `timeout_s`, polled every 0.1 ms. H200, Llama-3-8B, a 512-token
-    prefill (`benchmarks/explore/ttft_parts.py`): the host noticed the end 0.13-0.16 ms after it at 0.1 ms,
-    0.23-0.27 at 0.5 ms (the runtime's period before), 0.08 spinning without a pause, and 0.45 asleep in
+    prefill (`benchmarks/explore/ttft_parts.py`): the host noticed the end 0.13-0.20 ms after it at 0.1 ms,
+    0.23-0.28 at 0.5 ms (the runtime's period before), 0.05-0.08 spinning without a pause, and 0.45 asleep in
     the driver on a blocking event (its wake-up is slower than the polling)."""
     deadline = time.perf_counter() + timeout_s
     while not event.query():
