@@ -54,6 +54,12 @@ def plan_step(I32, F32, step, CONTROL: tl.constexpr, INPUT_IDS: tl.constexpr, PO
                 tl.store(I32 + SEQ_REQ + b, r)
                 tl.store(I32 + LOGITS_ROWS + b, t + n - 1)
                 tl.store(I32 + SEQ_FINAL + b, (cached + n >= prompt_len).to(tl.int32))
+                # every warp reads `cached` before thread 0 (which stores scalars) moves it on. Warps are not in
+                # step: one that read the new value would take n = 1 for this request and write its share of
+                # the later requests' tokens at rows of its own. H200, 64 prompts of 40-249 tokens in one step,
+                # without the barrier: runs of 32 rows of token ids, positions and slots wrong in 4 of 12
+                # launches (`benchmarks/explore/region_diff.py`)
+                tl.debug_barrier()
                 tl.store(I32 + REQ_CACHED + r, cached + n)
                 t += n
                 b += 1
