@@ -5,7 +5,9 @@
   all come before it, so one program running the tasks in order never waits, and with many programs the
   lowest unfinished task is always runnable (no deadlock when every program is co-resident);
 - every group leads to sampling, which the next step's planner waits for: so every read of a step is
-  finished before the next step overwrites anything.
+  finished before the next step overwrites anything;
+- activation buffers that share memory are ordered: the later one's writers start only after every group that
+  used the earlier one is done (`check_shared_activations`).
 """
 from __future__ import annotations
 
@@ -47,3 +49,27 @@ def _check_everything_leads_to(graph: TaskGraph, final_event: int) -> None:
     if dangling:
         raise ScheduleError(f"groups {dangling[:3]} do not lead to sampling: the next step could overwrite "
                             f"what they read")
+
+
+def check_shared_activations(graph: TaskGraph, regions: dict[str, tuple[int, int]], uses: dict[str, list[int]],
+                             node_events: list[range], kept: set[str]) -> None:
+    """`regions`: each activation buffer's (offset, size); `uses`: the nodes (indices, in order) that use it, the
+    first its writer; `node_events`: the events each node's groups signal; `kept`: buffers live to the end of a
+    step. Wherever two buffers overlap, the earlier must be dead (kept ones never are) and every group of the
+    later one's writer must start after every group that used the earlier one is done."""
+    done_before = graph.done_before()
+
+    def events(nodes: list[int]) -> list[int]:
+        return [event for node in nodes if node < len(node_events) for event in node_events[node]]
+
+    spans = sorted((offset, offset + size, name) for name, (offset, size) in regions.items())
+    for i, (start, end, name) in enumerate(spans):
+        for other_start, _, other in spans[i + 1:]:
+            if other_start >= end:
+                break
+            first, second = sorted((name, other), key=lambda n: uses[n][0])
+            used = events(uses[first])
+            if uses[first][0] == uses[second][0] or first in kept or uses[first][-1] >= uses[second][0] or any(
+                    (1 << e) & ~done_before[w] for w in events(uses[second][:1]) for e in used):
+                raise ScheduleError(f"activation buffers {first} and {second} share memory, but {second}'s writers "
+                                    f"may start before every user of {first} is done")

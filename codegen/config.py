@@ -165,6 +165,9 @@ class CompileConfig:
     # L1 however little shared memory leaves of it. H100, Llama-3-8B ctx512, parked / not: b1 6.08 / 6.31 ms,
     # b8 7.19 / 7.34, b64 9.75 / 9.93, TTFT 512 21.62 / 22.76 (dynamic_tasks: never parked)
     park_state: bool = True
+    # activation buffers share regions where one's groups all follow the last users of another
+    # (`codegen.lower.shared_activations`); off: every buffer a region of its own, as the first pass lays them out
+    share_activations: bool = True
     spin_limit: int = 1 << 26  # spins before a wait is reported as a hang
     profile: bool = False  # record each task's start, end of waits and end in step `profile_step` (GPU only)
     profile_step: int = 2

@@ -15,6 +15,11 @@ from dataclasses import dataclass, field
 ALIGN = 64  # elements: 128 bytes in bf16
 
 
+def aligned(size: int) -> int:
+    """`size` elements rounded up to whole ALIGN blocks: the room a region takes."""
+    return -(-int(size) // ALIGN) * ALIGN
+
+
 @dataclass(frozen=True)
 class Region:
     arena: str
@@ -32,7 +37,15 @@ class Layout:
             raise ValueError(f"region {name!r} allocated twice")
         offset = self.sizes[arena]
         self.regions[name] = Region(arena, offset, int(size))
-        self.sizes[arena] = offset + -(-int(size) // ALIGN) * ALIGN
+        self.sizes[arena] = offset + aligned(size)
+        return offset
+
+    def place(self, name: str, arena: str, offset: int, size: int) -> int:
+        """A region at a given offset, which other regions may share (`codegen.lower.shared_activations`)."""
+        if name in self.regions:
+            raise ValueError(f"region {name!r} allocated twice")
+        self.regions[name] = Region(arena, offset, int(size))
+        self.sizes[arena] = max(self.sizes[arena], offset + aligned(size))
         return offset
 
     def offset(self, name: str) -> int:

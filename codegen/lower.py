@@ -1,11 +1,14 @@
 """Lowering: a graph of fused ops -> memory layout + task graph. One lowering function per op.
 
-Every activation value gets its own region (no reuse, so no write-after-read hazards inside a step);
-every node becomes one or more groups of tasks tiled over output columns (or heads, sequences, expert
-slots); a group waits on the groups that produce its inputs.
+Every node becomes one or more groups of tasks tiled over output columns (or heads, sequences, expert
+slots); a group waits on the groups that produce its inputs. Activation buffers share regions: the graph is
+lowered once with a region each, which shows which groups use each buffer, then again with the regions laid
+out so that a buffer only takes the place of one whose every user is done before its writers start
+(`shared_activations`; checked by `codegen.check.check_shared_activations`).
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -16,8 +19,9 @@ from codegen.bodies.moe import COMBINE_FIELDS, EXPERT_FIELDS, ROUTE_FIELDS
 from codegen.bodies.qkv import QKV_FIELDS
 from codegen.bodies.rows import ADD_FIELDS, EMBED_FIELDS, GATHER_FIELDS, RMS_NORM_FIELDS
 from codegen.bodies.schedule import SAMPLE_FIELDS
+from codegen.check import check_shared_activations
 from codegen.config import CompileConfig
-from codegen.layout import PARK_WORDS, Layout, add_step_regions
+from codegen.layout import PARK_WORDS, Layout, add_step_regions, aligned
 from codegen.tasks import Kind, Prefetch, TaskGraph, Wait
 from ir.graph import Graph, Node, Value
 from ir.ops.fused import fused_linear_inputs, qkv_rope_store_inputs
@@ -43,6 +47,13 @@ class Lowering:
     sample: Wait | None = None
     # weights placed in a form other than the checkpoint's (see `placed_weight`), in the order to apply them
     transforms: list[dict] = field(default_factory=list)
+    # activation buffers (ACT regions): where each goes when they share regions (None: a region each), their
+    # sizes, and the nodes (by index in the graph, in order) that use each; the events each node's groups signal
+    act_offsets: dict[str, int] | None = None
+    act_sizes: dict[str, int] = field(default_factory=dict)
+    act_uses: dict[str, list[int]] = field(default_factory=dict)
+    node_events: list[range] = field(default_factory=list)
+    node_index: int = -1  # the node being lowered
 
     @cached_property
     def attention_outputs(self) -> frozenset[int]:
@@ -54,9 +65,20 @@ class Lowering:
         return self.config.max_batch if value.shape[0] == "L" else self.config.max_tokens_per_step
 
     def act(self, value: Value) -> int:
-        name = f"v{value.id}"
+        return self.act_buffer(f"v{value.id}", self.rows(value) * value.shape[1])
+
+    def act_buffer(self, name: str, size: int) -> int:
+        """The offset of activation buffer `name` (allocated by its first user: the node that writes it), used
+        by the node being lowered."""
+        uses = self.act_uses.setdefault(name, [])
+        if not uses or uses[-1] != self.node_index:
+            uses.append(self.node_index)
         if name not in self.layout.regions:
-            self.layout.alloc(name, "ACT", self.rows(value) * value.shape[1])
+            self.act_sizes[name] = size
+            if self.act_offsets is None:
+                self.layout.alloc(name, "ACT", size)
+            else:
+                self.layout.place(name, "ACT", self.act_offsets[name], size)
         return self.layout.offset(name)
 
     def weight(self, value: Value) -> int:
@@ -120,13 +142,69 @@ def lower(graph: Graph, config: CompileConfig) -> Lowering:
     if unsupported:
         raise ValueError(f"no lowering for ops {unsupported} (run the LOWERING_PREP passes first)")
     _check_widths(graph)
-    lw = Lowering(graph, config)
+    lw = _lower(graph, config)
+    if config.share_activations:  # the same groups again (lowering is deterministic), on shared regions
+        lw = _lower(graph, config, shared_activations(lw))
+        regions = {name: (lw.layout.offset(name), size) for name, size in lw.act_sizes.items()}
+        check_shared_activations(lw.tasks, regions, lw.act_uses, lw.node_events, _kept(lw))
+    return lw
+
+
+def _lower(graph: Graph, config: CompileConfig, act_offsets: dict[str, int] | None = None) -> Lowering:
+    lw = Lowering(graph, config, act_offsets=act_offsets)
     lw.plan_event = lw.tasks.new_event("plan")
     _allocate(lw)
-    for node in graph.nodes:
+    for index, node in enumerate(graph.nodes):
+        lw.node_index, first = index, len(lw.tasks.event_names)
         LOWERINGS[node.op](lw, node)
+        lw.node_events.append(range(first, len(lw.tasks.event_names)))
+    lw.node_index = len(graph.nodes)
     _add_sampling(lw)
     return lw
+
+
+def _kept(lw: Lowering) -> set[str]:
+    """The activation buffers that live to the end of a step: the graph's outputs."""
+    return {f"v{value.id}" for value in lw.graph.outputs.values()}
+
+
+def shared_activations(lw: Lowering) -> dict[str, int]:
+    """Where each activation buffer of a lowering (its first pass: a region each) goes when buffers share
+    regions. In graph order, a node's new buffers each take the smallest free region that holds them, freed by
+    a buffer whose every user's groups are done, within a step, before any group of the node starts; else a
+    region at the end. A buffer is freed after its last user (never where it is a graph output). Across steps
+    nothing is shared that is not also ordered: the next step's planner waits on sampling, which every group
+    leads to (`codegen.check`). Llama-3-8B, 2,048 tokens a step: ACT 4.1 G elements -> 0.2 G."""
+    done_before = lw.tasks.done_before()
+    users = [sum(1 << event for event in events) for events in lw.node_events]
+    kept = _kept(lw)
+    born, dies = defaultdict(list), defaultdict(list)
+    for name, uses in lw.act_uses.items():
+        born[uses[0]].append(name)
+        if name not in kept:
+            dies[uses[-1]].append(name)
+    free: list[tuple[int, int, int]] = []  # (size, offset, the events of the groups that used it)
+    offsets, sizes, end = {}, {}, 0
+    for index, events in enumerate(lw.node_events):
+        after = -1 if events else 0  # the events every group of the node follows (a node of no groups: none)
+        for event in events:
+            after &= done_before[event]
+        for name in born[index]:
+            size = aligned(lw.act_sizes[name])
+            fits = [block for block in free if block[0] >= size and (block[2] & ~after) == 0]
+            if fits:
+                block = min(fits)
+                free.remove(block)
+                sizes[name], offsets[name] = block[0], block[1]
+            else:
+                sizes[name], offsets[name] = size, end
+                end += size
+        for name in dies[index]:
+            used = 0
+            for user in lw.act_uses[name]:
+                used |= users[user] if user < len(users) else 0
+            free.append((sizes[name], offsets[name], used))
+    return offsets
 
 
 def _check_widths(graph: Graph) -> None:
@@ -548,8 +626,8 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
     routing = {key: lw.layout.offset(f"v{ids.id}.{key}")  # grouped by the last routing task
                for key in ("offsets_off", "entries_off", "active_off", "num_active_off")}
     slots = cfg.moe_slots or min(num_experts, cfg.max_batch * top_k)
-    h_off = lw.layout.alloc(f"{name}.h", "ACT", T * top_k * two_i)
-    y_off = lw.layout.alloc(f"{name}.y", "ACT", T * top_k * hidden)
+    h_off = lw.act_buffer(f"{name}.h", T * top_k * two_i)
+    y_off = lw.act_buffer(f"{name}.y", T * top_k * hidden)
 
     def experts(x_off, k, w, n, out_off, silu, waits, part):
         tiles = -(-n // lw.config.expert_block_n)

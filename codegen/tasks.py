@@ -131,6 +131,18 @@ class TaskGraph:
                 todo += [w.event for w in self.event_waits.get(e, ()) if w.lag == 0]
         return False
 
+    def done_before(self) -> list[int]:
+        """For each event, a bitmask of the events whose tasks are all done, within a step, before any task that
+        signals it starts (`follows` for every pair at once). A group waits only on earlier events."""
+        before: list[int] = []
+        for event in range(len(self.event_names)):
+            mask = 0
+            for wait in self.event_waits.get(event, ()):
+                if wait.lag == 0:
+                    mask |= 1 << wait.event | before[wait.event]
+            before.append(mask)
+        return before
+
     def task_table(self) -> torch.Tensor:
         rows = []
         for t in self.tasks:

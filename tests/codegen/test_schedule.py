@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from blinkc.compile_model import build_graph
-from codegen.check import ScheduleError, check_schedule
+from codegen.check import ScheduleError, check_schedule, check_shared_activations
 from codegen.bodies.linear import LINEAR_FIELDS
 from codegen.config import CompileConfig
 from codegen.layout import ALIGN, Layout
@@ -169,6 +169,50 @@ def test_layout_rejects_a_second_allocation_of_one_name():
     layout.alloc("x", "ACT", 10)
     with pytest.raises(ValueError, match="region 'x' allocated twice"):
         layout.alloc("x", "F32", 10)
+
+
+def test_layout_places_regions_that_share_memory():
+    layout = Layout()
+    layout.alloc("a", "ACT", 3)
+    assert layout.place("b", "ACT", 0, ALIGN + 1) == 0
+    assert layout.sizes["ACT"] == 2 * ALIGN
+    with pytest.raises(ValueError, match="allocated twice"):
+        layout.place("a", "ACT", 0, 1)
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3-moe"])
+def test_activation_buffers_share_regions_only_when_ordered(preset):
+    """The same tasks on shared regions, a fraction of the memory, and every pair of buffers that share memory
+    ordered: the later one's writers follow every user of the earlier one (`check_shared_activations`, which
+    `lower` runs, is run again here on the result)."""
+    graph = build_graph(resolve_model(preset), CONFIG)
+    alone = lower(graph, dataclasses.replace(CONFIG, share_activations=False))
+    shared = lower(graph, CONFIG)
+    assert shared.tasks.tasks == alone.tasks.tasks and shared.act_uses == alone.act_uses
+    assert shared.layout.sizes["ACT"] <= alone.layout.sizes["ACT"] // 2
+    regions = {name: (shared.layout.offset(name), size) for name, size in shared.act_sizes.items()}
+    kept = {f"v{v.id}" for v in graph.outputs.values()}
+    check_shared_activations(shared.tasks, regions, shared.act_uses, shared.node_events, kept)
+    # no node writes a buffer over one it reads
+    for name, uses in shared.act_uses.items():
+        start, size = regions[name]
+        for other, other_uses in shared.act_uses.items():
+            other_start, other_size = regions[other]
+            if other != name and uses[0] in other_uses[1:] and start < other_start + other_size and \
+                    other_start < start + size:
+                raise AssertionError(f"{name} is written over {other}, which its writer reads")
+
+
+def test_shared_activations_check_rejects_unordered_sharing():
+    """Two buffers moved onto one region: a layer's input and its output (the writer reads the other), and a
+    residual still to be read."""
+    lowered = _lowered("tiny-llama")
+    regions = {name: (lowered.layout.offset(name), size) for name, size in lowered.act_sizes.items()}
+    kept = {f"v{v.id}" for v in lowered.graph.outputs.values()}
+    first, second = sorted(lowered.act_uses, key=lambda name: lowered.act_uses[name][0])[:2]  # embedding, next
+    moved = {**regions, second: regions[first]}
+    with pytest.raises(ScheduleError, match=f"{first} and {second} share memory"):
+        check_shared_activations(lowered.tasks, moved, lowered.act_uses, lowered.node_events, kept)
 
 
 def test_layout_offsets_are_aligned_per_arena():
