@@ -94,6 +94,13 @@ class CompileConfig:
     # b1 7.08 / 7.00, b64 15.78 / 15.76). With the page ids read an iteration ahead (keys and values then
     # double-buffered), 3 / 4 stages: b1 6.71 / 6.96, b64 10.56 / 11.10 (4: 82 KB of shared memory a program)
     attention_stages: int = 3
+    # keys whose page ids attention reads at once (a window; the key loop's pipeline drains between windows), a
+    # decoding sequence's and a prefill block's. H200, Llama-3-8B, 512 / 1,024 / 2,048 keys a decode window: b64
+    # ctx512 (32-key blocks) 7.41 / 7.47 / 7.36 ms, ctx4096 (64-key blocks) - / 14.46 / 14.16; b1 ctx512 4.69 at 512,
+    # 4.72 at 2,048. Alone (`benchmarks/explore/decode_attention.py`, 264 programs, 32-key blocks): b64 ctx513 58.3 /
+    # 52.1 / 45.9 us, ctx4097 303 / 282 / 281
+    decode_window_keys: int = 2048
+    prefill_window_keys: int = 512
     # ... and of the loop that merges a decode's context splits, a query row an iteration (every split of the
     # row in one load). H100, b1 at 512 / 4096 tokens of context: 1 / 4 stages 6.90 / 7.02, 7.33 / 7.46 ms
     merge_stages: int = 1
@@ -190,7 +197,7 @@ class CompileConfig:
         for name in ("block_n", "expert_block_n", "expert_block_k", "block_k", "block_k_dot", "prefill_block_k",
                      "block_m", "qkv_block_m", "attention_block_m", "wide_m", "prefill_m", "wide_n", "batch_n",
                      "whole_batch_n", "block_kv", "decode_block_kv", "page_size", "stream_tiles", "stream_block_k",
-                     "qkv_batch_k"):
+                     "qkv_batch_k", "decode_window_keys", "prefill_window_keys"):
             value = getattr(self, name)
             # 0: another field's value, or a choice of the lowering's
             zero_ok = name in ("prefill_block_k", "wide_m", "whole_batch_n", "decode_block_kv")

@@ -28,6 +28,11 @@ def _pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 
 
+def window(keys: int, block_kv: int) -> int:
+    """Attention's window in key blocks: `keys` of them, at least one block."""
+    return max(1, keys // block_kv)
+
+
 def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     cfg, c, r = lw.config, lw.constants, SimpleNamespace(**{k: lw.layout.offset(k) for k in STEP_REGIONS})
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
@@ -40,6 +45,7 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     stream_parts = lw.layout.offset("stream_parts") if streamed else -1
     stream_tickets = lw.layout.offset("tickets:stream") if streamed else -1
     full_rotary = hdp == c.get("HEAD_DIM_MAX") and not c.get("PARTIAL_ROTARY")  # rotary over the whole padded head
+    decode_bkv = c.get("DECODE_BLOCK_KV", cfg.block_kv)
     vocab = lw.graph.outputs["logits"].shape[1]
     sample_block = min(1024, _pow2(-(-vocab // sample_splits(lw))))  # logits per iteration of a chunk's loop
     calls = {
@@ -57,9 +63,10 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
         Kind.ATTENTION: f"attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs, "
                         f"{r.seq_starts}, {r.context_lens}, {r.seq_req}, {r.req_pages}, {cfg.max_pages_per_seq}, "
                         f"{cfg.page_size}, {_pow2(cfg.max_batch)}, {bm}, {cfg.attention_block_m}, {cfg.block_kv}, "
-                        f"{c.get('DECODE_BLOCK_KV', cfg.block_kv)}, "
+                        f"{decode_bkv}, "
                         f"{hdp}, {dot_f32}, {cfg.attention_stages}, {cfg.merge_stages}, "
-                        f"{_pow2(c.get('ATTENTION_SPLITS_MAX', 1))})",
+                        f"{_pow2(c.get('ATTENTION_SPLITS_MAX', 1))}, {window(cfg.decode_window_keys, decode_bkv)}, "
+                        f"{window(cfg.prefill_window_keys, cfg.block_kv)})",
         Kind.EMBED: f"embed_task(desc, tile, W, ACT, F32, I32, num_tokens, {r.input_ids}, {bm}, {bn})",
         Kind.GATHER: f"gather_task(desc, tile, ACT, F32, I32, num_seqs, {r.logits_rows}, {bm}, {bn})",
         Kind.RMS_NORM: f"rms_norm_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn})",

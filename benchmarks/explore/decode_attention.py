@@ -12,7 +12,8 @@ does around it is.
     python -m benchmarks.explore.decode_attention --variants "programs=264 programs=264,stages=4"
 
 A variant is comma-separated fields: programs (a persistent grid taking every grid-th task, as the kernel's
-programs do; 0: a program a task, placed by the hardware), bkv (keys a block), stages (pipelined blocks), warps,
+programs do; 0: a program a task, placed by the hardware), bkv (keys a block), stages (pipelined blocks), window
+(blocks whose page ids are read at once: the pipeline drains between windows), warps,
 layout (0: the kernel's cache, a token's row holding every KV head; 1: each KV head's keys contiguous) and
 shuffled (1: each sequence's pages in random order, as a long-lived pool leaves them; 0: in order, as the runtime
 gives them out today).
@@ -37,7 +38,7 @@ PAGE_SIZE = 16
 @triton.jit
 def attend_tasks(Q, KV, PAGES, OUT, num_tasks, ctx, kv_plane, head_stride, row_stride, pages_per_seq, scale,
                  HKV: tl.constexpr, REP: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr,
-                 PAGE_SIZE: tl.constexpr, BKV: tl.constexpr, STAGES: tl.constexpr):
+                 PAGE_SIZE: tl.constexpr, BKV: tl.constexpr, STAGES: tl.constexpr, WINDOW: tl.constexpr):
     """Task t: sequence t // HKV's one query token (its REP query heads of KV head t % HKV, padded to BM rows)
     against its `ctx` keys, paged; out = softmax(q k^T * scale) v in fp32. Keys at KV + slot * row_stride +
     head * head_stride, values kv_plane further."""
@@ -54,7 +55,7 @@ def attend_tasks(Q, KV, PAGES, OUT, num_tasks, ctx, kv_plane, head_stride, row_s
         k_base = KV + tl.multiple_of(g * head_stride, 8)
         v_base = k_base + kv_plane
         m_i, l_i, acc = attend(q, q_pos, 0, ctx, PAGES + b * pages_per_seq, k_base, v_base, row_stride, d, d_ok,
-                               scale, PAGE_SIZE, BKV, False, STAGES)
+                               scale, PAGE_SIZE, BKV, False, STAGES, WINDOW)
         tl.store(OUT + (b * HKV * REP + head[:, None]) * HD + d[None, :], acc / l_i[:, None], mask=r_ok[:, None])
         t += tl.num_programs(0)
 
@@ -67,6 +68,7 @@ class Variant:
     warps: int = 4
     layout: int = 0
     shuffled: int = 0
+    window: int = 16  # key blocks whose page ids are read at once (the pipeline drains between windows)
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -117,14 +119,14 @@ def run(shape: Shape, variant: Variant, q, k, v, ref, bw: float) -> None:
         attend_tasks[grid](q, cache, table, out, num_tasks, shape.ctx, plane, head_stride, row_stride,
                            table.shape[1], shape.head_dim ** -0.5, HKV=shape.kv_heads, REP=shape.rep,
                            HD=shape.head_dim, BM=16, PAGE_SIZE=PAGE_SIZE, BKV=variant.bkv, STAGES=variant.stages,
-                           num_warps=variant.warps)
+                           WINDOW=variant.window, num_warps=variant.warps)
     out.fill_(float("nan"))
     launch()
     err = ((out - ref).norm() / ref.norm()).item()
     us = median_ms(launch, q.device, num_warmup=3, num_reps=50) * 1e3
     floor = shape.kv_bytes / (bw * 1e12) * 1e6
     print(f"programs={variant.programs:3d} bkv={variant.bkv} stages={variant.stages} warps={variant.warps} "
-          f"layout={variant.layout} shuffled={variant.shuffled}: {us:6.1f} us  ({100 * floor / us:5.1f}% of DRAM; "
+          f"layout={variant.layout} shuffled={variant.shuffled} window={variant.window}: {us:6.1f} us  ({100 * floor / us:5.1f}% of DRAM; "
           f"{shape.kv_bytes / us / 1e3 / (variant.programs or num_tasks):5.1f} GB/s a program)  rel err {err:.1e}",
           flush=True)
 

@@ -18,13 +18,13 @@ ATTENTION_FIELDS = ("q_off", "out_off", "num_heads", "num_kv_heads", "head_dim",
 # merger: 0, the last split of a (sequence, KV head) merges its splits; 1, they only store their partials, and
 # a group of its own merges them (task (sequence, query head)); 2, this is that group
 NEG = tl.constexpr(-1.0e30)
-WINDOW = tl.constexpr(16)  # key blocks whose page ids `attend` reads at once
 
 
 @triton.jit
 def attend(q, q_pos, j_lo, j_hi, pages, k_base, v_base, row_stride, d, d_ok, scale, PAGE_SIZE: tl.constexpr,
-           BKV: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr):
-    """(running max [BM], sum [BM], unnormalised output [BM, HDP]) over keys j_lo .. j_hi."""
+           BKV: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, WINDOW: tl.constexpr):
+    """(running max [BM], sum [BM], unnormalised output [BM, HDP]) over keys j_lo .. j_hi, WINDOW blocks of
+    BKV keys at a time."""
     dt: tl.constexpr = q.dtype
     m_i = tl.full((q.shape[0],), NEG, tl.float32)
     l_i = tl.zeros((q.shape[0],), tl.float32)
@@ -73,7 +73,7 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs
                    PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, MAX_SEQS: tl.constexpr,
                    BM: tl.constexpr, BMP: tl.constexpr, BKV: tl.constexpr, DECODE_BKV: tl.constexpr,
                    HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, MERGE_STAGES: tl.constexpr,
-                   SPLITS: tl.constexpr):
+                   SPLITS: tl.constexpr, DECODE_WINDOW: tl.constexpr, PREFILL_WINDOW: tl.constexpr):
     """Task (sequence, KV head, split) of the group's `num_tasks` (MAX_SEQS: the most sequences a step has,
     rounded up to a power of two). A sequence whose query rows (its tokens x the group's heads) fit BM
     decodes: the task takes its split of the context. Longer ones (prefill) come in blocks of BMP rows, and
@@ -91,7 +91,7 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs
             if q_len * rep <= BM:
                 decode_rows(desc, b, group % HKV, tile % splits, ACT, F32, I32, KV, kv_plane, SEQ_STARTS,
                             CONTEXT_LENS, SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ, PAGE_SIZE, BM, DECODE_BKV, HDP, DOT_F32,
-                            STAGES, MERGE_STAGES, SPLITS)
+                            STAGES, MERGE_STAGES, SPLITS, DECODE_WINDOW)
         if num_tokens > num_seqs:  # some sequence has more than one token: prefill blocks, numbered over the step
             seqs = tl.arange(0, MAX_SEQS)
             live = seqs < num_seqs
@@ -110,7 +110,7 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs
                     local = item - tl.sum(tl.where(seqs == seq, ends - items, 0))
                     prefill_rows(desc, seq, local % HKV, (local // HKV) * BMP, ACT, I32, KV, kv_plane, SEQ_STARTS,
                                  CONTEXT_LENS, SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ, PAGE_SIZE, BMP, BKV, HDP, DOT_F32,
-                                 STAGES)
+                                 STAGES, PREFILL_WINDOW)
 
 
 @triton.jit
@@ -134,7 +134,7 @@ def decode_rows(desc, b, g, split, ACT, F32, I32, KV, kv_plane, SEQ_STARTS: tl.c
                 CONTEXT_LENS: tl.constexpr, SEQ_REQ: tl.constexpr, REQ_PAGES: tl.constexpr,
                 PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, BM: tl.constexpr, BKV: tl.constexpr,
                 HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, MERGE_STAGES: tl.constexpr,
-                SPLITS: tl.constexpr):
+                SPLITS: tl.constexpr, WINDOW: tl.constexpr):
     """Split `split` of sequence b's context for KV head g's query rows. Without a merge group the last split
     merges them all (SPLITS: at least `splits`, a power of two), a query row an iteration, MERGE_STAGES deep."""
     q_off, out_off, H, HKV = word8(desc, 0), word8(desc, 1), word(desc, 2), word(desc, 3)
@@ -153,7 +153,7 @@ def decode_rows(desc, b, g, split, ACT, F32, I32, KV, kv_plane, SEQ_STARTS: tl.c
                 mask=r_ok[:, None] & d_ok[None, :], other=0.0)
     chunk = tl.cdiv(tl.cdiv(ctx, splits), BKV) * BKV
     m_i, l_i, acc = attend(q, q_pos, split * chunk, tl.minimum(ctx, (split + 1) * chunk), pages, k_base, v_base,
-                           HKV * HD, d, d_ok, scale, PAGE_SIZE, BKV, DOT_F32, STAGES)
+                           HKV * HD, d, d_ok, scale, PAGE_SIZE, BKV, DOT_F32, STAGES, WINDOW)
     out_ptr = ACT + out_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
     if splits == 1:
         tl.store(out_ptr, (acc / l_i[:, None]).to(dt), mask=r_ok[:, None] & d_ok[None, :])
@@ -173,7 +173,7 @@ def decode_rows(desc, b, g, split, ACT, F32, I32, KV, kv_plane, SEQ_STARTS: tl.c
 def prefill_rows(desc, b, g, m0, ACT, I32, KV, kv_plane, SEQ_STARTS: tl.constexpr, CONTEXT_LENS: tl.constexpr,
                  SEQ_REQ: tl.constexpr, REQ_PAGES: tl.constexpr, PAGES_PER_SEQ: tl.constexpr,
                  PAGE_SIZE: tl.constexpr, BMP: tl.constexpr, BKV: tl.constexpr, HDP: tl.constexpr,
-                 DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+                 DOT_F32: tl.constexpr, STAGES: tl.constexpr, WINDOW: tl.constexpr):
     """Query rows m0 .. m0 + BMP of sequence b and KV head g, causal: no key after the block's last token."""
     q_off, out_off, H, HKV = word8(desc, 0), word8(desc, 1), word(desc, 2), word(desc, 3)
     HD, scale = word8(desc, 4), word_f32(desc, 6)
@@ -190,7 +190,7 @@ def prefill_rows(desc, b, g, m0, ACT, I32, KV, kv_plane, SEQ_STARTS: tl.constexp
     q = tl.load(q_ptr, mask=r_ok[:, None] & d_ok[None, :], other=0.0)
     last = tl.minimum(ctx, ctx - q_len + (m0 + BMP - 1) // rep + 1)
     m_i, l_i, acc = attend(q, q_pos, 0, last, pages, k_base, v_base, HKV * HD, d, d_ok, scale, PAGE_SIZE, BKV,
-                           DOT_F32, STAGES)
+                           DOT_F32, STAGES, WINDOW)
     out_ptr = ACT + out_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
     tl.store(out_ptr, (acc / l_i[:, None]).to(dt), mask=r_ok[:, None] & d_ok[None, :])
 

@@ -206,8 +206,10 @@ def _tiny_kernel(checkpoint, path, config, preset="tiny-llama"):
 def test_decode_attention_in_key_blocks_of_its_own_matches_the_reference_engine(checkpoint, tmp_path):
     """Decoding sequences' attention reads its keys in blocks of 16 while the prompts' prefill reads them in
     blocks of 32 (`decode_block_kv`, larger than block_kv on the GPU where a task's keys are many), each
-    sequence's context over two tasks."""
-    config = dataclasses.replace(CONFIG, block_kv=32, decode_block_kv=16, attention_splits=2)
+    sequence's context over two tasks; and both read their page ids a block at a time (windows of one block:
+    the key loop restarts at every block)."""
+    config = dataclasses.replace(CONFIG, block_kv=32, decode_block_kv=16, attention_splits=2, decode_window_keys=16,
+                                 prefill_window_keys=32)
     _, check = _tiny_kernel(checkpoint, tmp_path / "decode_blocks.cubin", config)
     check((12, 12, 12))
 
