@@ -98,7 +98,8 @@ class CompileConfig:
     # decoding sequence's and a prefill block's. H200, Llama-3-8B, 512 / 1,024 / 2,048 keys a decode window: b64
     # ctx512 (32-key blocks) 7.41 / 7.47 / 7.36 ms, ctx4096 (64-key blocks) - / 14.46 / 14.16; b1 ctx512 4.69 at 512,
     # 4.72 at 2,048. Alone (`benchmarks/explore/decode_attention.py`, 264 programs, 32-key blocks): b64 ctx513 58.3 /
-    # 52.1 / 45.9 us, ctx4097 303 / 282 / 281
+    # 52.1 / 45.9 us, ctx4097 303 / 282 / 281. Prefill windows of 512 / 1,024 / 2,048 keys: TTFT 512 19.61 / 19.80 ms,
+    # 2048 72.26 / 72.26 / 72.27
     decode_window_keys: int = 2048
     prefill_window_keys: int = 512
     # ... and of the loop that merges a decode's context splits, a query row an iteration (every split of the
