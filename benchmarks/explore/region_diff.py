@@ -147,13 +147,17 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=250)
     parser.add_argument("--runs", type=int, default=8)
     parser.add_argument("--variant", action="append", default=[], help="config overrides, e.g. prefill_tma=0")
+    parser.add_argument("--base", default="share_activations=0",
+                        help="overrides of every kernel's config (default: every buffer a region of its own, so that "
+                             "each can be compared)")
     parser.add_argument("--out", default="/tmp/blink-region-diff")
     parser.add_argument("--embedding-region", default="v40", help="the embedding's output (Llama-3-8B: v40)")
     args = parser.parse_args()
     model = resolve_model(args.preset)
     lengths = torch.randint(args.min_len, args.max_len, (args.batch,),
                             generator=torch.Generator().manual_seed(7)).tolist()
-    base = CompileConfig(max_batch=args.batch, max_tokens_per_step=sum(lengths), max_model_len=512, max_new_tokens=8)
+    base = CompileConfig(max_batch=args.batch, max_tokens_per_step=sum(lengths), max_model_len=512, max_new_tokens=8,
+                         **overrides(args.base))
     variants = [""] + args.variant
     configs = [dataclasses.replace(base, **overrides(v)) for v in variants]
     print(f"{args.batch} prompts, {sum(lengths)} tokens; compiled {len(configs)} kernels in "
