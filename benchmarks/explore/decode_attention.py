@@ -13,7 +13,8 @@ does around it is.
 
 A variant is comma-separated fields: programs (a persistent grid taking every grid-th task, as the kernel's
 programs do; 0: a program a task, placed by the hardware), bkv (keys a block), stages (pipelined blocks), window
-(blocks whose page ids are read at once: the pipeline drains between windows), warps,
+(blocks whose page ids are read at once: the pipeline drains between windows), heads (KV heads a task reads
+side by side, as one wider row), warps,
 layout (0: the kernel's cache, a token's row holding every KV head; 1: each KV head's keys contiguous) and
 shuffled (1: each sequence's pages in random order, as a long-lived pool leaves them; 0: in order, as the runtime
 gives them out today).
@@ -38,25 +39,30 @@ PAGE_SIZE = 16
 @triton.jit
 def attend_tasks(Q, KV, PAGES, OUT, num_tasks, ctx, kv_plane, head_stride, row_stride, pages_per_seq, scale,
                  HKV: tl.constexpr, REP: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr,
-                 PAGE_SIZE: tl.constexpr, BKV: tl.constexpr, STAGES: tl.constexpr, WINDOW: tl.constexpr):
-    """Task t: sequence t // HKV's one query token (its REP query heads of KV head t % HKV, padded to BM rows)
-    against its `ctx` keys, paged; out = softmax(q k^T * scale) v in fp32. Keys at KV + slot * row_stride +
-    head * head_stride, values kv_plane further."""
-    d = tl.arange(0, HD)
-    d_ok = d < HD
+                 PAGE_SIZE: tl.constexpr, BKV: tl.constexpr, STAGES: tl.constexpr, WINDOW: tl.constexpr,
+                 HEADS: tl.constexpr, DOT_F32: tl.constexpr = False):
+    """Task t: sequence t // (HKV / HEADS)'s one query token against its `ctx` keys, paged, for HEADS KV heads
+    side by side (their REP query heads each, padded to BM rows); out = softmax(q k^T * scale) v in fp32. Keys
+    at KV + slot * row_stride + head * head_stride, values kv_plane further. HEADS > 1 (heads contiguous in a
+    row) reads the heads' keys as one row of HEADS * HD and gives each query row its own head's part of q, the
+    others zero: a query row's scores are then its head's alone, and its output its head's part of the row."""
+    groups: tl.constexpr = HKV // HEADS
+    d = tl.arange(0, HD * HEADS)
+    d_ok = d < HD * HEADS
     r = tl.arange(0, BM)
-    r_ok = r < REP
+    r_ok = r < REP * HEADS
+    mine = (d[None, :] // HD == r[:, None] // REP) & r_ok[:, None]  # a row's own head's part of the row
     t = tl.program_id(0)
     while t < num_tasks:
-        b, g = t // HKV, t % HKV
-        head = g * REP + r % REP
-        q = tl.load(Q + (b * HKV * REP + head[:, None]) * HD + d[None, :], mask=r_ok[:, None], other=0.0)
+        b, g = t // groups, (t % groups) * HEADS
+        head = g * REP + r
+        q = tl.load(Q + (b * HKV * REP + head[:, None]) * HD + d[None, :] % HD, mask=mine, other=0.0)
         q_pos = tl.full((BM,), 0, tl.int32) + ctx - 1
         k_base = KV + tl.multiple_of(g * head_stride, 8)
         v_base = k_base + kv_plane
         m_i, l_i, acc = attend(q, q_pos, 0, ctx, PAGES + b * pages_per_seq, k_base, v_base, row_stride, d, d_ok,
-                               scale, PAGE_SIZE, BKV, False, STAGES, WINDOW)
-        tl.store(OUT + (b * HKV * REP + head[:, None]) * HD + d[None, :], acc / l_i[:, None], mask=r_ok[:, None])
+                               scale, PAGE_SIZE, BKV, DOT_F32, STAGES, WINDOW)
+        tl.store(OUT + (b * HKV * REP + head[:, None]) * HD + d[None, :] % HD, acc / l_i[:, None], mask=mine)
         t += tl.num_programs(0)
 
 
@@ -69,6 +75,7 @@ class Variant:
     layout: int = 0
     shuffled: int = 0
     window: int = 16  # key blocks whose page ids are read at once (the pipeline drains between windows)
+    heads: int = 1  # KV heads a task reads side by side (layout 0 only)
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -112,21 +119,23 @@ def paged_cache(shape: Shape, k: torch.Tensor, v: torch.Tensor, variant: Variant
 def run(shape: Shape, variant: Variant, q, k, v, ref, bw: float) -> None:
     cache, table, head_stride, row_stride, plane = paged_cache(shape, k, v, variant)
     out = torch.empty_like(ref)
-    num_tasks = shape.batch * shape.kv_heads
+    if variant.heads > 1 and variant.layout != 0:
+        raise SystemExit("heads > 1 reads a row's heads together: layout 0 only")
+    num_tasks = shape.batch * shape.kv_heads // variant.heads
     grid = (variant.programs or num_tasks,)
 
     def launch():
         attend_tasks[grid](q, cache, table, out, num_tasks, shape.ctx, plane, head_stride, row_stride,
                            table.shape[1], shape.head_dim ** -0.5, HKV=shape.kv_heads, REP=shape.rep,
                            HD=shape.head_dim, BM=16, PAGE_SIZE=PAGE_SIZE, BKV=variant.bkv, STAGES=variant.stages,
-                           WINDOW=variant.window, num_warps=variant.warps)
+                           WINDOW=variant.window, HEADS=variant.heads, num_warps=variant.warps)
     out.fill_(float("nan"))
     launch()
     err = ((out - ref).norm() / ref.norm()).item()
     us = median_ms(launch, q.device, num_warmup=3, num_reps=50) * 1e3
     floor = shape.kv_bytes / (bw * 1e12) * 1e6
     print(f"programs={variant.programs:3d} bkv={variant.bkv} stages={variant.stages} warps={variant.warps} "
-          f"layout={variant.layout} shuffled={variant.shuffled} window={variant.window}: {us:6.1f} us  ({100 * floor / us:5.1f}% of DRAM; "
+          f"layout={variant.layout} shuffled={variant.shuffled} window={variant.window} heads={variant.heads}: {us:6.1f} us  ({100 * floor / us:5.1f}% of DRAM; "
           f"{shape.kv_bytes / us / 1e3 / (variant.programs or num_tasks):5.1f} GB/s a program)  rel err {err:.1e}",
           flush=True)
 
