@@ -32,6 +32,7 @@ import triton.language as tl
 from benchmarks.baselines import median_ms, read_bandwidth_tbs
 from benchmarks.explore.variant_fields import with_fields
 from codegen.bodies.attention import attend
+from runtime.megakernel import use_scratch_allocator
 
 PAGE_SIZE = 16
 
@@ -66,6 +67,53 @@ def attend_tasks(Q, KV, PAGES, OUT, num_tasks, ctx, kv_plane, head_stride, row_s
         t += tl.num_programs(0)
 
 
+@triton.jit
+def attend_pages_tma(Q, KV, PAGES, OUT, num_tasks, ctx, kv_plane, num_slots, pages_per_seq, scale,
+                     HKV: tl.constexpr, REP: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr,
+                     PAGE_SIZE: tl.constexpr, STAGES: tl.constexpr, DOT_F32: tl.constexpr = False):
+    """`attend_tasks` (one head a task) a page a block, each page's keys and values one bulk tensor copy (TMA)
+    at coordinates from the page table: no per-element address math, no masks (layout 0 only)."""
+    row: tl.constexpr = HKV * HD
+    k_desc = tl.make_tensor_descriptor(KV, shape=[num_slots, row], strides=[row, 1], block_shape=[PAGE_SIZE, HD])
+    v_desc = tl.make_tensor_descriptor(KV + kv_plane, shape=[num_slots, row], strides=[row, 1],
+                                       block_shape=[PAGE_SIZE, HD])
+    d = tl.arange(0, HD)
+    r = tl.arange(0, BM)
+    r_ok = r < REP
+    t = tl.program_id(0)
+    while t < num_tasks:
+        b, g = t // HKV, t % HKV
+        head = g * REP + r % REP
+        q = tl.load(Q + (b * HKV * REP + head[:, None]) * HD + d[None, :], mask=r_ok[:, None], other=0.0)
+        m_i = tl.full((BM,), -1.0e30, tl.float32)
+        l_i = tl.zeros((BM,), tl.float32)
+        acc = tl.zeros((BM, HD), tl.float32)
+        for p in tl.range(0, tl.cdiv(ctx, PAGE_SIZE), num_stages=STAGES):
+            slot = tl.load(PAGES + b * pages_per_seq + p) * PAGE_SIZE
+            k = k_desc.load([slot, g * HD])
+            v = v_desc.load([slot, g * HD])
+            if DOT_F32:
+                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = s.to(q.dtype).to(tl.float32) * scale
+            s = s.to(q.dtype).to(tl.float32)
+            j = p * PAGE_SIZE + tl.arange(0, PAGE_SIZE)
+            s = tl.where((j < ctx)[None, :], s, -1.0e30)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            pr = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(pr, 1)
+            if DOT_F32:
+                pv = tl.dot(pr, v.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(pr.to(q.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+        tl.store(OUT + (b * HKV * REP + head[:, None]) * HD + d[None, :], acc / l_i[:, None], mask=r_ok[:, None])
+        t += tl.num_programs(0)
+
+
 @dataclass(frozen=True)
 class Variant:
     programs: int = 264
@@ -76,6 +124,7 @@ class Variant:
     shuffled: int = 0
     window: int = 16  # key blocks whose page ids are read at once (the pipeline drains between windows)
     heads: int = 1  # KV heads a task reads side by side (layout 0 only)
+    tma: int = 0  # 1: a page a block, each page one bulk tensor copy (`attend_pages_tma`; layout 0, one head)
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -125,6 +174,12 @@ def run(shape: Shape, variant: Variant, q, k, v, ref, bw: float) -> None:
     grid = (variant.programs or num_tasks,)
 
     def launch():
+        if variant.tma:
+            attend_pages_tma[grid](q, cache, table, out, num_tasks, shape.ctx, plane, plane // (shape.kv_heads *
+                                   shape.head_dim), table.shape[1], shape.head_dim ** -0.5, HKV=shape.kv_heads,
+                                   REP=shape.rep, HD=shape.head_dim, BM=16, PAGE_SIZE=PAGE_SIZE,
+                                   STAGES=variant.stages, num_warps=variant.warps)
+            return
         attend_tasks[grid](q, cache, table, out, num_tasks, shape.ctx, plane, head_stride, row_stride,
                            table.shape[1], shape.head_dim ** -0.5, HKV=shape.kv_heads, REP=shape.rep,
                            HD=shape.head_dim, BM=16, PAGE_SIZE=PAGE_SIZE, BKV=variant.bkv, STAGES=variant.stages,
@@ -135,7 +190,7 @@ def run(shape: Shape, variant: Variant, q, k, v, ref, bw: float) -> None:
     us = median_ms(launch, q.device, num_warmup=3, num_reps=50) * 1e3
     floor = shape.kv_bytes / (bw * 1e12) * 1e6
     print(f"programs={variant.programs:3d} bkv={variant.bkv} stages={variant.stages} warps={variant.warps} "
-          f"layout={variant.layout} shuffled={variant.shuffled} window={variant.window} heads={variant.heads}: {us:6.1f} us  ({100 * floor / us:5.1f}% of DRAM; "
+          f"layout={variant.layout} shuffled={variant.shuffled} window={variant.window} heads={variant.heads} tma={variant.tma}: {us:6.1f} us  ({100 * floor / us:5.1f}% of DRAM; "
           f"{shape.kv_bytes / us / 1e3 / (variant.programs or num_tasks):5.1f} GB/s a program)  rel err {err:.1e}",
           flush=True)
 
@@ -147,6 +202,7 @@ def main() -> None:
                         "programs=264,bkv=16,stages=6 programs=264,layout=1 programs=264,shuffled=1")
     args = parser.parse_args()
     torch.manual_seed(0)
+    use_scratch_allocator()  # the in-kernel tensor descriptors' global scratch (`tma`)
     bw = read_bandwidth_tbs("cuda")
     print(f"{torch.cuda.get_device_name()}: DRAM read {bw:.2f} TB/s", flush=True)
     for pair in args.shapes.split(","):
