@@ -8,7 +8,7 @@ out so that a buffer only takes the place of one whose every user is done before
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -56,6 +56,11 @@ class Lowering:
     node_index: int = -1  # the node being lowered
 
     @cached_property
+    def reads(self) -> Counter[int]:
+        """How many times each value is an input of a node (a tied weight: more than once)."""
+        return Counter(v.id for node in self.graph.nodes for v in node.inputs)
+
+    @cached_property
     def attention_outputs(self) -> frozenset[int]:
         """Ids of the values paged attention writes."""
         return frozenset(node.output.id for node in self.graph.nodes if node.op == "paged_attention")
@@ -93,7 +98,7 @@ class Lowering:
         if scale_columns is None and not interleave_rows:
             return self.weight(w)
         region = f"param:{w.name}"
-        if sum(node.inputs.count(w) for node in self.graph.nodes) > 1:
+        if self.reads[w.id] > 1:
             region = f"placed:{w.name}:{scale_columns.name if scale_columns else ''}:{int(interleave_rows)}"
             if region in self.layout.regions:
                 return self.layout.offset(region)
