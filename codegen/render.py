@@ -29,7 +29,7 @@ def _pow2(n: int) -> int:
 
 
 def window(keys: int, block_kv: int) -> int:
-    """Attention's window in key blocks: `keys` of them, at least one block."""
+    """Attention's window in key blocks of `block_kv`: as many as hold `keys` keys, at least one."""
     return max(1, keys // block_kv)
 
 
