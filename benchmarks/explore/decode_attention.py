@@ -14,10 +14,11 @@ does around it is.
 A variant is comma-separated fields: programs (a persistent grid taking every grid-th task, as the kernel's
 programs do; 0: a program a task, placed by the hardware), bkv (keys a block), stages (pipelined blocks), window
 (blocks whose page ids are read at once: the pipeline drains between windows), heads (KV heads a task reads
-side by side, as one wider row), warps,
+side by side, as one wider row), tma (1: a page a block, each page's keys and values one bulk tensor copy), warps,
 layout (0: the kernel's cache, a token's row holding every KV head; 1: each KV head's keys contiguous) and
 shuffled (1: each sequence's pages in random order, as a long-lived pool leaves them; 0: in order, as the runtime
-gives them out today).
+gives them out today). `DOT_F32` lets the kernels run in Triton's interpreter (no bf16 dots there) for a check on
+the CPU.
 """
 from __future__ import annotations
 
