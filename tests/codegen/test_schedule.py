@@ -203,6 +203,19 @@ def test_activation_buffers_share_regions_only_when_ordered(preset):
                 raise AssertionError(f"{name} is written over {other}, which its writer reads")
 
 
+def test_done_before_follows_same_step_waits_only():
+    """An event's groups start after everything its waits reach within a step; a lag-1 wait (the step before)
+    holds nothing of this step back."""
+    graph, desc = _graph()
+    embed, linear = _chain(graph, desc)
+    side = graph.add_group(Kind.ADD, desc, 1, "side", ())
+    late = graph.add_group(Kind.SAMPLE, desc, 1, "late", (linear, Wait(side.event, 1, lag=1)))
+    before = graph.done_before()
+    assert before[embed.event] == 0 and before[linear.event] == 1 << embed.event
+    assert before[late.event] == 1 << embed.event | 1 << linear.event
+    assert graph.follows((Wait(late.event, 1),), embed.event) and not graph.follows((Wait(late.event, 1),), side.event)
+
+
 def test_shared_activations_check_rejects_unordered_sharing():
     """Two buffers moved onto one region: a layer's input and its output (the writer reads the other), and a
     residual still to be read."""
