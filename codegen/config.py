@@ -143,11 +143,13 @@ class CompileConfig:
     # a one-row step of a projection of at least stream_waves tiles a program shares out its (tile, K chunk)
     # units evenly, a contiguous range a program, instead of a tile a task (codegen/bodies/linear.py,
     # `gemv_stream`): K chunks of stream_block_k, pipelined stream_stages deep, the epilogue stream_tiles tiles
-    # at a time. Off: compiled in, the body costs the others registers, and what the balance gains (H200,
-    # Llama-3-8B b1: gate/up 62.8 against 67.7 us a layer, the LM head 248 against 267) it loses there. On / off,
-    # one call each: H200 b1 ctx512 4.75 / 4.78 ms, ctx4096 4.94 / 5.00, b8 6.93 / 6.88, b64 8.62 / 8.56; H100 b1
-    # 6.21 / 6.07, ctx4096 6.46 / 6.33, b8 7.20 / 7.06, b64 9.83 / 9.74
-    stream_gemv: bool = False
+    # at a time. 1: on, 0: off, -1: on where max_batch is 1. What the balance gains (H200, Llama-3-8B b1: gate/up
+    # 62.8 against 67.7 us a layer, the LM head 248 against 267) the body, compiled in, takes back from the batched
+    # steps' registers: H200, Llama-3-8B ctx512, on / off in one call (session 30), b1 4.62 / 4.70, 4.62 / 4.73
+    # ms; b8 5.36 / 5.30; b64 7.57 / 7.35 (spills 74 -> 110 B); TTFT 512 20.18 / 19.79 and 19.72 / 20.08, 2048
+    # 73.25 / 72.60 (a kernel of max_batch 1 runs no batched decode step). With the GEMV bodies outlined
+    # (`outline=rows`): b1 4.69, b8 5.34, b64 7.36. (Session 16, H100: b1 6.21 / 6.07, b8 7.20 / 7.06.)
+    stream_gemv: int = -1
     stream_waves: int = 4
     stream_block_k: int = 256
     stream_stages: int = 5
@@ -188,6 +190,9 @@ class CompileConfig:
                      "attention_stages", "merge_stages", "expert_stages", "stream_waves", "stream_stages"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.stream_gemv not in (-1, 0, 1):
+            raise ValueError(f"stream_gemv must be 1 (on), 0 (off) or -1 (on where max_batch is 1), "
+                             f"got {self.stream_gemv}")
         if self.rows_gemv < 0 or self.rows_gemv & (self.rows_gemv - 1):
             raise ValueError(f"rows_gemv must be 0 or a power of two, got {self.rows_gemv}")
         if not 1 <= self.rows_max <= self.block_m:
@@ -216,6 +221,11 @@ class CompileConfig:
     def wide_rows(self) -> int:
         """Rows of the batched decode blocks (`wide_m`, or its default for max_batch)."""
         return self.wide_m or (32 if self.max_batch <= 32 else 64)
+
+    @property
+    def streams_gemv(self) -> bool:
+        """Whether one-row steps may stream their projections (`stream_gemv`, its -1 resolved)."""
+        return self.stream_gemv == 1 or (self.stream_gemv == -1 and self.max_batch == 1)
 
     @property
     def max_pages_per_seq(self) -> int:

@@ -61,6 +61,23 @@ class Lowering:
         return Counter(v.id for node in self.graph.nodes for v in node.inputs)
 
     @cached_property
+    def streamed_widths(self) -> frozenset[int]:
+        """Output widths of the projections whose one-row steps stream (`gemv_stream`): the `streamable` ones
+        where `stream_gemv` is on; where it is -1 (on at max_batch 1), only if some layer's projection is one of
+        them, since the LM head alone does not pay for the body (H200, Qwen3-30B-A3B b1, whose LM head is its
+        only such projection: 5.23 ms with it, 5.07 without)."""
+        cfg = self.config
+        if not cfg.streams_gemv:
+            return frozenset()
+        logits = self.graph.outputs["logits"].id
+        widths = {n.output.id: n.inputs[fused_linear_inputs(n.attrs).index("w")].shape[0]
+                  for n in self.graph.nodes if n.op == "fused_linear"}
+        streamed = {out: n for out, n in widths.items() if streamable(cfg, n)}
+        if cfg.stream_gemv == -1 and not set(streamed) - {logits}:
+            return frozenset()
+        return frozenset(streamed.values())
+
+    @cached_property
     def attention_outputs(self) -> frozenset[int]:
         """Ids of the values paged attention writes."""
         return frozenset(node.output.id for node in self.graph.nodes if node.op == "paged_attention")
@@ -265,7 +282,7 @@ def _allocate(lw: Lowering) -> None:
     # the projections that stream their one-row steps: a ticket a part, two [block_n] partials a part and the
     # fp32 results of the whole tiles (one set for every such group: each starts after the one before; the
     # last to arrive at a ticket zeroes it again)
-    streamed = [n for _, n in linears if streamable(cfg, n)]
+    streamed = [n for _, n in linears if n in lw.streamed_widths]
     if streamed:
         lw.layout.alloc("tickets:stream", "F32", cfg.target_programs)
     lw.constants["STATS_SIZE"] = lw.layout.sizes["F32"] - lw.constants["STATS_OFF"]
@@ -364,7 +381,7 @@ def streamable(config: CompileConfig, n: int) -> bool:
     each end cost more than the balance gains: H200, Llama-3-8B b1, o_proj 18.9 / 11.7 us a layer streamed /
     not, down 39.7 / 32.0, while gate/up (7 tiles a program) 62.8 / 67.7 and the LM head 247.9 / 267.2."""
     tiles = -(-n // config.block_n)
-    return config.stream_gemv and not config.dynamic_tasks and tiles >= config.stream_waves * launch_programs(config)
+    return config.streams_gemv and not config.dynamic_tasks and tiles >= config.stream_waves * launch_programs(config)
 
 
 def _stream_prefetch(lw: Lowering, w_off: int, n: int, k: int, itemsize: int, kb: int, parts: int):
@@ -501,7 +518,7 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
     n, k, bn = w.shape[0], w.shape[1], lw.config.block_n
     kb = lw.config.prefetch_attention_kb if x.id in lw.attention_outputs else lw.config.prefetch_kb
     # a streamed group shares one scratch with the others: it must start after the one before is done
-    streams = streamable(lw.config, n) and (lw.stream_event < 0 or lw.tasks.follows(waits, lw.stream_event))
+    streams = n in lw.streamed_widths and (lw.stream_event < 0 or lw.tasks.follows(waits, lw.stream_event))
     tiles = lw.column_tiles(n)
     if streams:  # a task a program at least, those past the tiles only for the streamed steps
         num_tasks = max(tiles, launch_programs(lw.config))

@@ -495,3 +495,21 @@ def test_projections_of_many_tiles_a_program_stream_their_one_row_steps():
     off = dataclasses.replace(config, stream_gemv=False)
     lw = lower(build_graph(resolve_model("tiny-llama"), off), off)
     assert not any(t.streams for t in lw.tasks.tasks) and "tickets:stream" not in lw.layout.regions
+
+
+@pytest.mark.parametrize("preset,max_batch,streams", [("tiny-llama", 1, True), ("tiny-llama", 2, False),
+                                                      ("tiny-qwen3-moe", 1, False)])
+def test_streaming_by_default_only_where_a_layer_streams_at_batch_1(preset, max_batch, streams):
+    """`stream_gemv` -1 (the default) streams a kernel of max_batch 1, whose batched steps are only prefills, and
+    only where some layer's projection streams: an MoE model's experts leave it the LM head alone (with 15
+    tiles needed, tiny-qwen3-moe's one dense layer has 14; tiny-llama's gate/up 25)."""
+    config = dataclasses.replace(CONFIG, interpret=False, target_programs=3, stream_waves=5, stream_gemv=-1,
+                                 max_batch=max_batch)
+    lw = lower(build_graph(resolve_model(preset), config), config)
+    streamed = {lw.tasks.event_names[t.signal] for t in lw.tasks.tasks if t.streams}
+    assert bool(streamed) == streams
+    assert ("tickets:stream" in lw.layout.regions) == streams
+    if streams:
+        assert "lm_head" in streamed and len(streamed) > 1
+    with pytest.raises(ValueError, match="stream_gemv"):
+        dataclasses.replace(config, stream_gemv=2)
