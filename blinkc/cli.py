@@ -128,7 +128,28 @@ def _add_compile(sub) -> None:
     p.add_argument("--dtype", choices=["bf16", "f32"], help="compute dtype (default: the model's)")
     p.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10 (default 90: H100/H200)")
     p.add_argument("--interpret", action="store_true", help="for the Triton interpreter on a CPU (no cubin)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="any other codegen.config.CompileConfig field, e.g. stream_gemv=0 (repeatable)")
     p.set_defaults(run=_run_compile)
+
+
+def compile_settings(items: list[str]) -> dict[str, int | str]:
+    """`--set FIELD=VALUE` items as CompileConfig fields: integer values where they parse as one."""
+    from dataclasses import fields
+
+    from codegen.config import CompileConfig
+
+    known = {f.name for f in fields(CompileConfig)}
+    settings: dict[str, int | str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or name not in known:
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE with a field of codegen.config.CompileConfig")
+        try:
+            settings[name] = int(value)
+        except ValueError:
+            settings[name] = value
+    return settings
 
 
 def _run_compile(args) -> int:
@@ -140,9 +161,10 @@ def _run_compile(args) -> int:
         raise ValueError("a preset needs --weights DIR or --random-weights")
     checkpoint = args.weights or (None if args.random_weights else model.checkpoint_dir)
     tokenizer = checkpoint if checkpoint is not None else _random_tokenizer_dir(args.model, model)
-    config = CompileConfig(max_batch=args.max_batch, max_tokens_per_step=args.max_tokens_per_step,
-                           max_model_len=args.max_model_len, max_new_tokens=args.max_new_tokens,
-                           page_size=args.page_size, interpret=args.interpret)
+    config = CompileConfig(**{**dict(max_batch=args.max_batch, max_tokens_per_step=args.max_tokens_per_step,
+                                     max_model_len=args.max_model_len, max_new_tokens=args.max_new_tokens,
+                                     page_size=args.page_size, interpret=args.interpret),
+                              **compile_settings(args.set)})
     result = compile_model(model, config, args.output, WeightsSource(checkpoint, seed=args.seed), arch=args.arch,
                            dtype=DType(args.dtype) if args.dtype else None, tokenizer_dir=tokenizer,
                            progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))

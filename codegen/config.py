@@ -148,7 +148,8 @@ class CompileConfig:
     # steps' registers: H200, Llama-3-8B ctx512, on / off in one call (session 30), b1 4.62 / 4.70, 4.62 / 4.73
     # ms; b8 5.36 / 5.30; b64 7.57 / 7.35 (spills 74 -> 110 B); TTFT 512 20.18 / 19.79 and 19.72 / 20.08, 2048
     # 73.25 / 72.60 (a kernel of max_batch 1 runs no batched decode step). With the GEMV bodies outlined
-    # (`outline=rows`): b1 4.69, b8 5.34, b64 7.36. (Session 16, H100: b1 6.21 / 6.07, b8 7.20 / 7.06.)
+    # (`outline=rows`): b1 4.69, b8 5.34, b64 7.36. The H100 loses: b1 6.12 / 6.01 and 6.12 / 5.99 (session 30),
+    # so a kernel for one there wants `blinkc compile --set stream_gemv=0`.
     stream_gemv: int = -1
     stream_waves: int = 4
     stream_block_k: int = 256

@@ -94,6 +94,21 @@ def test_compile_a_preset_without_weights_is_one_error_line(capsys, cache, tmp_p
     assert out == "" and not list(tmp_path.glob("m.cubin*"))
 
 
+def test_compile_takes_any_config_field_with_set(capsys, cache, tmp_path):
+    """`--set FIELD=VALUE` reaches every CompileConfig field; a field it lacks, or a value the config refuses,
+    is one error line that writes nothing."""
+    out = tmp_path / "m.cubin"
+    _compile(capsys, "tiny-llama", out, "--random-weights", "--set", "stream_gemv=0", "--set", "outline=rows,small")
+    config = _manifest(out)["config"]
+    assert (config["stream_gemv"], config["outline"], config["max_batch"]) == (0, "rows,small", 2)
+    for item, message in (("nonsense=1", "--set 'nonsense=1'"), ("stream_gemv", "--set 'stream_gemv'"),
+                          ("stream_gemv=2", "stream_gemv must be")):
+        code, _, err = _run(capsys, ["compile", "tiny-llama", "-o", str(tmp_path / "x.cubin"), *SMALL,
+                                     "--random-weights", "--set", item])
+        assert message in _assert_one_error_line(code, err)
+        assert not list(tmp_path.glob("x.cubin*"))
+
+
 def test_run_without_a_manifest_is_one_error_line(capsys, tmp_path):
     stray = tmp_path / "stray.cubin"
     stray.write_bytes(b"\0" * 16)
