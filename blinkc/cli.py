@@ -134,21 +134,25 @@ def _add_compile(sub) -> None:
 
 
 def compile_settings(items: list[str]) -> dict[str, int | str]:
-    """`--set FIELD=VALUE` items as CompileConfig fields: integer values where they parse as one."""
+    """`--set FIELD=VALUE` items as CompileConfig fields: an integer for a number or a switch (0 / 1), else the
+    text."""
     from dataclasses import fields
 
     from codegen.config import CompileConfig
 
-    known = {f.name for f in fields(CompileConfig)}
+    kinds = {f.name: str(f.type) for f in fields(CompileConfig)}  # "int", "bool", "str" (postponed annotations)
     settings: dict[str, int | str] = {}
     for item in items:
         name, sep, value = item.partition("=")
-        if not sep or name not in known:
+        if not sep or name not in kinds:
             raise ValueError(f"--set {item!r}: expected FIELD=VALUE with a field of codegen.config.CompileConfig")
+        if kinds[name] == "str":
+            settings[name] = value
+            continue
         try:
             settings[name] = int(value)
         except ValueError:
-            settings[name] = value
+            raise ValueError(f"--set {item!r}: {name} takes an integer") from None
     return settings
 
 

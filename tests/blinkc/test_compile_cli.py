@@ -102,7 +102,7 @@ def test_compile_takes_any_config_field_with_set(capsys, cache, tmp_path):
     config = _manifest(out)["config"]
     assert (config["stream_gemv"], config["outline"], config["max_batch"]) == (0, "rows,small", 2)
     for item, message in (("nonsense=1", "--set 'nonsense=1'"), ("stream_gemv", "--set 'stream_gemv'"),
-                          ("stream_gemv=2", "stream_gemv must be")):
+                          ("stream_gemv=2", "stream_gemv must be"), ("block_n=wide", "block_n takes an integer")):
         code, _, err = _run(capsys, ["compile", "tiny-llama", "-o", str(tmp_path / "x.cubin"), *SMALL,
                                      "--random-weights", "--set", item])
         assert message in _assert_one_error_line(code, err)
