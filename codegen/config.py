@@ -143,7 +143,8 @@ class CompileConfig:
     # a one-row step of a projection of at least stream_waves tiles a program shares out its (tile, K chunk)
     # units evenly, a contiguous range a program, instead of a tile a task (codegen/bodies/linear.py,
     # `gemv_stream`): K chunks of stream_block_k, pipelined stream_stages deep, the epilogue stream_tiles tiles
-    # at a time. 1: on, 0: off, -1: on where max_batch is 1. What the balance gains (H200, Llama-3-8B b1: gate/up
+    # at a time. 1: on, 0: off, -1: on where max_batch is 1 and a layer's projection streams (not an LM head
+    # alone: H200, Qwen3-30B-A3B b1 5.23 / 5.07 ms on / off). What the balance gains (H200, Llama-3-8B b1: gate/up
     # 62.8 against 67.7 us a layer, the LM head 248 against 267) the body, compiled in, takes back from the batched
     # steps' registers: H200, Llama-3-8B ctx512, on / off in one call (session 30), b1 4.62 / 4.70, 4.62 / 4.73
     # ms; b8 5.36 / 5.30; b64 7.57 / 7.35 (spills 74 -> 110 B); TTFT 512 20.18 / 19.79 and 19.72 / 20.08, 2048
@@ -225,7 +226,8 @@ class CompileConfig:
 
     @property
     def streams_gemv(self) -> bool:
-        """Whether one-row steps may stream their projections (`stream_gemv`, its -1 resolved)."""
+        """Whether one-row steps may stream their projections (`stream_gemv`, -1 read as max_batch 1;
+        `codegen.lower.Lowering.streamed_widths` says which do)."""
         return self.stream_gemv == 1 or (self.stream_gemv == -1 and self.max_batch == 1)
 
     @property
