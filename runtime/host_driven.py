@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from codegen.tasks import FLAGS, STREAMS
 from runtime.artifact import import_source
 from runtime.megakernel import Completion, Megakernel, use_scratch_allocator
 from runtime.sampling import SamplingParams
@@ -26,13 +27,22 @@ class HostDriven:
         name = kernel.manifest["kernel"]["name"]
         self.plan, self.group = getattr(module, f"{name}_plan"), getattr(module, f"{name}_group")
         self.groups = _contiguous_groups(kernel.tasks[:, 3].tolist())
+        # the groups that stream a one-row step (`gemv_stream`): then as many CTAs as the persistent launch has
+        # programs, a part each, as its programs take them
+        self.streamed = {first for first, _ in self.groups if int(kernel.tasks[first, FLAGS]) & STREAMS}
 
-    def step(self, step: int) -> None:
+    def step(self, step: int, one_row: bool | None = None) -> None:
+        """Step `step`'s launches. `one_row`: whether the step has one row (its streamed groups then run in
+        parts); None reads it from the plan (a wait for the GPU: pass it where the launches are captured)."""
         k = self.kernel
         use_scratch_allocator()
         self.plan[(1,)](k.i32, k.f32, step)
+        if one_row is None:
+            one_row = bool(self.streamed) and k.last_step_size()[0] == 1
         for first, count in self.groups:
-            self.group[(count,)](k.tasks, k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, first, step)
+            parts = min(count, k.programs) if one_row and first in self.streamed else 0
+            self.group[(parts or count,)](k.tasks, k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, first,
+                                          step, parts)
 
     def is_done(self) -> bool:
         return bool(self.kernel.i32[self.kernel.region("control")[0] + 2])
@@ -68,11 +78,12 @@ def _contiguous_groups(signals: list[int]) -> list[tuple[int, int]]:
     return groups
 
 
-def capture_step(driver: HostDriven, step: int) -> torch.cuda.CUDAGraph:
-    """One step's launches in one CUDA graph (baseline (c) of the decode benchmark)."""
-    driver.step(step)  # compile and warm up outside the capture
+def capture_step(driver: HostDriven, step: int, one_row: bool) -> torch.cuda.CUDAGraph:
+    """One step's launches in one CUDA graph (baseline (c) of the decode benchmark); `one_row`: whether the
+    step has one row."""
+    driver.step(step, one_row)  # compile and warm up outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        driver.step(step)
+        driver.step(step, one_row)
     return graph

@@ -87,10 +87,14 @@ class Megakernel:
         self.profile = torch.zeros(self.tasks.shape[0] * 4 if is_profiled else 1, dtype=torch.int64, device=self.device)
         self.kernel, self.grid = self._load_kernel()
         # which program runs which task, for this launch's grid; the groups' claim counters follow the events
-        programs = (self.grid or self.kernel.grid)[0]
-        schedule, counters = task_schedule(artifact.tables["tasks"], len(self.manifest["events"]), programs)
+        schedule, counters = task_schedule(artifact.tables["tasks"], len(self.manifest["events"]), self.programs)
         self.schedule = schedule.to(self.device)
         self.events = torch.zeros(len(self.manifest["events"]) + counters, dtype=torch.int32, device=self.device)
+
+    @property
+    def programs(self) -> int:
+        """Programs the persistent launch runs."""
+        return (self.grid or self.kernel.grid)[0]
 
     @classmethod
     def load(cls, path: Path, device: str | torch.device | None = None, checkpoint_dir: Path | None = None,

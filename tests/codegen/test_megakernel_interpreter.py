@@ -253,11 +253,17 @@ def test_sampling_without_a_cut_draws_the_same_tokens_however_the_row_is_split(c
 def test_streamed_gemv_matches_the_reference_engine(checkpoint, tmp_path):
     """With `stream_gemv`, the one-row steps of gate/up and the LM head run as one part a program (here the
     grid's one), each part standing for the group's tasks in its claims and signals, and still match token for
-    token (the parts' shared tiles: tests/codegen/test_linear_bodies.py)."""
+    token (the parts' shared tiles: tests/codegen/test_linear_bodies.py), launched from the host too."""
+    from runtime.host_driven import HostDriven
+
     config = dataclasses.replace(CONFIG, stream_gemv=True)
     kernel, check = _tiny_kernel(checkpoint, tmp_path / "stream.cubin", config)
     assert (kernel.tasks[:, FLAGS] & STREAMS).any()  # gate/up and the LM head; one row left after 3 and 6 tokens
     check((9, 3, 6))
+    # baseline (c) launches those groups' one-row steps as a CTA a part, and gives the same tokens
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (9, 3, 6)]
+    host_driven = HostDriven(kernel).generate(PROMPTS, params)
+    assert [c.tokens for c in host_driven] == [c.tokens for c in kernel.generate(PROMPTS, params)]
 
 
 def test_host_driven_task_kernels_match_the_persistent_kernel(compiled):
