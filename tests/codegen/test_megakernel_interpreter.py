@@ -262,7 +262,9 @@ def test_streamed_gemv_matches_the_reference_engine(checkpoint, tmp_path):
     check((9, 3, 6))
     # baseline (c) launches those groups' one-row steps as a CTA a part, and gives the same tokens
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (9, 3, 6)]
-    host_driven = HostDriven(kernel).generate(PROMPTS, params)
+    driver = HostDriven(kernel)
+    assert len(driver.streamed) == 4  # the three layers' gate/up and the LM head
+    host_driven = driver.generate(PROMPTS, params)
     assert [c.tokens for c in host_driven] == [c.tokens for c in kernel.generate(PROMPTS, params)]
 
 
