@@ -260,9 +260,11 @@ class Megakernel:
                             f"reached {seen} of {target}")
 
     def task_profile(self) -> torch.Tensor:
-        """[num_tasks, 4]: global-timer ns (start, waits done, signalled) of each task in the profiled step
-        (compiled with `profile`), and the program that ran it; zeros for tasks that did not run then."""
-        return self.profile.view(-1, 4).cpu()
+        """[num_tasks, 5]: global-timer ns (start, waits done, signalled) of each task in the profiled step
+        (compiled with `profile`), the program that ran it and that program's SM; zeros for tasks that did not
+        run then."""
+        words = self.profile.view(-1, 4).cpu()
+        return torch.cat([words[:, :3], words[:, 3:] & 0xFFFFFFFF, words[:, 3:] >> 32], 1)
 
     def last_logits(self, num_rows: int) -> torch.Tensor:
         """The fp32 logits [num_rows, vocab] of the last step's sequences (for checks against the reference)."""
