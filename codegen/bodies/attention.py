@@ -18,6 +18,7 @@ ATTENTION_FIELDS = ("q_off", "out_off", "num_heads", "num_kv_heads", "head_dim",
 # merger: 0, the last split of a (sequence, KV head) merges its splits; 1, they only store their partials, and
 # a group of its own merges them (task (sequence, query head)); 2, this is that group
 NEG = tl.constexpr(-1.0e30)
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -55,8 +56,9 @@ def attend(q, q_pos, j_lo, j_hi, pages, k_base, v_base, row_stride, d, d_ok, sca
             s = round_to(round_to(s, dt) * scale, dt)
             s = tl.where((j[None, :] <= q_pos[:, None]) & j_ok[None, :], s, NEG)
             m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)
+            # exp(s - m) as 2^(s log2(e) - m log2(e)): one FMA and the ex2 a score
+            p = tl.exp2(s * LOG2E - (m_new * LOG2E)[:, None])
+            alpha = tl.exp2((m_i - m_new) * LOG2E)
             l_i = l_i * alpha + tl.sum(p, 1)
             if DOT_F32:
                 pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
