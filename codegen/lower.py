@@ -551,6 +551,11 @@ def _qkv_rope_store(lw: Lowering, node: Node) -> None:
         lw.rope_tables[rope_key] = (a["rotary_dim"], a["theta"], a["scaling"])
     layer = int(cache.name.rsplit(".", 1)[1])
     k, splits = x.shape[1], qkv_splits(lw, node)
+    # a decode step's tasks are (head, split); a prefill step's (head, row block) tiles are shared by every task
+    # of the group, so it has one a program: those past the decode ones only prefill (Llama-3-8B: 240 decode
+    # tasks, and a 2,048-token prompt's 1,536 tiles were 7 to some task where 264 tasks take 6 at most)
+    decode_tasks = _qkv_heads(node) * splits
+    num_tasks = max(decode_tasks, launch_programs(lw.config))
     w_off = lw.placed_weight(w, scale_columns=named.get("norm_w"))
     desc = lw.tasks.add_desc(QKV_FIELDS, dict(
         x_off=lw.act(x), k=x.shape[1], w_off=w_off, num_q_heads=a["q_size"] // head_dim,
@@ -561,16 +566,20 @@ def _qkv_rope_store(lw: Lowering, node: Node) -> None:
         k_norm_off=lw.weight(named["k_norm_w"]) if a["has_qk_norm"] else -1, qk_eps=float(a["qk_eps"]),
         q_out_off=lw.act(q), layer=layer, rope_off=lw.layout.offset(rope_key),
         has_qk_norm=int(a["has_qk_norm"]), splits=splits,
-        part_off=lw.layout.offset("qkv_parts"), ticket_off=lw.layout.offset(f"tickets:v{q.id}")))
+        part_off=lw.layout.offset("qkv_parts"), ticket_off=lw.layout.offset(f"tickets:v{q.id}"),
+        num_tasks=num_tasks))
     chunk = -(-(-(-k // splits)) // qkv_block_k(lw)) * qkv_block_k(lw)  # as the body splits K
 
     def prefetch(tile: int) -> Prefetch:
+        if tile >= decode_tasks:
+            return Prefetch()
         head, split = divmod(tile, splits)
         lo = min(k, split * chunk)
         return _prefetch_rows(lw, w_off + head * head_dim * k + lo, k, head_dim, min(k, lo + chunk) - lo,
                               w.dtype.itemsize)
 
-    done = lw.tasks.add_group(Kind.QKV, desc, _qkv_heads(node) * splits, f"qkv.{layer}", lw.waits(x), prefetch)
+    done = lw.tasks.add_group(Kind.QKV, desc, num_tasks, f"qkv.{layer}", lw.waits(x), prefetch,
+                              prefill_only_from=decode_tasks if num_tasks > decode_tasks else None)
     lw.ready[q.id] = lw.ready[new_cache.id] = done
     lw.constants["HEAD_DIM_MAX"] = max(lw.constants.get("HEAD_DIM_MAX", 0), head_dim)
     lw.constants["PARTIAL_ROTARY"] = lw.constants.get("PARTIAL_ROTARY", 0) | int(a["rotary_dim"] != head_dim)

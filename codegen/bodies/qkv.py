@@ -8,7 +8,7 @@ from codegen.bodies.linear import row_inv_rms, tile_product
 
 QKV_FIELDS = ("x_off", "k", "w_off", "num_q_heads", "num_kv_heads", "head_dim", "rotary_dim", "stats_off",
               "eps", "bias_off", "q_norm_off", "k_norm_off", "qk_eps", "q_out_off", "layer", "rope_off",
-              "has_qk_norm", "splits", "part_off", "ticket_off")
+              "has_qk_norm", "splits", "part_off", "ticket_off", "num_tasks")
 
 
 @triton.jit
@@ -154,11 +154,15 @@ def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: 
     `splits` tasks (K chunks of BKP where more than BM rows are staged: BMW of them up to BMW, the batched
     decode's rows, if fewer than BMP); longer (prefill) steps share the (head, BMP rows) tiles instead, loaded
     as the projections' prefill tiles are (chunks of BKD, PREFILL_STAGES deep, through tensor descriptors with
-    PREFILL_TMA)."""
+    PREFILL_TMA). The group's tasks past the (head, split) ones (`num_tasks`, one a program) only prefill."""
     splits = word(desc, 17)
     head = tile // splits
     split = tile % splits
-    if num_tokens <= BM:
+    if head >= word(desc, 3) + 2 * word(desc, 4):
+        if num_tokens > BMP:
+            qkv_prefill(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS, SLOTS, BMP, HDP, DOT_F32,
+                        FULL_ROTARY, BKD, PREFILL_STAGES, PREFILL_TMA)
+    elif num_tokens <= BM:
         qkv_rows(desc, head, split, num_tokens, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, BM, BK, HDP,
                  DOT_F32, STAGES, FULL_ROTARY)
     elif BMW < BMP and num_tokens <= BMW:
@@ -167,19 +171,29 @@ def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: 
     elif num_tokens <= BMP:
         split_head(desc, head, split, tl.arange(0, BMP), tl.arange(0, BMP) < num_tokens, W, ACT, F32, I32, KV,
                    kv_plane, POSITIONS, SLOTS, BMP, BKP, HDP, DOT_F32, STAGES, FULL_ROTARY)
-    else:  # prefill: the group's tasks share the (head, row block) tiles, row blocks innermost, as the
-        # projections' prefill tiles: the tasks running at once share a few heads' weights in L2
-        x_off, K, w_off, HD = word8(desc, 0), word8(desc, 1), word8(desc, 2), word(desc, 5)
-        stats_off, eps = word(desc, 7), word_f32(desc, 8)
-        num_heads = word(desc, 3) + 2 * word(desc, 4)
-        row_blocks = tl.cdiv(num_tokens, BMP)
-        for item in range(tile, num_heads * row_blocks, num_heads * splits):
-            m0 = (item % row_blocks) * BMP
-            rows = m0 + tl.arange(0, BMP)
-            row_ok = rows < num_tokens
-            acc = tile_product(x_off, K, K, w_off, num_heads * HD, m0, item // row_blocks * HD, 0, K, num_tokens,
-                               W, ACT, BMP, HDP, BKD, DOT_F32, PREFILL_STAGES, PREFILL_TMA)
-            inv = row_inv_rms(F32, stats_off, rows, row_ok, K, eps)
-            acc = tl.where((tl.arange(0, HDP) < HD)[None, :], acc * inv[:, None], 0.0)  # past HD: the next head
-            head_epilogue(desc, item // row_blocks, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS,
-                          SLOTS, HDP, FULL_ROTARY)
+    else:
+        qkv_prefill(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS, SLOTS, BMP, HDP, DOT_F32,
+                    FULL_ROTARY, BKD, PREFILL_STAGES, PREFILL_TMA)
+
+
+@triton.jit
+def qkv_prefill(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: tl.constexpr,
+                SLOTS: tl.constexpr, BMP: tl.constexpr, HDP: tl.constexpr, DOT_F32: tl.constexpr,
+                FULL_ROTARY: tl.constexpr, BKD: tl.constexpr, PREFILL_STAGES: tl.constexpr,
+                PREFILL_TMA: tl.constexpr):
+    """A prefill step: the group's tasks share the (head, row block) tiles, row blocks innermost, as the
+    projections' prefill tiles (the tasks running at once share a few heads' weights in L2)."""
+    x_off, K, w_off, HD = word8(desc, 0), word8(desc, 1), word8(desc, 2), word(desc, 5)
+    stats_off, eps = word(desc, 7), word_f32(desc, 8)
+    num_heads = word(desc, 3) + 2 * word(desc, 4)
+    row_blocks = tl.cdiv(num_tokens, BMP)
+    for item in range(tile, num_heads * row_blocks, word(desc, 20)):
+        m0 = (item % row_blocks) * BMP
+        rows = m0 + tl.arange(0, BMP)
+        row_ok = rows < num_tokens
+        acc = tile_product(x_off, K, K, w_off, num_heads * HD, m0, item // row_blocks * HD, 0, K, num_tokens,
+                           W, ACT, BMP, HDP, BKD, DOT_F32, PREFILL_STAGES, PREFILL_TMA)
+        inv = row_inv_rms(F32, stats_off, rows, row_ok, K, eps)
+        acc = tl.where((tl.arange(0, HDP) < HD)[None, :], acc * inv[:, None], 0.0)  # past HD: the next head
+        head_epilogue(desc, item // row_blocks, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS,
+                      SLOTS, HDP, FULL_ROTARY)
