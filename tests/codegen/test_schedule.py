@@ -398,16 +398,24 @@ def test_decode_attention_takes_larger_key_blocks_where_its_tasks_are_long(max_b
     assert decode_block_kv(config, 8) == expected
 
 
-def test_a_prefill_has_an_attention_task_a_program_and_those_past_the_decode_ones_only_prefill():
+@pytest.mark.parametrize("kind", [Kind.ATTENTION, Kind.QKV])
+def test_a_prefill_has_a_task_a_program_and_those_past_the_decode_ones_only_prefill(kind):
     from codegen.lower import attention_splits
 
     config = dataclasses.replace(CONFIG, interpret=False, target_programs=40)
     lw = lower(build_graph(resolve_model("tiny-llama"), config), config)
-    first = next(t for t in lw.tasks.tasks if t.kind == Kind.ATTENTION)
+    first = next(t for t in lw.tasks.tasks if t.kind == kind)
     rows = [i for i, t in enumerate(lw.tasks.tasks) if t.signal == first.signal]
-    decode = config.max_batch * 2 * attention_splits(config, 2)  # sequences x KV heads x splits: 6
+    if kind == Kind.ATTENTION:
+        decode = config.max_batch * 2 * attention_splits(config, 2)  # sequences x KV heads x splits: 6
+    else:
+        from codegen.bodies.qkv import QKV_FIELDS
+
+        desc = dict(zip(QKV_FIELDS, lw.tasks.descs[first.desc]))
+        decode = (desc["num_q_heads"] + 2 * desc["num_kv_heads"]) * desc["splits"]  # (head, split) tasks
+        assert desc["num_tasks"] == 40  # the prefill's stride over the (head, row block) tiles
     flags = lw.tasks.task_table()[rows, FLAGS].tolist()
-    assert len(rows) == 40 and flags == [0] * decode + [PREFILL_ONLY] * (40 - decode)
+    assert decode < 40 and len(rows) == 40 and flags == [0] * decode + [PREFILL_ONLY] * (40 - decode)
     # the interpreter's grid is one program: no task only prefills
     assert not any(t.prefill_only for t in _lowered("tiny-llama").tasks.tasks)
 
