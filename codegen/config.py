@@ -153,6 +153,11 @@ class CompileConfig:
     # so a kernel for one there wants `blinkc compile --set stream_gemv=0`.
     stream_gemv: int = -1
     stream_waves: int = 4
+    # a prefill step's projection tiles are claimed a tile at a time, from a counter, by one part a program (as a
+    # streamed step's parts), instead of every (tiles)-th tile a task: a group's programs then end within a tile
+    # of each other. Gate/up at 2,048 tokens has 4 tiles a task and claims a task at a time: its critical path
+    # was ~45 us a layer over its busy time (H200, session 31). Off until measured (NOTES, session 31)
+    prefill_claims: bool = False
     stream_block_k: int = 256
     stream_stages: int = 5
     stream_tiles: int = 16
