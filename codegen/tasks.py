@@ -4,7 +4,8 @@ A task is (kind, descriptor row, tile, the event it signals, up to three waits, 
 has work only in steps that prefill (such a task neither waits nor runs in a step that only decodes, it signals
 at once), whether its group streams a one-row step (its first tasks, one a program, share out the group's work:
 codegen/bodies/linear.py, `gemv_stream`), whether it has work only in such a step (a streamed group has a task
-a program at least: its tasks past the tiles neither wait nor run in other steps).
+a program at least: its tasks past the tiles neither wait nor run in other steps), whether its group runs a
+prefill step as one part a program claiming the step's tiles (`CompileConfig.prefill_claims`).
 
 A wait (event, count, lag) is satisfied in step s when `events[event] >= count * (s + 1 - lag)`: counters only
 grow, so nothing is reset between steps. The prefetch names weights the task will stream whatever its inputs
