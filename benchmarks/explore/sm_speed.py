@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from codegen.tasks import Kind
+
 BN, BK = 16, 512
 
 
@@ -80,28 +82,17 @@ def bounds_for(weights: torch.Tensor, units: int) -> torch.Tensor:
     return (cum / cum[-1] * units).round().long().to(torch.int32)
 
 
-def launch(w, x, out, bounds, slots, times, programs, stages, K, N):
+def launch(w, x, out, bounds, slots, times, programs, stages, K, N) -> torch.Tensor:
+    """One launch over parts `bounds`: [programs, 3] (start, end, SM) a program."""
     slots.zero_()
     stream[(programs,)](w, x, out, bounds, slots, times, K, N, BN=BN, BK=BK, STAGES=stages, num_warps=4)
     torch.cuda.synchronize()
-    t = times.view(programs, 3).cpu()
-    return t
-
-
-def run(w, x, out, weights, slots, times, programs, stages, K, N, reps):
-    units = N // BN * (K // BK)
-    bounds = bounds_for(weights, units).cuda()
-    spans, per_sm = [], []
-    for _ in range(reps):
-        t = launch(w, x, out, bounds, slots, times, programs, stages, K, N)
-        spans.append(int(t[:, 1].max() - t[:, 0].min()) / 1e3)
-        per_sm.append(t)
-    return spans, per_sm, bounds.cpu()
+    return times.view(programs, 3).cpu()
 
 
 def kernel_sm_times(path: str, sms: int) -> torch.Tensor:
-    """Each SM's mean busy time in the dump's groups of one task a program (the streamed groups at batch 1), over
-    the group's median; NaN for SMs that ran none."""
+    """Each SM's mean busy time in the dump's projections of one task a program (the streamed groups at batch 1),
+    over the group's median; NaN for SMs that ran none."""
     dump = torch.load(path)
     times, tasks = dump["times"], dump["tasks"]
     programs = dump["programs"]
@@ -110,7 +101,7 @@ def kernel_sm_times(path: str, sms: int) -> torch.Tensor:
     count = torch.zeros(sms, dtype=torch.float64)
     for event in tasks[ran, 3].unique().tolist():
         members = torch.nonzero(ran & (tasks[:, 3] == event)).flatten()
-        if len(members) != programs:
+        if len(members) != programs or int(tasks[members[0], 0]) != Kind.LINEAR:
             continue
         busy = (times[members, 2] - times[members, 1]).double()
         ratio = busy / busy.median()
@@ -141,20 +132,15 @@ def main() -> None:
           f"{units} units of [{BN}, {BK}]")
 
     def measured(weights, label):
-        spans, runs, bounds = [], [], None
-        for _ in range(args.reps):
+        bounds = bounds_for(weights, units)
+        spans, sm_time = [], torch.zeros(args.reps, sms, dtype=torch.float64)
+        for rep in range(args.reps):
             flush.zero_()  # the weights come from DRAM, as in the kernel
-            s, r, bounds = run(w, x, out, weights, slots, times, programs, args.stages, K, N, 1)
-            spans += s
-            runs += r
-        # each SM's time for its units, summed over its two programs (ns a unit)
-        sm_time = torch.zeros(args.reps, sms, dtype=torch.float64)
-        sm_units = torch.zeros(sms, dtype=torch.float64)
-        sizes = (bounds[1:] - bounds[:-1]).double()
-        for rep, t in enumerate(runs):
-            for p in range(programs):
+            t = launch(w, x, out, bounds.cuda(), slots, times, programs, args.stages, K, N)
+            spans.append(int(t[:, 1].max() - t[:, 0].min()) / 1e3)
+            for p in range(programs):  # each SM's time for its units, summed over its two programs
                 sm_time[rep, int(t[p, 2])] += float(t[p, 1] - t[p, 0])
-        sm_units = sizes.view(sms, 2).sum(1)
+        sm_units = (bounds[1:] - bounds[:-1]).double().view(sms, 2).sum(1)
         spans.sort()
         bytes_ = N * K * 2
         print(f"{label}: group span median {spans[len(spans) // 2]:.1f} us (min {spans[0]:.1f}, "
