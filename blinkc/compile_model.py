@@ -7,6 +7,7 @@ only copies files (no tracing, lowering or Triton import).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import multiprocessing
@@ -115,12 +116,22 @@ def _compile_job(job: tuple[str, CompileConfig]) -> None:
 def _cache_key(model: ResolvedModel, config: CompileConfig, model_dtype: str, arch: int) -> str:
     h = hashlib.sha256(json.dumps([model.hf_config, config.to_dict(), model_dtype, arch, version("triton")],
                                   sort_keys=True, default=str).encode())
+    h.update(_compiler_digest())
+    return h.hexdigest()[:24]
+
+
+@functools.cache
+def _compiler_digest() -> bytes:
+    """The source of Blink's compiler packages, read once a process: the code this process builds with. (Read at
+    every compile, a source edited while a long process ran keyed that process's builds, from the code it had
+    imported before, as the edited code's: a later process then took a stale kernel from the cache.)"""
+    h = hashlib.sha256()
     root = Path(__file__).resolve().parent.parent
     for package in ("codegen", "ir", "models", "blinkc"):
         for path in sorted((root / package).rglob("*")):
             if path.suffix in (".py", ".j2"):
                 h.update(path.read_bytes())
-    return h.hexdigest()[:24]
+    return h.digest()
 
 
 def _build_into(entry: Path, model: ResolvedModel, config: CompileConfig, dtype: DType | None, model_dtype: str,
