@@ -5,6 +5,7 @@ compile-time arguments, and the layout's offsets are all decided in Python.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -117,12 +118,14 @@ def outline(source: str, groups: str) -> str:
     return source
 
 
-def inline_bodies() -> str:
-    """The task bodies' source, inlined so that the artifact's kernel source stands alone (and its hash,
-    the compile-cache key, covers every line of code that runs)."""
+@functools.cache
+def inline_bodies(directory: Path = BODIES) -> str:
+    """The task bodies' source (of `directory`'s modules), inlined so that the artifact's kernel source stands
+    alone (and its hash, the compile-cache key, covers every line of code that runs). Read once a process, as
+    the compile cache's key reads the compiler's source (`blinkc.compile_model._compiler_digest`)."""
     parts, defined = [], {}
     for name in BODY_MODULES:
-        lines = [line for line in (BODIES / f"{name}.py").read_text().splitlines()
+        lines = [line for line in (directory / f"{name}.py").read_text().splitlines()
                  if not line.startswith(("import ", "from "))]
         for line in lines:  # one namespace once inlined: a second definition would silently win
             if line.startswith("def "):

@@ -289,16 +289,15 @@ def test_outlined_bodies_are_compiled_as_functions_of_their_own():
     assert noinline(source) == set(OUTLINE_GROUPS["rows"] + OUTLINE_GROUPS["small"]) | always
 
 
-def test_task_bodies_defining_one_name_twice_are_rejected(tmp_path, monkeypatch):
+def test_task_bodies_defining_one_name_twice_are_rejected(tmp_path):
     """Inlined into one source, a second definition would silently replace the first."""
     import codegen.render as render
 
     for name in BODY_MODULES:
         (tmp_path / f"{name}.py").write_text((render.BODIES / f"{name}.py").read_text())
     (tmp_path / "moe.py").write_text((tmp_path / "moe.py").read_text() + "\n\ndef word(desc, index):\n    pass\n")
-    monkeypatch.setattr(render, "BODIES", tmp_path)
     with pytest.raises(ValueError, match=r"common and moe both define word\(\)"):
-        render.inline_bodies()
+        render.inline_bodies(tmp_path)
 
 
 # -- which program runs which task ---------------------------------------------------------------------------
