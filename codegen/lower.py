@@ -507,6 +507,7 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
     splits = linear_splits(lw.config, w.shape[0])
     waits = lw.waits(x, *([residual] if residual is not None else []))
     split_prefill = lw.may_split_prefill(waits)
+    claims = lw.claims_prefill(x)
     desc = lw.tasks.add_desc(LINEAR_FIELDS, dict(
         x_off=lw.act(x), x_stride=x.shape[1], k=w.shape[1], w_off=w_off, n=w.shape[0], out_off=out_off,
         out_stride=out.shape[1], gated=int(gated),
@@ -520,7 +521,7 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
         ticket_off=lw.layout.offset(f"tickets:v{out.id}") if splits > 1 else -1,
         prefill_part_off=lw.layout.offset("prefill_parts") if split_prefill else -1,
         prefill_ticket_off=lw.layout.offset("tickets:prefill") if split_prefill else -1,
-        claim_off=lw.layout.offset(f"claims:v{out.id}") if lw.claims_prefill(x) else -1))
+        claim_off=lw.layout.offset(f"claims:v{out.id}") if claims else -1))
     name = "lm_head" if is_f32 else w.name
     if splits > 1 and lw.split_linear_event >= 0 and not lw.tasks.follows(waits, lw.split_linear_event):
         raise ValueError(f"{name} may run beside {lw.tasks.event_names[lw.split_linear_event]}: they would share "
@@ -540,7 +541,7 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
         prefetch = lambda tile: _prefetch_rows(lw, w_off + tile * bn * k, k, min(bn, n - tile * bn), k,  # noqa: E731
                                                w.dtype.itemsize, kb)
     done = lw.tasks.add_group(Kind.LINEAR, desc, num_tasks, name, waits, prefetch, streams=streams,
-                              stream_only_from=tiles if num_tasks > tiles else None, claims=lw.claims_prefill(x))
+                              stream_only_from=tiles if num_tasks > tiles else None, claims=claims)
     if streams:
         lw.stream_event = done.event
     if splits > 1:
