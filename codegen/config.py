@@ -156,11 +156,6 @@ class CompileConfig:
     stream_block_k: int = 256
     stream_stages: int = 5
     stream_tiles: int = 16
-    # a prefill step's projection tiles are claimed a tile at a time, from a counter, by one part a program (as a
-    # streamed step's parts), instead of every (tiles)-th tile a task: a group's programs then end within a tile
-    # of each other. Gate/up at 2,048 tokens has 4 tiles a task and claims a task at a time: its critical path
-    # was ~45 us a layer over its busy time (H200, session 31). Off until measured (NOTES, session 31)
-    prefill_claims: bool = False
     prefetch_kb: int = 32  # weights each projection/QKV task asks L2 for before waiting on its inputs
     # ... and each task of a projection of attention's output (o_proj), which could bring its weights into L2
     # while attention, which reads little, runs. Measured, it does not pay (those requests may delay attention's

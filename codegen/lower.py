@@ -138,13 +138,6 @@ class Lowering:
     def out_stats(self, value: Value) -> int:
         return self.stats.get(value.id, -1)
 
-    def claims_prefill(self, x: Value) -> bool:
-        """Whether a projection of input `x` claims its prefill steps' tiles (`prefill_claims`): one of a row a
-        token, in a kernel whose steps may prefill past the batched decode's rows."""
-        cfg = self.config
-        return (cfg.prefill_claims and not cfg.dynamic_tasks and _rows_kind(x) == 0
-                and cfg.max_tokens_per_step > cfg.wide_rows)
-
     def column_tiles(self, width: int) -> int:
         return -(-width // self.config.block_n)
 
@@ -292,10 +285,6 @@ def _allocate(lw: Lowering) -> None:
     streamed = [n for _, n in linears if n in lw.streamed_widths]
     if streamed:
         lw.layout.alloc("tickets:stream", "F32", cfg.target_programs)
-    # a counter of the step's prefill tiles claimed so far, a projection that claims them (`prefill_claims`)
-    for node in lw.graph.nodes:
-        if node.op == "fused_linear" and lw.claims_prefill(node.inputs[0]):
-            lw.layout.alloc(f"claims:v{node.output.id}", "F32", 1)
     lw.constants["STATS_SIZE"] = lw.layout.sizes["F32"] - lw.constants["STATS_OFF"]
     if streamed:
         lw.layout.alloc("stream_parts", "F32", cfg.target_programs * 2 * cfg.block_n)
@@ -507,7 +496,6 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
     splits = linear_splits(lw.config, w.shape[0])
     waits = lw.waits(x, *([residual] if residual is not None else []))
     split_prefill = lw.may_split_prefill(waits)
-    claims = lw.claims_prefill(x)
     desc = lw.tasks.add_desc(LINEAR_FIELDS, dict(
         x_off=lw.act(x), x_stride=x.shape[1], k=w.shape[1], w_off=w_off, n=w.shape[0], out_off=out_off,
         out_stride=out.shape[1], gated=int(gated),
@@ -520,8 +508,7 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
         part_off=lw.layout.offset("linear_parts") if splits > 1 else -1,
         ticket_off=lw.layout.offset(f"tickets:v{out.id}") if splits > 1 else -1,
         prefill_part_off=lw.layout.offset("prefill_parts") if split_prefill else -1,
-        prefill_ticket_off=lw.layout.offset("tickets:prefill") if split_prefill else -1,
-        claim_off=lw.layout.offset(f"claims:v{out.id}") if claims else -1))
+        prefill_ticket_off=lw.layout.offset("tickets:prefill") if split_prefill else -1))
     name = "lm_head" if is_f32 else w.name
     if splits > 1 and lw.split_linear_event >= 0 and not lw.tasks.follows(waits, lw.split_linear_event):
         raise ValueError(f"{name} may run beside {lw.tasks.event_names[lw.split_linear_event]}: they would share "
@@ -541,7 +528,7 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
         prefetch = lambda tile: _prefetch_rows(lw, w_off + tile * bn * k, k, min(bn, n - tile * bn), k,  # noqa: E731
                                                w.dtype.itemsize, kb)
     done = lw.tasks.add_group(Kind.LINEAR, desc, num_tasks, name, waits, prefetch, streams=streams,
-                              stream_only_from=tiles if num_tasks > tiles else None, claims=claims)
+                              stream_only_from=tiles if num_tasks > tiles else None)
     if streams:
         lw.stream_event = done.event
     if splits > 1:

@@ -16,8 +16,8 @@ from codegen.bodies import OUTLINE_GROUPS
 from codegen.kernel_abi import KERNEL_NAME
 from codegen.layout import CONTROL_FIELDS, PARK_WORDS, STEP_LOG, STEP_REGIONS
 from codegen.lower import Lowering, qkv_block_k, sample_splits, sample_wide
-from codegen.tasks import (CLAIM, CLAIMS, DESC_WORDS, FLAGS, GROUP_SIZE, GROUP_START, MAX_WAITS, NEXT,
-                           PREFILL_ONLY, STREAM_ONLY, STREAMS, TASK_WORDS, Kind)
+from codegen.tasks import (CLAIM, DESC_WORDS, FLAGS, GROUP_SIZE, GROUP_START, MAX_WAITS, NEXT, PREFILL_ONLY,
+                           STREAM_ONLY, STREAMS, TASK_WORDS, Kind)
 
 TEMPLATES = Path(__file__).parent / "templates"
 # (token, slot) pairs per iteration of the MoE grouping, each against every expert: [32, experts] tiles.
@@ -32,11 +32,6 @@ def _pow2(n: int) -> int:
 def window(keys: int, block_kv: int) -> int:
     """Attention's window in key blocks of `block_kv`: as many as hold `keys` keys, at least one."""
     return max(1, keys // block_kv)
-
-
-def _claims(lw: Lowering) -> bool:
-    """Whether some projection claims its prefill steps' tiles (`CompileConfig.prefill_claims`)."""
-    return any(name.startswith("claims:") for name in lw.layout.regions)
 
 
 def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
@@ -62,7 +57,7 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
                      f"{c.get('PREFILL_PARTS', 0)}, {cfg.prefill_splits}, {cfg.rows_gemv}, "
                      f"{cfg.rows_stages or cfg.num_stages}, {cfg.rows_max}, {prefill_bk}, {stream_out}, "
                      f"{stream_parts}, {stream_tickets}, {cfg.stream_block_k if streamed else 0}, "
-                     f"{cfg.stream_stages}, {cfg.stream_tiles}, {_claims(lw)})",
+                     f"{cfg.stream_stages}, {cfg.stream_tiles})",
         Kind.QKV: f"qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, {r.positions}, {r.slots}, "
                   f"{bm}, {cfg.wide_rows}, {cfg.qkv_block_m}, {bk_small}, {cfg.qkv_batch_k}, {hdp}, {dot_f32}, "
                   f"{cfg.num_stages}, {full_rotary}, {prefill_bk}, {cfg.prefill_stages}, {cfg.prefill_tma})",
@@ -143,7 +138,6 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
     cfg = lw.config
     regions = {k: lw.layout.offset(k) for k in (*STEP_REGIONS, "control")}
     streams = "tickets:stream" in lw.layout.regions
-    claims = _claims(lw)
     sample = lw.sample
     context = dict(
         model_name=model_name, kernel_name=KERNEL_NAME, bodies=outline(inline_bodies(), cfg.outline),
@@ -158,9 +152,8 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
         step_log=STEP_LOG, dynamic=cfg.dynamic_tasks, tickets_word=CONTROL_FIELDS.index("task_tickets"),
         words=SimpleNamespace(next=NEXT, claim=CLAIM, group_start=GROUP_START, group_size=GROUP_SIZE,
                               flags=FLAGS, prefill_only=PREFILL_ONLY, streams=STREAMS,
-                              stream_only=STREAM_ONLY, claims=CLAIMS),
+                              stream_only=STREAM_ONLY),
         park=cfg.park_state and not cfg.dynamic_tasks, park_off=lw.layout.offset("park"), park_words=PARK_WORDS,
-        parked=PARKED + (PARKED_STREAMS if streams or claims else ()), streams=streams, claims=claims,
-        wide_rows=cfg.wide_rows,
+        parked=PARKED + (PARKED_STREAMS if streams else ()), streams=streams,
     )
     return env.get_template("megakernel.py.j2").render(**context)

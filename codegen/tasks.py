@@ -4,8 +4,7 @@ A task is (kind, descriptor row, tile, the event it signals, up to three waits, 
 has work only in steps that prefill (such a task neither waits nor runs in a step that only decodes, it signals
 at once), whether its group streams a one-row step (its first tasks, one a program, share out the group's work:
 codegen/bodies/linear.py, `gemv_stream`), whether it has work only in such a step (a streamed group has a task
-a program at least: its tasks past the tiles neither wait nor run in other steps), whether its group runs a
-prefill step as one part a program claiming the step's tiles (`CompileConfig.prefill_claims`).
+a program at least: its tasks past the tiles neither wait nor run in other steps).
 
 A wait (event, count, lag) is satisfied in step s when `events[event] >= count * (s + 1 - lag)`: counters only
 grow, so nothing is reset between steps. The prefetch names weights the task will stream whatever its inputs
@@ -23,7 +22,7 @@ import torch
 
 TASK_WORDS = 22  # kind, desc, tile, signal, 3 x (event, count, lag), 4 prefetch words, flags, 4 schedule
 FLAGS = 17
-PREFILL_ONLY, STREAMS, STREAM_ONLY, CLAIMS = 1, 2, 4, 8  # the flags' bits
+PREFILL_ONLY, STREAMS, STREAM_ONLY = 1, 2, 4  # the flags' bits
 NEXT, CLAIM, GROUP_START, GROUP_SIZE = 18, 19, 20, 21  # the schedule words (see `schedule`)
 DESC_WORDS = 24
 MAX_WAITS = 3
@@ -73,7 +72,6 @@ class Task:
     prefill_only: bool = False
     streams: bool = False
     stream_only: bool = False
-    claims: bool = False
 
 
 def float_word(x: float) -> int:
@@ -104,11 +102,10 @@ class TaskGraph:
 
     def add_group(self, kind: Kind, desc: int, num_tiles: int, name: str, waits: tuple[Wait, ...],
                   prefetch: Callable[[int], Prefetch] | None = None, prefill_only_from: int | None = None,
-                  streams: bool = False, stream_only_from: int | None = None, claims: bool = False) -> Wait:
+                  streams: bool = False, stream_only_from: int | None = None) -> Wait:
         """`num_tiles` tasks that all signal one new event (those from tile `prefill_only_from` on have work
         only in steps that prefill; `streams`: the group streams its one-row steps, and its tasks from tile
-        `stream_only_from` on have work only in those; `claims`: its prefill steps run as one part a program
-        that claims the step's tiles); returns the wait that covers them."""
+        `stream_only_from` on have work only in those); returns the wait that covers them."""
         if stream_only_from is not None and not streams:
             raise ValueError(f"{name}: tasks only for streamed steps in a group that does not stream")
         if len(waits) > MAX_WAITS:
@@ -117,7 +114,7 @@ class TaskGraph:
         self.event_waits[event] = waits
         self.tasks += [Task(kind, desc, tile, event, waits, prefetch(tile) if prefetch else Prefetch(),
                             prefill_only_from is not None and tile >= prefill_only_from, streams,
-                            stream_only_from is not None and tile >= stream_only_from, claims)
+                            stream_only_from is not None and tile >= stream_only_from)
                        for tile in range(num_tiles)]
         return Wait(event, num_tiles)
 
@@ -151,8 +148,7 @@ class TaskGraph:
         for t in self.tasks:
             waits = [w for wait in t.waits for w in (wait.event, wait.count, wait.lag)]
             waits += [-1, 0, 0] * (MAX_WAITS - len(t.waits))
-            flags = (PREFILL_ONLY * t.prefill_only | STREAMS * t.streams | STREAM_ONLY * t.stream_only
-                     | CLAIMS * t.claims)
+            flags = PREFILL_ONLY * t.prefill_only | STREAMS * t.streams | STREAM_ONLY * t.stream_only
             rows.append([int(t.kind), t.desc, t.tile, t.signal, *waits, *t.prefetch.words(), flags, -1, -1, 0, 0])
         return torch.tensor(rows, dtype=torch.int64)
 

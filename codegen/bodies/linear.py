@@ -29,7 +29,7 @@ from codegen.bodies.common import word, word8, word_f32
 
 LINEAR_FIELDS = ("x_off", "x_stride", "k", "w_off", "n", "out_off", "out_stride", "out_kind", "gated",
                  "stats_off", "eps", "res_off", "res_stride", "bias_off", "out_stats_off", "rows_kind", "splits",
-                 "part_off", "ticket_off", "prefill_part_off", "prefill_ticket_off", "claim_off")
+                 "part_off", "ticket_off", "prefill_part_off", "prefill_ticket_off")
 # out_kind: activation rows 16-byte aligned (a width that is a multiple of 8), the fp32 logits, activation
 # rows of another width (a router's logits over 6 or 60 experts)
 OUT_ALIGNED, OUT_F32, OUT_NARROW = 0, 1, 2
@@ -351,8 +351,7 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
                 PREFILL_TMA: tl.constexpr, PREFILL_PARTS: tl.constexpr, PREFILL_SPLITS: tl.constexpr,
                 ROWS_GEMV: tl.constexpr, ROWS_STAGES: tl.constexpr, ROWS_MAX: tl.constexpr, PREFILL_BK: tl.constexpr,
                 STREAM_OUT: tl.constexpr, STREAM_PARTS: tl.constexpr, STREAM_TICKETS: tl.constexpr,
-                STREAM_BK: tl.constexpr, STREAM_STAGES: tl.constexpr, STREAM_TILES: tl.constexpr,
-                CLAIMS: tl.constexpr):
+                STREAM_BK: tl.constexpr, STREAM_STAGES: tl.constexpr, STREAM_TILES: tl.constexpr):
     """BK, BKM, BKD, PREFILL_BK: the K chunk of the GEMV, of the dots over up to BM rows, of the [BMW, BNB]
     batched blocks (BNBW columns where they run whole), of the [BMP, BNW] prefill tiles; STAGES, BATCH_STAGES,
     PREFILL_STAGES: their pipelining depths;
@@ -363,8 +362,7 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
     `parts` > 0 (a one-row step of a group that streams): the task is part `tile` of `gemv_stream`, whose
     results, partials and tickets are the F32 regions at STREAM_OUT, STREAM_PARTS and STREAM_TICKETS, whose K
     chunk is STREAM_BK (0: no group streams), pipelined STREAM_STAGES deep, and whose epilogue takes STREAM_TILES
-    tiles at a time; in a prefill step of a group that claims its tiles (CLAIMS: some group does), the task is
-    one of `parts` that take the step's tiles from a counter."""
+    tiles at a time."""
     num_rows = tl.where(word(desc, 15) == 1, num_seqs, num_tokens)
     if num_rows <= ROWS_MAX:
         linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM, BN, BK, BKM, DOT_F32, STAGES, ROWS_GEMV,
@@ -373,65 +371,30 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
     elif num_rows <= BMW:  # batched decode: BNB (or BNBW) columns a dot, so that inputs are read no more than weights
         split_block(desc, tile, tl.cdiv(word(desc, 4), BN), num_rows, W, ACT, F32, BMW, BNB, BNBW, BKD, DOT_F32,
                     BATCH_STAGES, BATCH_TMA)
-    else:  # prefill: this task takes every num_tasks-th wide tile, row blocks innermost (weights shared in L2),
-        # or, as one of `parts` of a group that claims its prefill tiles (CLAIMS), the next unclaimed one until
-        # none is left
+    else:  # prefill: this task takes every num_tasks-th wide tile, row blocks innermost (weights shared in L2)
         K, N, part_off, ticket_off = word8(desc, 2), word(desc, 4), word(desc, 19), word(desc, 20)
         num_tasks = tl.cdiv(N, BN)
         row_blocks = tl.cdiv(num_rows, BMP)
         tiles = row_blocks * tl.cdiv(N, BNW)
         splits = prefill_splits(tiles, num_tasks, K, PREFILL_PARTS, ticket_off, PREFILL_SPLITS, PREFILL_BK)
-        if CLAIMS:  # the strided tasks' loop too (one copy of the tile loop: two moved the kernel's registers)
-            claims = F32 + word(desc, 21)  # the step's count of claimed items (the planner zeroes it)
-            claim = next_item(tile, parts, claims, 0)
-            if splits == 1:
-                while claim < tiles:
-                    dot_block(desc, (claim % row_blocks) * BMP, (claim // row_blocks) * BNW, num_rows, W, ACT, F32,
-                              BMP, BNW, PREFILL_BK, DOT_F32, PREFILL_STAGES, PREFILL_TMA)
-                    claim = next_item(claim, parts, claims, num_tasks)
-            else:
-                chunk = tl.cdiv(tl.cdiv(K, splits), PREFILL_BK) * PREFILL_BK
-                while claim < tiles * splits:
-                    split_item(desc, claim, row_blocks, splits, chunk, K, num_rows, part_off, ticket_off, W, ACT,
-                               F32, BMP, BNW, DOT_F32, PREFILL_STAGES, PREFILL_TMA, PREFILL_BK)
-                    claim = next_item(claim, parts, claims, num_tasks)
-        elif splits == 1:
+        if splits == 1:
             for item in range(tile, tiles, num_tasks):
                 dot_block(desc, (item % row_blocks) * BMP, (item // row_blocks) * BNW, num_rows, W, ACT, F32,
                           BMP, BNW, PREFILL_BK, DOT_F32, PREFILL_STAGES, PREFILL_TMA)
         else:  # ... or its every num_tasks-th (tile, K split), splits of a tile side by side
             chunk = tl.cdiv(tl.cdiv(K, splits), PREFILL_BK) * PREFILL_BK
             for item in range(tile, tiles * splits, num_tasks):
-                split_item(desc, item, row_blocks, splits, chunk, K, num_rows, part_off, ticket_off, W, ACT, F32,
-                           BMP, BNW, DOT_F32, PREFILL_STAGES, PREFILL_TMA, PREFILL_BK)
-
-
-@triton.jit
-def next_item(item, parts, claims, step):
-    """The prefill item after `item`: claimed from the counter at `claims` by a part (`parts` > 0), else `step` on."""
-    if parts > 0:
-        after = tl.atomic_add(claims, 1.0, sem="relaxed").to(tl.int32)
-    else:
-        after = (item + step).to(tl.int32)
-    return after
-
-
-@triton.jit
-def split_item(desc, item, row_blocks, splits, chunk, K, num_rows, part_off, ticket_off, W, ACT, F32,
-               BMP: tl.constexpr, BNW: tl.constexpr, DOT_F32: tl.constexpr, PREFILL_STAGES: tl.constexpr,
-               PREFILL_TMA: tl.constexpr, PREFILL_BK: tl.constexpr):
-    """(tile, K split) item `item` of a prefill step's projection, the splits of a tile side by side and row
-    blocks innermost, K chunks of `chunk`; the last split of a tile to finish runs its epilogue."""
-    m0 = (item % row_blocks) * BMP
-    split = item // row_blocks % splits
-    n0 = item // (row_blocks * splits) * BNW
-    k_lo = split * chunk
-    k_hi = tl.multiple_of(tl.minimum(K, k_lo + chunk), 8)  # both are: keeps the K mask vector-wide
-    acc = dot_product(desc, m0, n0, k_lo, k_hi, num_rows, W, ACT, BMP, BNW, PREFILL_BK, DOT_F32, PREFILL_STAGES,
-                      PREFILL_TMA)
-    last, base = store_split(F32, part_off, ticket_off, n0 // BNW * row_blocks + m0 // BMP, split, splits, acc)
-    if last:  # the epilogue 16 rows at a time, up to the step's last row
-        for r0 in range(0, tl.minimum(BMP, num_rows - m0), 16):
-            rows = m0 + r0 + tl.arange(0, 16)
-            linear_epilogue(desc, sum_split_rows(F32, base, splits, r0, BMP, BNW, 16), rows, rows < num_rows, n0,
-                            W, ACT, F32)
+                m0 = (item % row_blocks) * BMP
+                split = item // row_blocks % splits
+                n0 = item // (row_blocks * splits) * BNW
+                k_lo = split * chunk
+                k_hi = tl.multiple_of(tl.minimum(K, k_lo + chunk), 8)  # both are: keeps the K mask vector-wide
+                acc = dot_product(desc, m0, n0, k_lo, k_hi, num_rows, W, ACT, BMP, BNW, PREFILL_BK, DOT_F32,
+                                  PREFILL_STAGES, PREFILL_TMA)
+                last, base = store_split(F32, part_off, ticket_off, n0 // BNW * row_blocks + m0 // BMP, split,
+                                         splits, acc)
+                if last:  # the epilogue 16 rows at a time, up to the step's last row
+                    for r0 in range(0, tl.minimum(BMP, num_rows - m0), 16):
+                        rows = m0 + r0 + tl.arange(0, 16)
+                        linear_epilogue(desc, sum_split_rows(F32, base, splits, r0, BMP, BNW, 16), rows,
+                                        rows < num_rows, n0, W, ACT, F32)

@@ -49,7 +49,7 @@ def _case(n: int, k: int, gated: bool, out_f32: bool):
                   out_kind=OUT_F32 if out_f32 else OUT_ALIGNED, gated=int(gated), stats_off=-1, eps=0.0,
                   res_off=-1 if out_f32 else res_off, res_stride=width, bias_off=-1,
                   out_stats_off=-1 if out_f32 else 3000, rows_kind=0, splits=1, part_off=-1, ticket_off=-1,
-                  prefill_part_off=-1, prefill_ticket_off=-1, claim_off=-1)
+                  prefill_part_off=-1, prefill_ticket_off=-1)
     desc = torch.tensor([fields[name] for name in LINEAR_FIELDS], dtype=torch.int64)
     if not out_f32:
         y = y + residual

@@ -235,24 +235,6 @@ def test_batched_blocks_with_fewer_splits_than_tasks_match_the_reference_engine(
     check((7, 12, 4))
 
 
-@pytest.mark.parametrize("prefill_splits", [0, 2])
-def test_claimed_prefill_tiles_match_the_reference_engine(checkpoint, tmp_path, prefill_splits):
-    """With `prefill_claims`, a prefill step's projection tiles (two row blocks of 16 here: the prompts' 25
-    tokens) are taken one at a time from the step's counter by one part a program (the grid's one), and with K
-    split (`prefill_splits`, chunks of 16) its (tile, split) items likewise; tokens still match, in a second
-    launch too (the counters start again from zero), and launched from the host (a task a CTA, strided)."""
-    from runtime.host_driven import HostDriven
-
-    config = dataclasses.replace(CONFIG, prefill_claims=True, max_tokens_per_step=32, wide_m=16, prefill_m=16,
-                                 wide_n=32, prefill_splits=prefill_splits, block_k_dot=16 if prefill_splits else 64)
-    kernel, check = _tiny_kernel(checkpoint, tmp_path / "claims.cubin", config)
-    check((7, 12, 4))
-    check((3, 2, 5))
-    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (3, 2, 5)]
-    host_driven = HostDriven(kernel).generate(PROMPTS, params)
-    assert [c.tokens for c in host_driven] == [c.tokens for c in kernel.generate(PROMPTS, params)]
-
-
 def test_sampling_without_a_cut_draws_the_same_tokens_however_the_row_is_split(checkpoint, tmp_path):
     """A seeded draw at a temperature depends on the seed, not on how many sampling tasks a sequence's row of
     logits is cut into: each task draws over its chunk, and each token's Gumbel noise is drawn by its index."""

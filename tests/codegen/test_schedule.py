@@ -16,8 +16,8 @@ from codegen.config import CompileConfig
 from codegen.layout import ALIGN, Layout
 from codegen.lower import lower
 from codegen.render import BODY_MODULES, KERNEL_NAME, render_kernel
-from codegen.tasks import (CLAIM, CLAIMS, FLAGS, GROUP_SIZE, GROUP_START, NEXT, PREFILL_ONLY, STREAM_ONLY, STREAMS,
-                           TASK_WORDS, Kind, Task, TaskGraph, Wait, schedule)
+from codegen.tasks import (CLAIM, FLAGS, GROUP_SIZE, GROUP_START, NEXT, PREFILL_ONLY, STREAM_ONLY, STREAMS, TASK_WORDS,
+                           Kind, Task, TaskGraph, Wait, schedule)
 from ir.passes.pipeline import PIPELINE, run_pipeline
 from models.registry import resolve_model
 from models.trace import trace_model
@@ -417,21 +417,6 @@ def test_a_prefill_has_a_task_a_program_and_those_past_the_decode_ones_only_pref
     assert decode < 40 and len(rows) == 40 and flags == [0] * decode + [PREFILL_ONLY] * (40 - decode)
     # the interpreter's grid is one program: no task only prefills
     assert not any(t.prefill_only for t in _lowered("tiny-llama").tasks.tasks)
-
-
-def test_projections_of_token_rows_claim_their_prefill_tiles_where_asked():
-    config = dataclasses.replace(CONFIG, prefill_claims=True, max_tokens_per_step=64, wide_m=16)
-    lw = lower(build_graph(resolve_model("tiny-llama"), config), config)
-    linears = [t for t in lw.tasks.tasks if t.kind == Kind.LINEAR]
-    lm_head = lw.tasks.event_names.index("lm_head")
-    assert all(t.claims == (t.signal != lm_head) for t in linears)  # the LM head's rows are sequences
-    assert {"claims:" in name for name in lw.layout.regions} == {True, False}
-    table = lw.tasks.task_table()
-    assert all(int(table[i, FLAGS]) & CLAIMS for i, t in enumerate(lw.tasks.tasks) if t.claims)
-    # not where no step prefills past the batched decode's rows, nor by default
-    for fields in ({"max_tokens_per_step": 16, "wide_m": 16}, {"max_tokens_per_step": 64, "prefill_claims": False}):
-        config = dataclasses.replace(CONFIG, **{"prefill_claims": True, **fields})
-        assert not any(t.claims for t in lower(build_graph(resolve_model("tiny-llama"), config), config).tasks.tasks)
 
 
 def test_batched_projections_split_blocks_that_divide_and_are_few():
