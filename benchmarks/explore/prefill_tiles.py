@@ -7,10 +7,24 @@ same run. GPU only:
 
     python -m benchmarks.explore.prefill_tiles [--tokens 512,2048] [--variants 128x128x64/3/4/2,128x128x64/3/4/1/1]
 
-A seventh number 1 asks Triton 3.6 for its automatic warp specialization of the K loop (`tl.range(...,
-warp_specialize=True)`). On Hopper it adds a producer warp group and splits the tile over two consumer groups, so a
-4-warp kernel runs 12 warps. On an H200 (session 20) every such variant computed wrong products in this persistent
-loop (the script prints "wrong"), so their times mean nothing.
+A variant is BMxBNxBK/stages/warps/programs an SM, then optional numbers (0: off):
+- 7th, 1: Triton 3.6's automatic warp specialization of the K loop (`tl.range(..., warp_specialize=True)`). On
+  Hopper it adds a producer warp group and splits the tile over two consumer groups, so a 4-warp kernel runs 12
+  warps. On an H200 (session 20) every such variant computed wrong products in this persistent loop (the script
+  prints "wrong"), so their times mean nothing.
+- 8th, 1: the tile and K loops flattened into one (`tl.range(..., flatten=True)`), so that the pipeline may load
+  the next tile's first chunks during this tile's epilogue.
+- 9th, G: the tiles in bands of G row blocks, every column tile of a band (row blocks innermost) before the next
+  band, so that fewer programs read one weight chunk at once (the weights are read once a band).
+- 10th, 1: the tensor descriptors made once a tile, as the megakernel's `tile_product` makes them.
+- 11th, 1: the megakernel's gate/up epilogue instead of a plain store: the product's columns alternate gate and
+  up, and the tile stores silu(gate) * up (half its width), rounded to bf16 as `kept_epilogue` rounds.
+- 12th, C: the tiles handed out as the megakernel's groups hand them: N / C tasks (C: the decode tiles' columns,
+  16), program p runs tasks p, p + P, ..., and task j takes tiles j, j + N / C, ... (P programs). Otherwise
+  program p takes tiles p, p + P, ....
+
+`--sustained N` times N launches back to back (the clocks a tens-of-milliseconds prefill runs at) instead of the
+best of 10. H200 findings (session 32): NOTES.md.
 """
 from __future__ import annotations
 
@@ -30,24 +44,69 @@ VARIANTS = ((64, 128, 64, 3, 4, 2), (128, 128, 64, 3, 4, 1), (128, 128, 64, 3, 8
 
 @triton.jit
 def gemm(X, W, OUT, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
-         WS: tl.constexpr):
+         WS: tl.constexpr, FLAT: tl.constexpr, BAND: tl.constexpr, TILE_DESC: tl.constexpr,
+         GATED: tl.constexpr, TASK_COLS: tl.constexpr):
     row_blocks = tl.cdiv(M, BM)
     xd = tl.make_tensor_descriptor(X, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
     wd = tl.make_tensor_descriptor(W, shape=[N, K], strides=[K, 1], block_shape=[BN, BK])
-    for t in range(tl.program_id(0), row_blocks * tl.cdiv(N, BN), tl.num_programs(0)):
-        m0 = (t % row_blocks) * BM
-        n0 = (t // row_blocks) * BN
+    tiles = row_blocks * tl.cdiv(N, BN)
+    if TASK_COLS > 0:  # the megakernel's hand-out: tasks p, p + P, ...; task j's tiles j, j + N / C, ...
+        num_tasks = tl.cdiv(N, TASK_COLS)
+        for task in range(tl.program_id(0), num_tasks, tl.num_programs(0)):
+            _tiles(X, W, OUT, M, N, K, xd, wd, row_blocks, tiles, task, num_tasks, BM, BN, BK, STAGES, WS, FLAT,
+                   BAND, TILE_DESC, GATED)
+    else:
+        _tiles(X, W, OUT, M, N, K, xd, wd, row_blocks, tiles, tl.program_id(0), tl.num_programs(0), BM, BN, BK,
+               STAGES, WS, FLAT, BAND, TILE_DESC, GATED)
+
+
+@triton.jit
+def _tiles(X, W, OUT, M, N, K, xd, wd, row_blocks, tiles, first, stride, BM: tl.constexpr, BN: tl.constexpr,
+           BK: tl.constexpr, STAGES: tl.constexpr, WS: tl.constexpr, FLAT: tl.constexpr, BAND: tl.constexpr,
+           TILE_DESC: tl.constexpr, GATED: tl.constexpr):
+    for t in tl.range(first, tiles, stride, flatten=FLAT):
+        if BAND > 0:
+            band_tiles = BAND * tl.cdiv(N, BN)
+            band = t // band_tiles
+            rows_in_band = tl.minimum(BAND, row_blocks - band * BAND)
+            local = t - band * band_tiles
+            m0 = (band * BAND + local % rows_in_band) * BM
+            n0 = (local // rows_in_band) * BN
+        else:
+            m0 = (t % row_blocks) * BM
+            n0 = (t // row_blocks) * BN
+        if TILE_DESC:
+            xd = tl.make_tensor_descriptor(X, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
+            wd = tl.make_tensor_descriptor(W, shape=[N, K], strides=[K, 1], block_shape=[BN, BK])
         acc = tl.zeros((BM, BN), tl.float32)
         for k0 in tl.range(0, K, BK, num_stages=STAGES, warp_specialize=WS):
             acc = tl.dot(xd.load([m0, k0]), tl.trans(wd.load([n0, k0])), acc)
         rows, cols = m0 + tl.arange(0, BM), n0 + tl.arange(0, BN)
-        tl.store(OUT + rows[:, None] * N + cols[None, :], acc.to(tl.bfloat16),
-                 mask=(rows < M)[:, None] & (cols < N)[None, :])
+        if GATED:
+            y = acc.to(tl.bfloat16).to(tl.float32)
+            gate, up = tl.split(tl.reshape(y, (BM, BN // 2, 2)))
+            h = (gate / (1.0 + tl.exp(-gate))).to(tl.bfloat16).to(tl.float32) * up
+            half = n0 // 2 + tl.arange(0, BN // 2)
+            tl.store(OUT + rows[:, None] * (N // 2) + half[None, :], h.to(tl.bfloat16),
+                     mask=(rows < M)[:, None] & (half < N // 2)[None, :])
+        else:
+            tl.store(OUT + rows[:, None] * N + cols[None, :], acc.to(tl.bfloat16),
+                     mask=(rows < M)[:, None] & (cols < N)[None, :])
 
 
-def time_ms(fn, reps: int = 10) -> float:
+def time_ms(fn, reps: int = 10, sustained: int = 0) -> float:
+    """The best of `reps` launches, or with `sustained`, the mean of that many back to back (the clocks a long
+    run settles at: a prefill runs tens of milliseconds of these)."""
     fn()
     torch.cuda.synchronize()
+    if sustained:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(sustained):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / sustained
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     best = float("inf")
     for _ in range(reps):
@@ -64,30 +123,40 @@ def main() -> None:
     parser.add_argument("--tokens", default="512,2048")
     parser.add_argument("--variants", help="BMxBNxBK/stages/warps/programs an SM, comma-separated (default: the "
                                            "module's list)")
+    parser.add_argument("--sustained", type=int, default=0,
+                        help="time the mean of this many launches back to back instead of the best of 10")
     args = parser.parse_args()
     variants = VARIANTS if not args.variants else [
         tuple(int(v) for v in spec.replace("x", "/").split("/")) for spec in args.variants.split(",")]
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{torch.cuda.get_device_name(0)}, {sms} SMs, Triton {triton.__version__}")
-    variants = [tuple(v) + (0,) * (7 - len(v)) for v in variants]
+    variants = [tuple(v) + (0,) * (12 - len(v)) for v in variants]
     print("tokens | shape | cuBLAS TFLOP/s | " + " | ".join(
-        f"{bm}x{bn}x{bk} s{s} w{w} {p}/SM{' ws' if ws else ''}" for bm, bn, bk, s, w, p, ws in variants))
+        f"{bm}x{bn}x{bk} s{s} w{w} {p}/SM{' ws' if ws else ''}{' flat' if flat else ''}{f' band{band}' if band else ''}"
+        f"{' tile-desc' if tile_desc else ''}{' gated' if gated else ''}{f' tasks/{cols}' if cols else ''}"
+        for bm, bn, bk, s, w, p, ws, flat, band, tile_desc, gated, cols in variants))
     for tokens in (int(t) for t in args.tokens.split(",")):
         for name, n, k in SHAPES:
             x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
             w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
             flop = 2 * tokens * n * k
             ref = x @ w.T
-            cells = [f"{flop / time_ms(lambda: x @ w.T) / 1e9:.0f}"]
-            for bm, bn, bk, stages, warps, per_sm, ws in variants:
-                out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+            cells = [f"{flop / time_ms(lambda: x @ w.T, sustained=args.sustained) / 1e9:.0f}"]
+            for bm, bn, bk, stages, warps, per_sm, ws, flat, band, tile_desc, gated, cols in variants:
+                out = torch.empty(tokens, n // 2 if gated else n, device="cuda", dtype=torch.bfloat16)
+                want = ref
+                if gated:
+                    y = ref.to(torch.bfloat16).float()
+                    want = (torch.nn.functional.silu(y[:, 0::2]).to(torch.bfloat16).float() * y[:, 1::2])
 
                 def run():
-                    gemm[(sms * per_sm,)](x, w, out, tokens, n, k, bm, bn, bk, stages, bool(ws), num_warps=warps)
+                    gemm[(sms * per_sm,)](x, w, out, tokens, n, k, bm, bn, bk, stages, bool(ws), bool(flat),
+                                          band, bool(tile_desc), bool(gated), cols,
+                                          num_warps=warps)
                 try:
-                    ms = time_ms(run)
-                    error = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+                    ms = time_ms(run, sustained=args.sustained)
+                    error = ((out.float() - want.float()).abs().max() / want.float().abs().max()).item()
                     cells.append(f"{flop / ms / 1e9:.0f}" + ("" if error < 1e-2 else f" (wrong: {error:.2g})"))
                 except Exception as e:  # a variant that does not fit (shared memory, registers)
                     cells.append(f"failed: {type(e).__name__}")
