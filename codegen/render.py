@@ -132,9 +132,16 @@ def inline_bodies(directory: Path = BODIES) -> str:
     return "\n\n".join(parts)
 
 
-def render_kernel(lw: Lowering, model_name: str) -> str:
+@functools.cache
+def kernel_template() -> jinja2.Template:
+    """The kernel's jinja2 template, read once a process (as `inline_bodies` and the compile cache's key read
+    theirs: a template edited while a process runs does not mix into that process's builds)."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
-                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, auto_reload=False)
+    return env.get_template("megakernel.py.j2")
+
+
+def render_kernel(lw: Lowering, model_name: str) -> str:
     cfg = lw.config
     regions = {k: lw.layout.offset(k) for k in (*STEP_REGIONS, "control")}
     streams = "tickets:stream" in lw.layout.regions
@@ -156,4 +163,4 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
         park=cfg.park_state and not cfg.dynamic_tasks, park_off=lw.layout.offset("park"), park_words=PARK_WORDS,
         parked=PARKED + (PARKED_STREAMS if streams else ()), streams=streams,
     )
-    return env.get_template("megakernel.py.j2").render(**context)
+    return kernel_template().render(**context)

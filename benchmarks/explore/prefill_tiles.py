@@ -22,6 +22,9 @@ A variant is BMxBNxBK/stages/warps/programs an SM, then optional numbers (0: off
 - 12th, C: the tiles handed out as the megakernel's groups hand them: N / C tasks (C: the decode tiles' columns,
   16), program p runs tasks p, p + P, ..., and task j takes tiles j, j + N / C, ... (P programs). Otherwise
   program p takes tiles p, p + P, ....
+- 13th, R: each tile's K loop starts at chunk ((row block + column tile) % R) * (K chunks / R) and wraps
+  around, so that the programs sharing a weight chunk (other row blocks) or an input chunk (other columns) do
+  not all ask for it at once when a wave starts in step.
 
 `--sustained N` times N launches back to back (the clocks a tens-of-milliseconds prefill runs at) instead of the
 best of 10. H200 findings (session 32): NOTES.md.
@@ -45,7 +48,7 @@ VARIANTS = ((64, 128, 64, 3, 4, 2), (128, 128, 64, 3, 4, 1), (128, 128, 64, 3, 8
 @triton.jit
 def gemm(X, W, OUT, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
          WS: tl.constexpr, FLAT: tl.constexpr, BAND: tl.constexpr, TILE_DESC: tl.constexpr,
-         GATED: tl.constexpr, TASK_COLS: tl.constexpr):
+         GATED: tl.constexpr, TASK_COLS: tl.constexpr, ROT: tl.constexpr):
     row_blocks = tl.cdiv(M, BM)
     xd = tl.make_tensor_descriptor(X, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
     wd = tl.make_tensor_descriptor(W, shape=[N, K], strides=[K, 1], block_shape=[BN, BK])
@@ -54,16 +57,16 @@ def gemm(X, W, OUT, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexp
         num_tasks = tl.cdiv(N, TASK_COLS)
         for task in range(tl.program_id(0), num_tasks, tl.num_programs(0)):
             _tiles(X, W, OUT, M, N, K, xd, wd, row_blocks, tiles, task, num_tasks, BM, BN, BK, STAGES, WS, FLAT,
-                   BAND, TILE_DESC, GATED)
+                   BAND, TILE_DESC, GATED, ROT)
     else:
         _tiles(X, W, OUT, M, N, K, xd, wd, row_blocks, tiles, tl.program_id(0), tl.num_programs(0), BM, BN, BK,
-               STAGES, WS, FLAT, BAND, TILE_DESC, GATED)
+               STAGES, WS, FLAT, BAND, TILE_DESC, GATED, ROT)
 
 
 @triton.jit
 def _tiles(X, W, OUT, M, N, K, xd, wd, row_blocks, tiles, first, stride, BM: tl.constexpr, BN: tl.constexpr,
            BK: tl.constexpr, STAGES: tl.constexpr, WS: tl.constexpr, FLAT: tl.constexpr, BAND: tl.constexpr,
-           TILE_DESC: tl.constexpr, GATED: tl.constexpr):
+           TILE_DESC: tl.constexpr, GATED: tl.constexpr, ROT: tl.constexpr):
     for t in tl.range(first, tiles, stride, flatten=FLAT):
         if BAND > 0:
             band_tiles = BAND * tl.cdiv(N, BN)
@@ -79,8 +82,14 @@ def _tiles(X, W, OUT, M, N, K, xd, wd, row_blocks, tiles, first, stride, BM: tl.
             xd = tl.make_tensor_descriptor(X, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
             wd = tl.make_tensor_descriptor(W, shape=[N, K], strides=[K, 1], block_shape=[BN, BK])
         acc = tl.zeros((BM, BN), tl.float32)
+        if ROT > 0:
+            shift = ((m0 // BM + n0 // BN) % ROT) * (tl.cdiv(K, BK) // ROT) * BK
+        else:
+            shift = 0
         for k0 in tl.range(0, K, BK, num_stages=STAGES, warp_specialize=WS):
-            acc = tl.dot(xd.load([m0, k0]), tl.trans(wd.load([n0, k0])), acc)
+            k = k0 + shift
+            k = tl.where(k >= K, k - K, k)
+            acc = tl.dot(xd.load([m0, k]), tl.trans(wd.load([n0, k])), acc)
         rows, cols = m0 + tl.arange(0, BM), n0 + tl.arange(0, BN)
         if GATED:
             y = acc.to(tl.bfloat16).to(tl.float32)
@@ -131,11 +140,11 @@ def main() -> None:
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{torch.cuda.get_device_name(0)}, {sms} SMs, Triton {triton.__version__}")
-    variants = [tuple(v) + (0,) * (12 - len(v)) for v in variants]
+    variants = [tuple(v) + (0,) * (13 - len(v)) for v in variants]
     print("tokens | shape | cuBLAS TFLOP/s | " + " | ".join(
         f"{bm}x{bn}x{bk} s{s} w{w} {p}/SM{' ws' if ws else ''}{' flat' if flat else ''}{f' band{band}' if band else ''}"
         f"{' tile-desc' if tile_desc else ''}{' gated' if gated else ''}{f' tasks/{cols}' if cols else ''}"
-        for bm, bn, bk, s, w, p, ws, flat, band, tile_desc, gated, cols in variants))
+        f"{f' rot{rot}' if rot else ''}" for bm, bn, bk, s, w, p, ws, flat, band, tile_desc, gated, cols, rot in variants))
     for tokens in (int(t) for t in args.tokens.split(",")):
         for name, n, k in SHAPES:
             x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
@@ -143,7 +152,7 @@ def main() -> None:
             flop = 2 * tokens * n * k
             ref = x @ w.T
             cells = [f"{flop / time_ms(lambda: x @ w.T, sustained=args.sustained) / 1e9:.0f}"]
-            for bm, bn, bk, stages, warps, per_sm, ws, flat, band, tile_desc, gated, cols in variants:
+            for bm, bn, bk, stages, warps, per_sm, ws, flat, band, tile_desc, gated, cols, rot in variants:
                 out = torch.empty(tokens, n // 2 if gated else n, device="cuda", dtype=torch.bfloat16)
                 want = ref
                 if gated:
@@ -152,7 +161,7 @@ def main() -> None:
 
                 def run():
                     gemm[(sms * per_sm,)](x, w, out, tokens, n, k, bm, bn, bk, stages, bool(ws), bool(flat),
-                                          band, bool(tile_desc), bool(gated), cols,
+                                          band, bool(tile_desc), bool(gated), cols, rot,
                                           num_warps=warps)
                 try:
                     ms = time_ms(run, sustained=args.sustained)

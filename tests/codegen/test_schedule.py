@@ -300,6 +300,22 @@ def test_task_bodies_defining_one_name_twice_are_rejected(tmp_path):
         render.inline_bodies(tmp_path)
 
 
+def test_the_kernel_template_is_read_once_a_process(tmp_path, monkeypatch):
+    """A template edited while a process runs does not reach that process's builds (the compile cache's key was
+    taken from the source the process first read)."""
+    import codegen.render as render
+
+    (tmp_path / "megakernel.py.j2").write_text("first {{ model_name }}\n")
+    monkeypatch.setattr(render, "TEMPLATES", tmp_path)
+    render.kernel_template.cache_clear()
+    try:
+        assert render.kernel_template().render(model_name="m") == "first m\n"
+        (tmp_path / "megakernel.py.j2").write_text("edited {{ model_name }}\n")
+        assert render.kernel_template().render(model_name="m") == "first m\n"
+    finally:
+        render.kernel_template.cache_clear()  # the real template for the tests after this one
+
+
 # -- which program runs which task ---------------------------------------------------------------------------
 def test_a_launch_runs_each_groups_first_wave_statically_and_claims_the_rest():
     """Groups of 3, 1, 5 and 1 tasks on 2 programs: task t of a group's first two on program t % 2, in order;
