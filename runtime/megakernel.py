@@ -73,6 +73,13 @@ class Megakernel:
         self.act = torch.zeros(max(sizes["ACT"], 1), dtype=self.dtype, device=self.device)
         self.f32 = torch.zeros(sizes["F32"], dtype=torch.float32, device=self.device)
         self.i32 = torch.zeros(sizes["I32"], dtype=torch.int32, device=self.device)
+        # the requests' words go through page-locked host memory, copied without stopping the host (a pageable
+        # copy waits for itself), and the state comes back the same way; `_staged` marks the last copy out of it
+        pinned = self.device.type == "cuda"
+        self._i32_host = torch.zeros(sizes["I32"], dtype=torch.int32, pin_memory=pinned)
+        self._f32_host = torch.zeros(2, self.config.max_batch, dtype=torch.float32, pin_memory=pinned)
+        self._i32_back = torch.zeros(sizes["I32"], dtype=torch.int32, pin_memory=pinned)
+        self._staged = torch.cuda.Event() if pinned else None
         self.tasks = artifact.tables["tasks"].to(self.device)
         self.descs = artifact.tables["descs"].to(self.device)
         for name, inv_freq in artifact.tables.items():  # each position's rotary cos and sin, as HF's
@@ -165,9 +172,17 @@ class Megakernel:
     def generate(self, prompts: list[list[int]], params: list[SamplingParams] | SamplingParams) -> list[Completion]:
         max_steps = self.prepare(prompts, params)
         self._launch(max_steps)
-        state = self.i32.cpu()  # one read for the hang check and the tokens
+        state = self.read_state()  # one read for the hang check and the tokens
         self._raise_on_hang(state)
         return self.completions(len(prompts), state)
+
+    def read_state(self) -> torch.Tensor:
+        """The I32 arena as the kernel left it, on the host (valid until the next read)."""
+        if self._staged is None:  # the interpreter's arena is on the host already
+            return self.i32
+        self._i32_back.copy_(self.i32, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return self._i32_back
 
     def prepare(self, prompts: list[list[int]], params: list[SamplingParams] | SamplingParams) -> int:
         """Checks the requests and writes them into the kernel's state; returns a bound on the steps."""
@@ -194,10 +209,16 @@ class Megakernel:
 
     def _write_requests(self, prompts: list[list[int]], params: list[SamplingParams]) -> int:
         """The requests' words, written into a host image of the I32 arena (28K words for Llama-3-8B at batch 1)
-        and copied in one transfer. H200, `benchmarks/explore/ttft_parts.py`: 0.4 ms for a 512-token prompt,
-        0.6 ms for 2,048, all of `prepare`."""
-        cfg, words = self.config, np.zeros(self.i32.numel(), dtype=np.int32)
-        floats = {name: np.zeros(len(prompts), dtype=np.float32) for name in ("req_temperature", "req_top_p")}
+        and copied in one transfer from page-locked memory, without a host sync (a copy from pageable memory
+        waited for itself: H200, `benchmarks/explore/ttft_parts.py`, 0.4 ms for a 512-token prompt, 0.6 ms for
+        2,048, all of `prepare`)."""
+        if self._staged is not None:
+            self._staged.synchronize()  # the last copy out of the staging buffers is done before they are rewritten
+        cfg, words = self.config, self._i32_host.numpy()
+        words.fill(0)
+        staged = self._f32_host.numpy()
+        staged.fill(0)
+        floats = {"req_temperature": staged[0, :len(prompts)], "req_top_p": staged[1, :len(prompts)]}
         at, vocab = self._i32_offsets, self.manifest["model"]["vocab_size"]
         eos = list(self.manifest["model"]["eos_token_ids"])[:8]
         words[at["control"] + 4], words[at["control"] + 5] = len(prompts), len(eos)
@@ -215,10 +236,12 @@ class Megakernel:
             base = at["req_pages"] + r * cfg.max_pages_per_seq
             words[base:base + num_pages] = np.arange(page, page + num_pages, dtype=np.int32)
             page += num_pages
-        self.i32.copy_(torch.from_numpy(words))
-        for name, values in floats.items():
+        self.i32.copy_(self._i32_host, non_blocking=True)
+        for row, name in enumerate(floats):
             offset = self.region(name)[0]
-            self.f32[offset:offset + len(prompts)].copy_(torch.from_numpy(values))
+            self.f32[offset:offset + len(prompts)].copy_(self._f32_host[row, :len(prompts)], non_blocking=True)
+        if self._staged is not None:
+            self._staged.record()
         self._ensure_kv(page)
         self.events.zero_()
         return sum(len(q) + p.max_tokens for q, p in zip(prompts, params)) + 1
@@ -275,7 +298,7 @@ class Megakernel:
     def completions(self, num_requests: int, state: torch.Tensor | None = None) -> list[Completion]:
         """Each request's tokens and why it ended; `state`: the I32 arena read back after the launch (default:
         read now)."""
-        words = (self.i32.cpu() if state is None else state).numpy()
+        words = (self.read_state() if state is None else state).numpy()
         out_base, max_new = self.region("out_tokens")[0], self.config.max_new_tokens
         num_out, finished = self.region("req_num_out")[0], self.region("req_finished")[0]
         completions = []

@@ -57,7 +57,7 @@ def parts(kernel: Megakernel, prompt_len: int, reps: int, wait: str) -> dict[str
         begin.record()
         launch(kernel, max_steps, end, wait)
         t2 = time.perf_counter()
-        state = kernel.i32.cpu()
+        state = kernel.read_state()
         kernel._raise_on_hang(state)  # noqa: SLF001
         kernel.completions(1, state)
         t3 = time.perf_counter()
