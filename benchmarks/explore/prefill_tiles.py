@@ -127,6 +127,13 @@ def time_ms(fn, reps: int = 10, sustained: int = 0) -> float:
     return best
 
 
+def label(variant: tuple[int, ...]) -> str:
+    bm, bn, bk, stages, warps, per_sm, ws, flat, band, tile_desc, gated, cols, rot = variant
+    options = [name for name, on in (("ws", ws), ("flat", flat), (f"band{band}", band), ("tile-desc", tile_desc),
+                                     ("gated", gated), (f"tasks/{cols}", cols), (f"rot{rot}", rot)) if on]
+    return " ".join([f"{bm}x{bn}x{bk} s{stages} w{warps} {per_sm}/SM", *options])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", default="512,2048")
@@ -141,10 +148,7 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{torch.cuda.get_device_name(0)}, {sms} SMs, Triton {triton.__version__}")
     variants = [tuple(v) + (0,) * (13 - len(v)) for v in variants]
-    print("tokens | shape | cuBLAS TFLOP/s | " + " | ".join(
-        f"{bm}x{bn}x{bk} s{s} w{w} {p}/SM{' ws' if ws else ''}{' flat' if flat else ''}{f' band{band}' if band else ''}"
-        f"{' tile-desc' if tile_desc else ''}{' gated' if gated else ''}{f' tasks/{cols}' if cols else ''}"
-        f"{f' rot{rot}' if rot else ''}" for bm, bn, bk, s, w, p, ws, flat, band, tile_desc, gated, cols, rot in variants))
+    print("tokens | shape | cuBLAS TFLOP/s | " + " | ".join(map(label, variants)))
     for tokens in (int(t) for t in args.tokens.split(",")):
         for name, n, k in SHAPES:
             x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
