@@ -377,7 +377,7 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
         tiles = row_blocks * tl.cdiv(N, BNW)
         # At most a tile a task (gate/up's 1,792 tasks at 512 tokens), the group's first tasks, one a program,
         # take every P-th tile and the others none: a claimed task's fetch, wait and signal cost more than the
-        # balance it buys (H200 TTFT 512 18.66-18.86 ms against 19.24-19.80). More (2,048 tokens: 4 a task),
+        # balance it buys (H200 TTFT 512 18.50 / 18.57 ms against 19.76). More (2,048 tokens: 4 a task),
         # each task takes every num_tasks-th, and claiming tasks balances the tail (2,048 with a program's share
         # 71.1-72.1 against 70.3-70.4).
         tasks = tl.cdiv(N, BN)
