@@ -120,6 +120,15 @@ class CompileConfig:
     # weights alone); the last split of a tile sums the fp32 parts and runs the epilogue. 0: as many as give
     # each task at most one split, each at least 8 chunks of block_k_dot; n: n wherever the scratch holds them
     prefill_splits: int = 0
+    # one in this many rounds of a prefill step's projection tiles (a round: a tile for each of the group's first
+    # tasks, one a program), rounded down, goes to its later tasks, a tile each, claimed by whichever program is
+    # free first; the rounds before are the first tasks' share (codegen/bodies/linear.py, `linear_task`). Where a
+    # group has no more tasks than programs, every tile is theirs. H200, Llama-3-8B, gate/up's tiles (7 / 14 / 28
+    # rounds at 512 / 1,024 / 2,048 tokens) with the last 0 / 1 / 2 / 3 / 4 / 6 / 8 rounds claimed, one call:
+    # TTFT 512 18.40 / 18.44-18.69 / 18.56, 1024 33.72 / 32.99-33.69 / 34.10 / 34.11, 2048 - / 70.26-71.33 /
+    # 69.29 / 68.72-69.25 / 69.04 / 70.19 / 69.53; before, every tile in claimed tasks of 1 (512) or 4 (2,048):
+    # 18.75, 34.88, 69.55
+    prefill_claimed_part: int = 8
     moe_slots: int = 0  # expert slots per MoE layer; 0: min(experts, max_batch * top_k)
     attention_splits: int = 0  # tasks per (sequence, KV head) at decode; 0: ~256 tasks per layer
     sample_splits: int = 0  # tasks per sequence for greedy sampling; 0: one per ~8192 logits
@@ -189,7 +198,8 @@ class CompileConfig:
             raise ValueError(f"prefill_splits must be at least 0, got {self.prefill_splits}")
         for name in ("max_batch", "max_tokens_per_step", "max_model_len", "max_new_tokens", "page_size",
                      "target_programs", "programs_per_sm", "num_stages", "batch_stages", "prefill_stages",
-                     "attention_stages", "merge_stages", "expert_stages", "stream_waves", "stream_stages"):
+                     "attention_stages", "merge_stages", "expert_stages", "stream_waves", "stream_stages",
+                     "prefill_claimed_part"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.stream_gemv not in (-1, 0, 1):

@@ -57,7 +57,7 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
                      f"{c.get('PREFILL_PARTS', 0)}, {cfg.prefill_splits}, {cfg.rows_gemv}, "
                      f"{cfg.rows_stages or cfg.num_stages}, {cfg.rows_max}, {prefill_bk}, {stream_out}, "
                      f"{stream_parts}, {stream_tickets}, {cfg.stream_block_k if streamed else 0}, "
-                     f"{cfg.stream_stages}, {cfg.stream_tiles})",
+                     f"{cfg.stream_stages}, {cfg.stream_tiles}, {cfg.prefill_claimed_part})",
         Kind.QKV: f"qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, {r.positions}, {r.slots}, "
                   f"{bm}, {cfg.wide_rows}, {cfg.qkv_block_m}, {bk_small}, {cfg.qkv_batch_k}, {hdp}, {dot_f32}, "
                   f"{cfg.num_stages}, {full_rotary}, {prefill_bk}, {cfg.prefill_stages}, {cfg.prefill_tma})",

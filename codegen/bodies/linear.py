@@ -351,7 +351,8 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
                 PREFILL_TMA: tl.constexpr, PREFILL_PARTS: tl.constexpr, PREFILL_SPLITS: tl.constexpr,
                 ROWS_GEMV: tl.constexpr, ROWS_STAGES: tl.constexpr, ROWS_MAX: tl.constexpr, PREFILL_BK: tl.constexpr,
                 STREAM_OUT: tl.constexpr, STREAM_PARTS: tl.constexpr, STREAM_TICKETS: tl.constexpr,
-                STREAM_BK: tl.constexpr, STREAM_STAGES: tl.constexpr, STREAM_TILES: tl.constexpr):
+                STREAM_BK: tl.constexpr, STREAM_STAGES: tl.constexpr, STREAM_TILES: tl.constexpr,
+                CLAIMED: tl.constexpr):
     """BK, BKM, BKD, PREFILL_BK: the K chunk of the GEMV, of the dots over up to BM rows, of the [BMW, BNB]
     batched blocks (BNBW columns where they run whole), of the [BMP, BNW] prefill tiles; STAGES, BATCH_STAGES,
     PREFILL_STAGES: their pipelining depths;
@@ -362,7 +363,7 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
     `parts` > 0 (a one-row step of a group that streams): the task is part `tile` of `gemv_stream`, whose
     results, partials and tickets are the F32 regions at STREAM_OUT, STREAM_PARTS and STREAM_TICKETS, whose K
     chunk is STREAM_BK (0: no group streams), pipelined STREAM_STAGES deep, and whose epilogue takes STREAM_TILES
-    tiles at a time."""
+    tiles at a time; CLAIMED: one in this many rounds of a prefill step's tiles (a tile a program) is claimed."""
     num_rows = tl.where(word(desc, 15) == 1, num_seqs, num_tokens)
     if num_rows <= ROWS_MAX:
         linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM, BN, BK, BKM, DOT_F32, STAGES, ROWS_GEMV,
@@ -375,22 +376,28 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
         K, N, part_off, ticket_off = word8(desc, 2), word(desc, 4), word(desc, 19), word(desc, 20)
         row_blocks = tl.cdiv(num_rows, BMP)
         tiles = row_blocks * tl.cdiv(N, BNW)
-        # At most a tile a task (gate/up's 1,792 tasks at 512 tokens), the group's first tasks, one a program,
-        # take every P-th tile and the others none: a claimed task's fetch, wait and signal cost more than the
-        # balance it buys (H200 TTFT 512 18.50 / 18.57 ms against 19.76). More (2,048 tokens: 4 a task),
-        # each task takes every num_tasks-th, and claiming tasks balances the tail (2,048 with a program's share
-        # 71.1-72.1 against 70.3-70.4).
+        # The group's first P tasks (a program each, not claimed) take every P-th tile (or K split) of all but
+        # the last of its rounds of P, one in CLAIMED rounds down; each later task, claimed by whichever program
+        # is free first, one of the rest. A task a tile is costly (its fetch, wait and signal: gate/up's 1,792
+        # tiles at 512 tokens as a claimed task each, TTFT 19.76 ms against 18.50 a program's share), and claimed
+        # tiles balance the tail (codegen.config, `prefill_claimed_part`).
         tasks = tl.cdiv(N, BN)
-        num_tasks = tl.where(tiles <= tasks, tl.minimum(tasks, tl.num_programs(0)), tasks)
-        splits = prefill_splits(tiles, num_tasks, K, PREFILL_PARTS, ticket_off, PREFILL_SPLITS, PREFILL_BK)
-        end = tl.where(tile < num_tasks, tiles, 0)
+        P = tl.minimum(tasks, tl.num_programs(0))
+        splits = prefill_splits(tiles, P, K, PREFILL_PARTS, ticket_off, PREFILL_SPLITS, PREFILL_BK)
+        items = tiles * splits
+        rounds = tl.cdiv(items, P)
+        static = tl.where(tasks > P, tl.minimum(tl.maximum(rounds - rounds // CLAIMED, 1) * P, items), items)
+        first = tile < P
+        start = tl.where(first, tile, static + tile - P)
+        stop = tl.where(first, static, items)
+        step = tl.where(first, P, tl.maximum(tasks - P, 1))
         if splits == 1:
-            for item in range(tile, end, num_tasks):
+            for item in range(start, stop, step):
                 dot_block(desc, (item % row_blocks) * BMP, (item // row_blocks) * BNW, num_rows, W, ACT, F32,
                           BMP, BNW, PREFILL_BK, DOT_F32, PREFILL_STAGES, PREFILL_TMA)
-        else:  # ... or its every num_tasks-th (tile, K split), splits of a tile side by side
+        else:  # ... or (tile, K split) items, splits of a tile side by side
             chunk = tl.cdiv(tl.cdiv(K, splits), PREFILL_BK) * PREFILL_BK
-            for item in range(tile, end * splits, num_tasks):
+            for item in range(start, stop, step):
                 m0 = (item % row_blocks) * BMP
                 split = item // row_blocks % splits
                 n0 = item // (row_blocks * splits) * BNW

@@ -142,11 +142,11 @@ def test_bad_requests_are_clear_errors(compiled):
         kernel.generate([[5, -1]], SamplingParams(max_tokens=2))
 
 
-@pytest.mark.parametrize("qkv_block_m, wide_m, block_n, tma, prefill_splits, merge_group", [
-    (16, 16, 64, "", 0, True), (32, 32, 16, "", 0, False), (16, 16, 64, "prefill", 0, True),
-    (64, 32, 16, "batch", 0, True), (16, 16, 16, "", 3, True), (16, 16, 16, "prefill", 2, True)])
+@pytest.mark.parametrize("qkv_block_m, wide_m, block_n, tma, prefill_splits, merge_group, claimed_part", [
+    (16, 16, 64, "", 0, True, 8), (32, 32, 16, "", 0, False, 1), (16, 16, 64, "prefill", 0, True, 8),
+    (64, 32, 16, "batch", 0, True, 8), (16, 16, 16, "", 3, True, 8), (16, 16, 16, "prefill", 2, True, 1)])
 def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_m, wide_m, block_n, tma,
-                                                prefill_splits, merge_group):
+                                                prefill_splits, merge_group, claimed_part):
     """Decode steps split each QKV head's K range, each sequence's context and its greedy argmax over
     tasks; the last to finish merges the parts in order. The first step (31 prompt tokens; two prompts
     have attention blocks of prefill rows, which all of the group's tasks share) either takes
@@ -160,7 +160,9 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
     `prefill_splits`, the first step's wide tiles also split K (chunks of 16: with 3 splits, [0, 32),
     [32, 64) and an empty one), the last split of each running the epilogue. With `merge_group` (the default), the
     attention splits only store their partials and a group of their own (a task a sequence and query head)
-    merges them; without, the last split of a sequence and KV head to finish merges its group's."""
+    merges them; without, the last split of a sequence and KV head to finish merges its group's. A group's first
+    task (the interpreter's one program) takes its wide tiles but one in `claimed_part` (rounded down) of them,
+    its later tasks the rest; at 1, the first takes one tile only."""
     directory = checkpoint("tiny-qwen3")
     model = fp32_model(directory)
     # K = 64: QKV parts [0, 32), [32, 64), empty; contexts up to 11 tokens: attention parts of 16 keys
@@ -170,7 +172,7 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
                                  max_tokens_per_step=32, wide_m=wide_m, prefill_m=wide_m, wide_n=32, batch_n=32,
                                  dynamic_tasks=True, qkv_block_m=qkv_block_m, block_n=block_n,
                                  prefill_tma=tma == "prefill", batch_tma=tma == "batch",
-                                 attention_merge_group=merge_group)
+                                 attention_merge_group=merge_group, prefill_claimed_part=claimed_part)
     out = compile_model(model, config, tmp_path / "split.cubin", WeightsSource(directory), dtype=DType.f32).path
     kernel = Megakernel.load(out, device="cpu")
     graph = trace_model(model.definition, model.config, page_size=4)
