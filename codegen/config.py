@@ -50,7 +50,13 @@ class CompileConfig:
     # take the same rows. H200, Llama-3-8B b32 ctx512, 32 / 64: 6.63 / 7.13 ms (b24 6.59 / 6.99 with 64-row QKV
     # dots for both)
     wide_m: int = 0
-    prefill_m: int = 64
+    # prefill_m 0: 128 rows where a step prefills 1,024 tokens or more (max_tokens_per_step), else 64
+    # (`prefill_rows`). [128, 128] tiles read a third fewer bytes from L2 a flop than [64, 128], but their
+    # accumulator (128 registers a thread) spills elsewhere in the kernel (54 -> 180 B) and their 96 KB of shared
+    # memory a program shrink L1. H200, Llama-3-8B, 64 / 128 rows, one call each (session 33): TTFT 2048 69.68 /
+    # 62.16 ms and 70.50 / 62.92, 1024 32.87 / 29.71, 512 18.52 / 18.11 and 18.98 / 18.31; TPOT b1 ctx512 4.67 /
+    # 4.78, b8 5.38 / 5.46, b64 7.28 / 7.39 and 7.26 / 7.34. 128 rows at 2 stages (64 KB): TTFT 2048 77.21, b1 4.73
+    prefill_m: int = 0
     # input columns per chunk of the prefill tiles (QKV's too); 0: block_k_dot. H100, 128-row tiles, TTFT 2048:
     # chunks of 64 at 3 stages (96 KB) 72.48 ms; of 32 at 4 / 5 / 6 stages (64 / 80 / 96 KB) 78.47 / 80.27 / 82.47
     prefill_block_k: int = 0
@@ -218,7 +224,7 @@ class CompileConfig:
                      "qkv_batch_k", "decode_window_keys", "prefill_window_keys"):
             value = getattr(self, name)
             # 0: another field's value, or a choice of the lowering's
-            zero_ok = name in ("prefill_block_k", "wide_m", "whole_batch_n", "decode_block_kv")
+            zero_ok = name in ("prefill_block_k", "wide_m", "prefill_m", "whole_batch_n", "decode_block_kv")
             if (value <= 0 or value & (value - 1)) and not (zero_ok and value == 0):
                 raise ValueError(f"{name} must be a power of two, got {value}")
         if min(self.block_m, self.qkv_block_m, self.attention_block_m) < 16:
@@ -233,6 +239,11 @@ class CompileConfig:
     def wide_rows(self) -> int:
         """Rows of the batched decode blocks (`wide_m`, or its default for max_batch)."""
         return self.wide_m or (32 if self.max_batch <= 32 else 64)
+
+    @property
+    def prefill_rows(self) -> int:
+        """Rows of the projections' prefill tiles (`prefill_m`, or its default for max_tokens_per_step)."""
+        return self.prefill_m or (128 if self.max_tokens_per_step >= 1024 else 64)
 
     @property
     def streams_gemv(self) -> bool:

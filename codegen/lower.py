@@ -299,7 +299,7 @@ def _allocate(lw: Lowering) -> None:
         lw.layout.alloc("linear_parts", "F32", max(n * linear_splits(cfg, n) for _, n in split_linears)
                         * cfg.wide_rows)
     if "PREFILL_PARTS" in lw.constants:
-        lw.layout.alloc("prefill_parts", "F32", lw.constants["PREFILL_PARTS"] * cfg.prefill_m * cfg.wide_n)
+        lw.layout.alloc("prefill_parts", "F32", lw.constants["PREFILL_PARTS"] * cfg.prefill_rows * cfg.wide_n)
     if qkv_nodes:  # one scratch for every layer: layer l + 1's QKV starts after layer l's is done
         head_dim = _pow2(max(16, max(n.attrs["head_dim"] for n in qkv_nodes)))
         lw.layout.alloc("qkv_parts", "F32", max(_qkv_heads(n) * qkv_splits(lw, n) for n in qkv_nodes)

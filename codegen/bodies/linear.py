@@ -23,7 +23,7 @@ weights and inputs in flight through shared memory.
 import triton
 import triton.language as tl
 
-from codegen.bodies.common import arrives_last, prefill_splits, round_to, store_split, sum_of_splits
+from codegen.bodies.common import arrives_last, prefill_splits, round_to, row_halves, store_split, sum_of_splits
 from codegen.bodies.common import sum_split_rows
 from codegen.bodies.common import word, word8, word_f32
 
@@ -285,8 +285,15 @@ def dot_block(desc, m0, n0, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
               DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr = False):
     """Rows m0 .. m0 + BM times weight rows n0 .. n0 + BN over all of K, with the epilogue."""
     acc = dot_product(desc, m0, n0, 0, word8(desc, 2), num_rows, W, ACT, BM, BN, BK, DOT_F32, STAGES, TMA)
-    rows = m0 + tl.arange(0, BM)
-    linear_epilogue(desc, acc, rows, rows < num_rows, n0, W, ACT, F32)
+    if BM > 64:
+        top, bottom = row_halves(acc)
+        rows = m0 + tl.arange(0, BM // 2)
+        linear_epilogue(desc, top, rows, rows < num_rows, n0, W, ACT, F32)
+        rows += BM // 2
+        linear_epilogue(desc, bottom, rows, rows < num_rows, n0, W, ACT, F32)
+    else:
+        rows = m0 + tl.arange(0, BM)
+        linear_epilogue(desc, acc, rows, rows < num_rows, n0, W, ACT, F32)
 
 
 @triton.jit

@@ -142,11 +142,12 @@ def test_bad_requests_are_clear_errors(compiled):
         kernel.generate([[5, -1]], SamplingParams(max_tokens=2))
 
 
-@pytest.mark.parametrize("qkv_block_m, wide_m, block_n, tma, prefill_splits, merge_group, claimed_part", [
-    (16, 16, 64, "", 0, True, 8), (32, 32, 16, "", 0, False, 1), (16, 16, 64, "prefill", 0, True, 8),
-    (64, 32, 16, "batch", 0, True, 8), (16, 16, 16, "", 3, True, 8), (16, 16, 16, "prefill", 2, True, 1)])
+@pytest.mark.parametrize("qkv_block_m, wide_m, block_n, tma, prefill_splits, merge_group, fields", [
+    (16, 16, 64, "", 0, True, {}), (32, 32, 16, "", 0, False, {"prefill_claimed_part": 1}),
+    (16, 16, 64, "prefill", 0, True, {"prefill_m": 128}), (64, 32, 16, "batch", 0, True, {}),
+    (16, 16, 16, "", 3, True, {}), (16, 16, 16, "prefill", 2, True, {"prefill_claimed_part": 1})])
 def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_m, wide_m, block_n, tma,
-                                                prefill_splits, merge_group, claimed_part):
+                                                prefill_splits, merge_group, fields):
     """Decode steps split each QKV head's K range, each sequence's context and its greedy argmax over
     tasks; the last to finish merges the parts in order. The first step (31 prompt tokens; two prompts
     have attention blocks of prefill rows, which all of the group's tasks share) either takes
@@ -161,18 +162,19 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
     [32, 64) and an empty one), the last split of each running the epilogue. With `merge_group` (the default), the
     attention splits only store their partials and a group of their own (a task a sequence and query head)
     merges them; without, the last split of a sequence and KV head to finish merges its group's. A group's first
-    task (the interpreter's one program) takes its wide tiles but one in `claimed_part` (rounded down) of them,
-    its later tasks the rest; at 1, the first takes one tile only."""
+    task (the interpreter's one program) takes its wide tiles but one in `prefill_claimed_part` (8, rounded down)
+    of them, its later tasks the rest; at 1, the first takes one tile only. `prefill_m` 128 (wide tiles of 128
+    rows instead of wide_m) runs their epilogue a half at a time."""
     directory = checkpoint("tiny-qwen3")
     model = fp32_model(directory)
     # K = 64: QKV parts [0, 32), [32, 64), empty; contexts up to 11 tokens: attention parts of 16 keys
     config = dataclasses.replace(CONFIG, qkv_splits=3, block_k=16, attention_splits=3, block_kv=16,
                                  prefill_splits=prefill_splits, block_k_dot=16 if prefill_splits else 64,
                                  sample_splits=3,  # greedy argmax over three vocabulary chunks
-                                 max_tokens_per_step=32, wide_m=wide_m, prefill_m=wide_m, wide_n=32, batch_n=32,
+                                 max_tokens_per_step=32, wide_m=wide_m, wide_n=32, batch_n=32,
                                  dynamic_tasks=True, qkv_block_m=qkv_block_m, block_n=block_n,
                                  prefill_tma=tma == "prefill", batch_tma=tma == "batch",
-                                 attention_merge_group=merge_group, prefill_claimed_part=claimed_part)
+                                 attention_merge_group=merge_group, **{"prefill_m": wide_m} | fields)
     out = compile_model(model, config, tmp_path / "split.cubin", WeightsSource(directory), dtype=DType.f32).path
     kernel = Megakernel.load(out, device="cpu")
     graph = trace_model(model.definition, model.config, page_size=4)
@@ -188,7 +190,7 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
 
 def _tiny_kernel(checkpoint, path, config, preset="tiny-llama"):
     """(the preset's fp32 kernel built with `config`, a check that its greedy tokens match the reference engine's
-    for PROMPTS at the given max tokens each)."""
+    for the prompts (PROMPTS unless given) at the given max tokens each)."""
     directory = checkpoint(preset)
     model = fp32_model(directory)
     kernel = Megakernel.load(compile_model(model, config, path, WeightsSource(directory), dtype=DType.f32).path,
@@ -196,9 +198,9 @@ def _tiny_kernel(checkpoint, path, config, preset="tiny-llama"):
     graph = trace_model(model.definition, model.config, page_size=4)
     engine = ReferenceEngine(graph, load_weights(graph, directory), config=EngineConfig(num_pages=64))
 
-    def check(max_tokens):
+    def check(max_tokens, prompts=PROMPTS):
         params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in max_tokens]
-        for prompt, p, completion in zip(PROMPTS, params, kernel.generate(PROMPTS, params)):
+        for prompt, p, completion in zip(prompts, params, kernel.generate(prompts, params)):
             (expected,) = engine.generate([prompt], p)
             assert completion.tokens == expected, \
                 f"first differing token at {first_difference(completion.tokens, expected)}"
@@ -214,6 +216,14 @@ def test_decode_attention_in_key_blocks_of_its_own_matches_the_reference_engine(
                                  prefill_window_keys=32)
     _, check = _tiny_kernel(checkpoint, tmp_path / "decode_blocks.cubin", config)
     check((12, 12, 12))
+
+
+def test_prefill_tiles_of_128_rows_match_the_reference_engine(checkpoint, tmp_path):
+    """A 100-token prompt beside a 3-token one, prefilled in one step on [128, 32] tiles (`prefill_m` 128, the
+    default where a step prefills 1,024 tokens or more): both halves of a tile's epilogue hold rows."""
+    config = dataclasses.replace(CONFIG, max_tokens_per_step=128, max_model_len=128, prefill_m=128, wide_n=32)
+    _, check = _tiny_kernel(checkpoint, tmp_path / "rows128.cubin", config)
+    check((4, 4), [[(7 * i + 3) % 250 + 1 for i in range(100)], PROMPTS[1]])
 
 
 @pytest.mark.parametrize("rows_gemv, rows_max", [(4, 4), (0, 16)])
