@@ -25,6 +25,8 @@ A variant is BMxBNxBK/stages/warps/programs an SM, then optional numbers (0: off
 - 13th, R: each tile's K loop starts at chunk ((row block + column tile) % R) * (K chunks / R) and wraps
   around, so that the programs sharing a weight chunk (other row blocks) or an input chunk (other columns) do
   not all ask for it at once when a wave starts in step.
+- 14th, P / 15th, Q: the weights' / the inputs' rows are P / Q elements longer than K (views of wider
+  matrices), so that the rows a chunk reads lie a stride apart that is not a power of two (8 KB at K = 4,096).
 
 `--sustained N` times N launches back to back (the clocks a tens-of-milliseconds prefill runs at) instead of the
 best of 10. H200 findings (session 32): NOTES.md.
@@ -46,27 +48,27 @@ VARIANTS = ((64, 128, 64, 3, 4, 2), (128, 128, 64, 3, 4, 1), (128, 128, 64, 3, 8
 
 
 @triton.jit
-def gemm(X, W, OUT, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
-         WS: tl.constexpr, FLAT: tl.constexpr, BAND: tl.constexpr, TILE_DESC: tl.constexpr,
+def gemm(X, W, OUT, M, N, K, X_STRIDE, W_STRIDE, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+         STAGES: tl.constexpr, WS: tl.constexpr, FLAT: tl.constexpr, BAND: tl.constexpr, TILE_DESC: tl.constexpr,
          GATED: tl.constexpr, TASK_COLS: tl.constexpr, ROT: tl.constexpr):
     row_blocks = tl.cdiv(M, BM)
-    xd = tl.make_tensor_descriptor(X, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
-    wd = tl.make_tensor_descriptor(W, shape=[N, K], strides=[K, 1], block_shape=[BN, BK])
+    xd = tl.make_tensor_descriptor(X, shape=[M, K], strides=[X_STRIDE, 1], block_shape=[BM, BK])
+    wd = tl.make_tensor_descriptor(W, shape=[N, K], strides=[W_STRIDE, 1], block_shape=[BN, BK])
     tiles = row_blocks * tl.cdiv(N, BN)
     if TASK_COLS > 0:  # the megakernel's hand-out: tasks p, p + P, ...; task j's tiles j, j + N / C, ...
         num_tasks = tl.cdiv(N, TASK_COLS)
         for task in range(tl.program_id(0), num_tasks, tl.num_programs(0)):
-            _tiles(X, W, OUT, M, N, K, xd, wd, row_blocks, tiles, task, num_tasks, BM, BN, BK, STAGES, WS, FLAT,
-                   BAND, TILE_DESC, GATED, ROT)
+            _tiles(X, W, OUT, M, N, K, X_STRIDE, W_STRIDE, xd, wd, row_blocks, tiles, task, num_tasks, BM, BN, BK,
+                   STAGES, WS, FLAT, BAND, TILE_DESC, GATED, ROT)
     else:
-        _tiles(X, W, OUT, M, N, K, xd, wd, row_blocks, tiles, tl.program_id(0), tl.num_programs(0), BM, BN, BK,
-               STAGES, WS, FLAT, BAND, TILE_DESC, GATED, ROT)
+        _tiles(X, W, OUT, M, N, K, X_STRIDE, W_STRIDE, xd, wd, row_blocks, tiles, tl.program_id(0), tl.num_programs(0),
+               BM, BN, BK, STAGES, WS, FLAT, BAND, TILE_DESC, GATED, ROT)
 
 
 @triton.jit
-def _tiles(X, W, OUT, M, N, K, xd, wd, row_blocks, tiles, first, stride, BM: tl.constexpr, BN: tl.constexpr,
-           BK: tl.constexpr, STAGES: tl.constexpr, WS: tl.constexpr, FLAT: tl.constexpr, BAND: tl.constexpr,
-           TILE_DESC: tl.constexpr, GATED: tl.constexpr, ROT: tl.constexpr):
+def _tiles(X, W, OUT, M, N, K, X_STRIDE, W_STRIDE, xd, wd, row_blocks, tiles, first, stride, BM: tl.constexpr,
+           BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, WS: tl.constexpr, FLAT: tl.constexpr,
+           BAND: tl.constexpr, TILE_DESC: tl.constexpr, GATED: tl.constexpr, ROT: tl.constexpr):
     for t in tl.range(first, tiles, stride, flatten=FLAT):
         if BAND > 0:
             band_tiles = BAND * tl.cdiv(N, BN)
@@ -79,8 +81,8 @@ def _tiles(X, W, OUT, M, N, K, xd, wd, row_blocks, tiles, first, stride, BM: tl.
             m0 = (t % row_blocks) * BM
             n0 = (t // row_blocks) * BN
         if TILE_DESC:
-            xd = tl.make_tensor_descriptor(X, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
-            wd = tl.make_tensor_descriptor(W, shape=[N, K], strides=[K, 1], block_shape=[BN, BK])
+            xd = tl.make_tensor_descriptor(X, shape=[M, K], strides=[X_STRIDE, 1], block_shape=[BM, BK])
+            wd = tl.make_tensor_descriptor(W, shape=[N, K], strides=[W_STRIDE, 1], block_shape=[BN, BK])
         acc = tl.zeros((BM, BN), tl.float32)
         if ROT > 0:
             shift = ((m0 // BM + n0 // BN) % ROT) * (tl.cdiv(K, BK) // ROT) * BK
@@ -128,9 +130,10 @@ def time_ms(fn, reps: int = 10, sustained: int = 0) -> float:
 
 
 def label(variant: tuple[int, ...]) -> str:
-    bm, bn, bk, stages, warps, per_sm, ws, flat, band, tile_desc, gated, cols, rot = variant
+    bm, bn, bk, stages, warps, per_sm, ws, flat, band, tile_desc, gated, cols, rot, w_pad, x_pad = variant
     options = [name for name, on in (("ws", ws), ("flat", flat), (f"band{band}", band), ("tile-desc", tile_desc),
-                                     ("gated", gated), (f"tasks/{cols}", cols), (f"rot{rot}", rot)) if on]
+                                     ("gated", gated), (f"tasks/{cols}", cols), (f"rot{rot}", rot),
+                                     (f"wpad{w_pad}", w_pad), (f"xpad{x_pad}", x_pad)) if on]
     return " ".join([f"{bm}x{bn}x{bk} s{stages} w{warps} {per_sm}/SM", *options])
 
 
@@ -147,7 +150,7 @@ def main() -> None:
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{torch.cuda.get_device_name(0)}, {sms} SMs, Triton {triton.__version__}")
-    variants = [tuple(v) + (0,) * (13 - len(v)) for v in variants]
+    variants = [tuple(v) + (0,) * (15 - len(v)) for v in variants]
     print("tokens | shape | cuBLAS TFLOP/s | " + " | ".join(map(label, variants)))
     for tokens in (int(t) for t in args.tokens.split(",")):
         for name, n, k in SHAPES:
@@ -156,7 +159,10 @@ def main() -> None:
             flop = 2 * tokens * n * k
             ref = x @ w.T
             cells = [f"{flop / time_ms(lambda: x @ w.T, sustained=args.sustained) / 1e9:.0f}"]
-            for bm, bn, bk, stages, warps, per_sm, ws, flat, band, tile_desc, gated, cols, rot in variants:
+            for variant in variants:
+                bm, bn, bk, stages, warps, per_sm, ws, flat, band, tile_desc, gated, cols, rot, w_pad, x_pad = variant
+                xv = torch.zeros(tokens, k + x_pad, device="cuda", dtype=torch.bfloat16)[:, :k].copy_(x)
+                wv = torch.zeros(n, k + w_pad, device="cuda", dtype=torch.bfloat16)[:, :k].copy_(w)
                 out = torch.empty(tokens, n // 2 if gated else n, device="cuda", dtype=torch.bfloat16)
                 want = ref
                 if gated:
@@ -164,9 +170,8 @@ def main() -> None:
                     want = (torch.nn.functional.silu(y[:, 0::2]).to(torch.bfloat16).float() * y[:, 1::2])
 
                 def run():
-                    gemm[(sms * per_sm,)](x, w, out, tokens, n, k, bm, bn, bk, stages, bool(ws), bool(flat),
-                                          band, bool(tile_desc), bool(gated), cols, rot,
-                                          num_warps=warps)
+                    gemm[(sms * per_sm,)](xv, wv, out, tokens, n, k, k + x_pad, k + w_pad, bm, bn, bk, stages, bool(ws),
+                                          bool(flat), band, bool(tile_desc), bool(gated), cols, rot, num_warps=warps)
                 try:
                     ms = time_ms(run, sustained=args.sustained)
                     error = ((out.float() - want.float()).abs().max() / want.float().abs().max()).item()
