@@ -400,6 +400,13 @@ def _stream_prefetch(lw: Lowering, w_off: int, n: int, k: int, itemsize: int, kb
     return prefetch
 
 
+def even_chunks(lw: Lowering, chunk: int) -> bool:
+    """Whether every projection's and QKV's input width is a multiple of `chunk` (a power of two): then so is
+    every K range a task of theirs takes in chunks of `chunk` or less (`EVEN_K` in codegen/bodies/linear.py)."""
+    return all(node.inputs[0].shape[1] % chunk == 0 for node in lw.graph.nodes
+               if node.op in ("fused_linear", "qkv_rope_store"))
+
+
 def qkv_block_k(lw: Lowering) -> int:
     """The QKV body's K chunk (codegen/render.py passes the same)."""
     return min(lw.config.block_k, 64)

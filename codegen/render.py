@@ -15,7 +15,7 @@ import triton
 from codegen.bodies import OUTLINE_GROUPS
 from codegen.kernel_abi import KERNEL_NAME
 from codegen.layout import CONTROL_FIELDS, PARK_WORDS, STEP_LOG, STEP_REGIONS
-from codegen.lower import Lowering, qkv_block_k, sample_splits, sample_wide
+from codegen.lower import Lowering, even_chunks, qkv_block_k, sample_splits, sample_wide
 from codegen.tasks import (CLAIM, DESC_WORDS, FLAGS, GROUP_SIZE, GROUP_START, MAX_WAITS, NEXT, PREFILL_ONLY,
                            STREAM_ONLY, STREAMS, TASK_WORDS, Kind)
 
@@ -41,6 +41,8 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     bk_rows = max(16, min(256, bk // 2))  # few-row dots stage inputs as large as their weights: smaller chunks
     hdp = _pow2(max(16, c.get("HEAD_DIM_MAX", 16)))
     prefill_bk = cfg.prefill_block_k or cfg.block_k_dot
+    # the pointer tiles' K loops take no K mask where every chunk they cut is whole
+    even_k = even_chunks(lw, max(bk_small, bk_rows, cfg.block_k_dot, prefill_bk, cfg.qkv_batch_k))
     streamed = "tickets:stream" in lw.layout.regions
     stream_out = lw.layout.offset("stream_out") if streamed else -1
     stream_parts = lw.layout.offset("stream_parts") if streamed else -1
@@ -57,10 +59,10 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
                      f"{c.get('PREFILL_PARTS', 0)}, {cfg.prefill_splits}, {cfg.rows_gemv}, "
                      f"{cfg.rows_stages or cfg.num_stages}, {cfg.rows_max}, {prefill_bk}, {stream_out}, "
                      f"{stream_parts}, {stream_tickets}, {cfg.stream_block_k if streamed else 0}, "
-                     f"{cfg.stream_stages}, {cfg.stream_tiles}, {cfg.prefill_claimed_part})",
+                     f"{cfg.stream_stages}, {cfg.stream_tiles}, {cfg.prefill_claimed_part}, {even_k})",
         Kind.QKV: f"qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, {r.positions}, {r.slots}, "
                   f"{bm}, {cfg.wide_rows}, {cfg.qkv_block_m}, {bk_small}, {cfg.qkv_batch_k}, {hdp}, {dot_f32}, "
-                  f"{cfg.num_stages}, {full_rotary}, {prefill_bk}, {cfg.prefill_stages}, {cfg.prefill_tma})",
+                  f"{cfg.num_stages}, {full_rotary}, {prefill_bk}, {cfg.prefill_stages}, {cfg.prefill_tma}, {even_k})",
         Kind.ATTENTION: f"attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs, "
                         f"{r.seq_starts}, {r.context_lens}, {r.seq_req}, {r.req_pages}, {cfg.max_pages_per_seq}, "
                         f"{cfg.page_size}, {_pow2(cfg.max_batch)}, {bm}, {cfg.attention_block_m}, {cfg.block_kv}, "

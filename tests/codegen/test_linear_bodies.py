@@ -1,6 +1,6 @@
-"""The batch-1 GEMVs (codegen/bodies/linear.py) alone under TRITON_INTERPRET=1: the group's work streamed over
-any number of parts (`gemv_stream`, its tiles shared between parts finished by the last to arrive) gives what
-a task a tile (`gemv_row`) gives, and both what torch gives."""
+"""Projection bodies (codegen/bodies/linear.py) alone under TRITON_INTERPRET=1: the batch-1 GEMV's work streamed
+over any number of parts (`gemv_stream`, its tiles shared between parts finished by the last to arrive) gives
+what a task a tile (`gemv_row`) gives, and both what torch gives; so do a batched step's blocks."""
 from __future__ import annotations
 
 import os
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED, OUT_F32, gemv_row, gemv_stream
+from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED, OUT_F32, gemv_row, gemv_stream, split_block
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter tests (CPU)")
 
@@ -76,3 +76,34 @@ def test_streamed_gemv_matches_a_task_a_tile(n, k, gated, out_f32, parts):
     assert f32[2048:2048 + parts].eq(0).all(), "every shared tile's ticket is zeroed again"
     if not out_f32:  # the sum of squares of the stored row, for the norm that reads it
         torch.testing.assert_close(f32[3000], row_f32[3000], rtol=1e-5, atol=1e-4)
+
+
+@triton.jit
+def _batched_kernel(desc, W, ACT, F32, num_tasks, num_rows, BM: tl.constexpr, BNB: tl.constexpr,
+                    BNW: tl.constexpr, EVEN_K: tl.constexpr):
+    for tile in range(0, num_tasks):  # one program: the group's tasks one after another
+        split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, BM, BNB, BNW, BK, True, 2, False, EVEN_K)
+
+
+@pytest.mark.parametrize("even_k", [False, True])
+@pytest.mark.parametrize("splits", [1, 4])  # blocks whole, or each block's K split over 4 tasks
+def test_batched_blocks_match_torch(splits, even_k):
+    """A batched decode step's blocks (`split_block`): the K loop without a K mask (`EVEN_K`, every chunk whole)
+    gives what the masked one gives, and both what torch gives."""
+    rows, n, k, bnb = 5, 128, 256, 64
+    gen = torch.Generator().manual_seed(splits)
+    w, x = torch.randn(n, k, generator=gen) / k ** 0.5, torch.randn(rows, k, generator=gen)
+    residual = torch.randn(rows, n, generator=gen)
+    y = x @ w.T + residual
+    res_off, out_off = rows * k, rows * k + rows * n
+    act = torch.cat([x.flatten(), residual.flatten(), torch.full((rows * n,), float("nan"))])
+    f32 = torch.zeros(64 + n // bnb * splits * 16 * bnb)  # the sum of squares at 0, tickets at 32, partials at 64
+    fields = dict(x_off=0, x_stride=k, k=k, w_off=0, n=n, out_off=out_off, out_stride=n, out_kind=OUT_ALIGNED,
+                  gated=0, stats_off=-1, eps=0.0, res_off=res_off, res_stride=n, bias_off=-1, out_stats_off=0,
+                  rows_kind=0, splits=splits, part_off=64, ticket_off=32, prefill_part_off=-1, prefill_ticket_off=-1)
+    desc = torch.tensor([fields[name] for name in LINEAR_FIELDS], dtype=torch.int64)
+    _batched_kernel[(1,)](desc, w.flatten().clone(), act, f32, n // BN, rows, 16, bnb, 2 * bnb, even_k)
+    torch.testing.assert_close(act[out_off:].view(rows, n), y, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(f32[:rows], (y * y).sum(1), rtol=1e-4, atol=1e-3)
+    if splits > 1:  # every split of every block took its ticket (the planner zeroes them every step)
+        assert f32[32:32 + n // bnb].eq(splits).all()
