@@ -56,7 +56,8 @@ class CompileConfig:
     # memory a program shrink L1. H200, Llama-3-8B, 64 / 128 rows, one call each (session 33): TTFT 2048 69.68 /
     # 62.16 ms and 70.50 / 62.92, 1024 32.87 / 29.71, 512 18.52 / 18.11 and 18.98 / 18.31; TPOT b1 ctx512 4.67 /
     # 4.78, b8 5.38 / 5.46, b64 7.28 / 7.39 and 7.26 / 7.34. 128 rows at 2 stages (64 KB): TTFT 2048 77.21, b1 4.73
-    # H100 (with the epilogue in halves): TTFT 2048 78.37 / 68.69, b64 9.24 / 9.39
+    # H100 (with the epilogue in halves): TTFT 2048 78.37 / 68.69, b64 9.24 / 9.39. A 512-token kernel (session
+    # 34, H200): TTFT 512 18.55 / 17.75, but b1 4.61 / 4.89 in the same kernel, so it keeps 64
     prefill_m: int = 0
     # input columns per chunk of the prefill tiles (QKV's too); 0: block_k_dot. H100, 128-row tiles, TTFT 2048:
     # chunks of 64 at 3 stages (96 KB) 72.48 ms; of 32 at 4 / 5 / 6 stages (64 / 80 / 96 KB) 78.47 / 80.27 / 82.47
