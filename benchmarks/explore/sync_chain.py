@@ -12,6 +12,9 @@ values of a vector and then needs every program's values of that pass before its
 - `ldacq`: the same, polled with `ld.acquire.gpu` loads instead of atomic adds.
 - `flags`: a word a program, stored with release; the consumer loads every program's word (acquire) in one
   vector load until all reach the pass, then loads the vector.
+- `volatile`: the megakernel's counter, polled with plain (volatile) loads and one acquire fence once seen.
+- `sharded`: SHARDS counters, a program adding to one (its index modulo SHARDS), each in a line of its own; the
+  consumer loads them all in one volatile vector load until their sum is reached, then fences.
 - `tagged`: no counter. Each value goes out as one 32-bit word, the bf16 bits under a 16-bit pass tag, so a
   word is either old or new as a whole. The consumer loads the vector itself (volatile) until every tag is the
   pass's: the poll and the input's load are one trip, and the producer needs no release fence.
@@ -34,8 +37,9 @@ import triton.language as tl
 from benchmarks.baselines import median_ms
 from benchmarks.explore.variant_fields import with_kind
 
-MODES = ("counter", "ldacq", "flags", "tagged")
+MODES = ("counter", "ldacq", "flags", "tagged", "volatile", "sharded")
 PER = 16  # values a program writes each pass
+SHARDS = 8  # counters of `sharded`, each in a 128-byte line of its own
 
 
 @triton.jit
@@ -46,8 +50,16 @@ def ld_acquire(ptr):
 
 
 @triton.jit
+def fence_acquire(x):
+    """`fence.acq_rel.gpu` (x passes through): what a relaxed poll that has seen its value needs before loading
+    what the release published."""
+    return tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
 def chain(X, COUNTER, FLAGS, W, passes, N, MODE: tl.constexpr, NP: tl.constexpr, PP: tl.constexpr,
-          WORK_CHUNKS: tl.constexpr, SPIN_LIMIT: tl.constexpr):
+          WORK_CHUNKS: tl.constexpr, SPIN_LIMIT: tl.constexpr, SHARDS_C: tl.constexpr):
     """X: [2, N] int32 (two vectors, one a pass in turn), each word a bf16 value's bits (tagged: under its pass's
     tag). Program p writes words p * 16 .. p * 16 + 15 of pass i: word (p * 16 + j + 16) % N of pass i - 1,
     plus one. W: [programs, WORK_CHUNKS, 16, 256] bf16, the work."""
@@ -84,6 +96,19 @@ def chain(X, COUNTER, FLAGS, W, passes, N, MODE: tl.constexpr, NP: tl.constexpr,
                     while (seen < P * (i - 1)) & (spins < SPIN_LIMIT):
                         seen = ld_acquire(COUNTER)
                         spins += 1
+                elif MODE == 4:
+                    seen = tl.load(COUNTER, volatile=True)
+                    while (seen < P * (i - 1)) & (spins < SPIN_LIMIT):
+                        seen = tl.load(COUNTER, volatile=True)
+                        spins += 1
+                    spins += fence_acquire(seen) * 0
+                elif MODE == 5:
+                    shard = COUNTER + 32 * tl.arange(0, SHARDS_C)
+                    seen = tl.sum(tl.load(shard, volatile=True))
+                    while (seen < P * (i - 1)) & (spins < SPIN_LIMIT):
+                        seen = tl.sum(tl.load(shard, volatile=True))
+                        spins += 1
+                    spins += fence_acquire(seen) * 0
                 else:
                     pr = tl.arange(0, PP)
                     f = ld_acquire(FLAGS + tl.minimum(pr, P - 1))
@@ -111,6 +136,8 @@ def chain(X, COUNTER, FLAGS, W, passes, N, MODE: tl.constexpr, NP: tl.constexpr,
             tl.debug_barrier()  # every thread's stores before the release
             if MODE == 2:
                 tl.atomic_xchg(FLAGS + pid, i, sem="release")
+            elif MODE == 5:
+                tl.atomic_add(COUNTER + 32 * (pid % SHARDS_C), 1, sem="release")
             else:
                 tl.atomic_add(COUNTER, 1, sem="release")
     if spins >= SPIN_LIMIT:
@@ -135,7 +162,7 @@ def run(variant: Variant, passes: int) -> None:
     chunks = variant.work * 1024 // (16 * 256 * 2)
     w = torch.randn(max(1, programs * chunks * 16 * 256), device=device).to(torch.bfloat16)
     x = torch.empty(2, n, dtype=torch.int32, device=device)
-    counter = torch.zeros(2, dtype=torch.int32, device=device)
+    counter = torch.zeros(32 * SHARDS, dtype=torch.int32, device=device)
     flags = torch.zeros(programs, dtype=torch.int32, device=device)
     one = torch.tensor(1.0, dtype=torch.bfloat16).view(torch.int16).item() & 0xFFFF
 
@@ -146,7 +173,7 @@ def run(variant: Variant, passes: int) -> None:
         flags.zero_()
         chain[(programs,)](x, counter, flags, w, num_passes, n, MODE=MODES.index(variant.mode),
                            NP=triton.next_power_of_2(n), PP=triton.next_power_of_2(programs), WORK_CHUNKS=chunks,
-                           SPIN_LIMIT=1 << 22, num_warps=4)
+                           SPIN_LIMIT=1 << 22, SHARDS_C=SHARDS, num_warps=4)
 
     launch(passes)
     torch.cuda.synchronize()
