@@ -78,6 +78,12 @@ class CompileConfig:
     batch_splits: int = 0
     block_kv: int = 32  # keys per attention block
     decode_block_kv: int = 0  # keys per block of a decoding sequence's attention; 0: `codegen.lower.decode_block_kv`
+    # attention's scores rounded to bf16 before and after their scaling, as eager attention stores them; off, they
+    # stay fp32 as in SDPA's and flash attention's kernels (codegen/bodies/attention.py, `attend`): 6% fewer
+    # instructions in the decode key loop, 15% in prefill's. H200, Llama-3-8B, on / off in one call: b64 ctx512
+    # 7.25 / 7.14 ms, b1 4.59 / 4.58, TTFT 2048 62.38 / 61.75, 512 19.15 / 19.29; in another, TTFT 512 19.44 /
+    # 18.60, b8 5.35 / 5.36, b32 5.77 / 5.75. The GPU tests' error to fp32 falls (b1 0.065 against 0.075)
+    attention_bf16_scores: bool = False
     # software pipelining depth of the projections' K loops: the GEMV and dots up to block_m rows, the
     # batched decode blocks ([wide_m + batch_n] x block_k_dot each), the prefill tiles ([prefill_m + wide_n] x
     # block_k_dot each). 72 KB of shared memory for the last two; at 48 KB (prefill 2 stages) on the H100,

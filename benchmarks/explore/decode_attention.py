@@ -63,7 +63,7 @@ def attend_tasks(Q, KV, PAGES, OUT, num_tasks, ctx, kv_plane, head_stride, row_s
         k_base = KV + tl.multiple_of(g * head_stride, 8)
         v_base = k_base + kv_plane
         m_i, l_i, acc = attend(q, q_pos, 0, ctx, PAGES + b * pages_per_seq, k_base, v_base, row_stride, d, d_ok,
-                               scale, PAGE_SIZE, BKV, DOT_F32, STAGES, WINDOW)
+                               scale, PAGE_SIZE, BKV, DOT_F32, STAGES, WINDOW, True)
         tl.store(OUT + (b * HKV * REP + head[:, None]) * HD + d[None, :] % HD, acc / l_i[:, None], mask=mine)
         t += tl.num_programs(0)
 

@@ -23,9 +23,12 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 @triton.jit
 def attend(q, q_pos, j_lo, j_hi, pages, k_base, v_base, row_stride, d, d_ok, scale, PAGE_SIZE: tl.constexpr,
-           BKV: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, WINDOW: tl.constexpr):
+           BKV: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, WINDOW: tl.constexpr,
+           BF16_SCORES: tl.constexpr):
     """(running max [BM], sum [BM], unnormalised output [BM, HDP]) over keys j_lo .. j_hi, WINDOW blocks of
-    BKV keys at a time."""
+    BKV keys at a time. BF16_SCORES rounds each score to the activations' type before and after its scaling,
+    as eager attention's matmul and multiply store them; else the scores stay fp32 and the scale goes into the
+    exponent's FMA, as in SDPA's and flash attention's kernels."""
     dt: tl.constexpr = q.dtype
     m_i = tl.full((q.shape[0],), NEG, tl.float32)
     l_i = tl.zeros((q.shape[0],), tl.float32)
@@ -53,12 +56,16 @@ def attend(q, q_pos, j_lo, j_hi, pages, k_base, v_base, row_stride, d, d_ok, sca
                 s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
             else:
                 s = tl.dot(q, tl.trans(k))
-            s = round_to(round_to(s, dt) * scale, dt)
+            # exp(scale (s - m)) as 2^(s c - m c), one FMA and the ex2 a score; m_i and the scores in units of s
+            if BF16_SCORES:
+                s = round_to(round_to(s, dt) * scale, dt)
+                c = LOG2E
+            else:
+                c = scale * LOG2E
             s = tl.where((j[None, :] <= q_pos[:, None]) & j_ok[None, :], s, NEG)
             m_new = tl.maximum(m_i, tl.max(s, 1))
-            # exp(s - m) as 2^(s log2(e) - m log2(e)): one FMA and the ex2 a score
-            p = tl.exp2(s * LOG2E - (m_new * LOG2E)[:, None])
-            alpha = tl.exp2((m_i - m_new) * LOG2E)
+            p = tl.exp2(s * c - (m_new * c)[:, None])
+            alpha = tl.exp2((m_i - m_new) * c)
             l_i = l_i * alpha + tl.sum(p, 1)
             if DOT_F32:
                 pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
@@ -66,6 +73,8 @@ def attend(q, q_pos, j_lo, j_hi, pages, k_base, v_base, row_stride, d, d_ok, sca
                 pv = tl.dot(p.to(dt), v)
             acc = acc * alpha[:, None] + pv
             m_i = m_new
+    if not BF16_SCORES:
+        m_i = m_i * scale  # the merge's units: scaled scores
     return m_i, l_i, acc
 
 
@@ -75,7 +84,8 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs
                    PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, MAX_SEQS: tl.constexpr,
                    BM: tl.constexpr, BMP: tl.constexpr, BKV: tl.constexpr, DECODE_BKV: tl.constexpr,
                    HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, MERGE_STAGES: tl.constexpr,
-                   SPLITS: tl.constexpr, DECODE_WINDOW: tl.constexpr, PREFILL_WINDOW: tl.constexpr):
+                   SPLITS: tl.constexpr, DECODE_WINDOW: tl.constexpr, PREFILL_WINDOW: tl.constexpr,
+                   BF16_SCORES: tl.constexpr):
     """Task (sequence, KV head, split) of the group's `num_tasks` (MAX_SEQS: the most sequences a step has,
     rounded up to a power of two). A sequence whose query rows (its tokens x the group's heads) fit BM
     decodes: the task takes its split of the context. Longer ones (prefill) come in blocks of BMP rows, and
@@ -93,7 +103,7 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs
             if q_len * rep <= BM:
                 decode_rows(desc, b, group % HKV, tile % splits, ACT, F32, I32, KV, kv_plane, SEQ_STARTS,
                             CONTEXT_LENS, SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ, PAGE_SIZE, BM, DECODE_BKV, HDP, DOT_F32,
-                            STAGES, MERGE_STAGES, SPLITS, DECODE_WINDOW)
+                            STAGES, MERGE_STAGES, SPLITS, DECODE_WINDOW, BF16_SCORES)
         if num_tokens > num_seqs:  # some sequence has more than one token: prefill blocks, numbered over the step
             seqs = tl.arange(0, MAX_SEQS)
             live = seqs < num_seqs
@@ -112,7 +122,7 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs
                     local = item - tl.sum(tl.where(seqs == seq, ends - items, 0))
                     prefill_rows(desc, seq, local % HKV, (local // HKV) * BMP, ACT, I32, KV, kv_plane, SEQ_STARTS,
                                  CONTEXT_LENS, SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ, PAGE_SIZE, BMP, BKV, HDP, DOT_F32,
-                                 STAGES, PREFILL_WINDOW)
+                                 STAGES, PREFILL_WINDOW, BF16_SCORES)
 
 
 @triton.jit
@@ -136,7 +146,7 @@ def decode_rows(desc, b, g, split, ACT, F32, I32, KV, kv_plane, SEQ_STARTS: tl.c
                 CONTEXT_LENS: tl.constexpr, SEQ_REQ: tl.constexpr, REQ_PAGES: tl.constexpr,
                 PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, BM: tl.constexpr, BKV: tl.constexpr,
                 HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, MERGE_STAGES: tl.constexpr,
-                SPLITS: tl.constexpr, WINDOW: tl.constexpr):
+                SPLITS: tl.constexpr, WINDOW: tl.constexpr, BF16_SCORES: tl.constexpr):
     """Split `split` of sequence b's context for KV head g's query rows. Without a merge group the last split
     merges them all (SPLITS: at least `splits`, a power of two), a query row an iteration, MERGE_STAGES deep."""
     q_off, out_off, H, HKV = word8(desc, 0), word8(desc, 1), word(desc, 2), word(desc, 3)
@@ -155,7 +165,7 @@ def decode_rows(desc, b, g, split, ACT, F32, I32, KV, kv_plane, SEQ_STARTS: tl.c
                 mask=r_ok[:, None] & d_ok[None, :], other=0.0)
     chunk = tl.cdiv(tl.cdiv(ctx, splits), BKV) * BKV
     m_i, l_i, acc = attend(q, q_pos, split * chunk, tl.minimum(ctx, (split + 1) * chunk), pages, k_base, v_base,
-                           HKV * HD, d, d_ok, scale, PAGE_SIZE, BKV, DOT_F32, STAGES, WINDOW)
+                           HKV * HD, d, d_ok, scale, PAGE_SIZE, BKV, DOT_F32, STAGES, WINDOW, BF16_SCORES)
     out_ptr = ACT + out_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
     if splits == 1:
         tl.store(out_ptr, (acc / l_i[:, None]).to(dt), mask=r_ok[:, None] & d_ok[None, :])
@@ -175,7 +185,7 @@ def decode_rows(desc, b, g, split, ACT, F32, I32, KV, kv_plane, SEQ_STARTS: tl.c
 def prefill_rows(desc, b, g, m0, ACT, I32, KV, kv_plane, SEQ_STARTS: tl.constexpr, CONTEXT_LENS: tl.constexpr,
                  SEQ_REQ: tl.constexpr, REQ_PAGES: tl.constexpr, PAGES_PER_SEQ: tl.constexpr,
                  PAGE_SIZE: tl.constexpr, BMP: tl.constexpr, BKV: tl.constexpr, HDP: tl.constexpr,
-                 DOT_F32: tl.constexpr, STAGES: tl.constexpr, WINDOW: tl.constexpr):
+                 DOT_F32: tl.constexpr, STAGES: tl.constexpr, WINDOW: tl.constexpr, BF16_SCORES: tl.constexpr):
     """Query rows m0 .. m0 + BMP of sequence b and KV head g, causal: no key after the block's last token."""
     q_off, out_off, H, HKV = word8(desc, 0), word8(desc, 1), word(desc, 2), word(desc, 3)
     HD, scale = word8(desc, 4), word_f32(desc, 6)
@@ -192,7 +202,7 @@ def prefill_rows(desc, b, g, m0, ACT, I32, KV, kv_plane, SEQ_STARTS: tl.constexp
     q = tl.load(q_ptr, mask=r_ok[:, None] & d_ok[None, :], other=0.0)
     last = tl.minimum(ctx, ctx - q_len + (m0 + BMP - 1) // rep + 1)
     m_i, l_i, acc = attend(q, q_pos, 0, last, pages, k_base, v_base, HKV * HD, d, d_ok, scale, PAGE_SIZE, BKV,
-                           DOT_F32, STAGES, WINDOW)
+                           DOT_F32, STAGES, WINDOW, BF16_SCORES)
     out_ptr = ACT + out_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
     tl.store(out_ptr, (acc / l_i[:, None]).to(dt), mask=r_ok[:, None] & d_ok[None, :])
 

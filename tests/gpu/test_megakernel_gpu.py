@@ -105,6 +105,16 @@ def test_the_loads_off_by_default_on_gpu(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+def test_eager_attention_scores_on_gpu(tmp_path):
+    """Attention's scores rounded to bf16 before and after their scaling (`attention_bf16_scores`, off by
+    default), as eager attention stores them, at batch 8."""
+    config = dataclasses.replace(case_config(8), attention_bf16_scores=True)
+    check_against_reference("llama3-8b", 8, config, tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_a_short_prompt_splits_k_on_gpu(tmp_path):
     """A 128-token prompt gives the prefill step's projections fewer [64, 128] tiles than tasks (o_proj: 64
     for 256), so their K ranges split over the tasks (`prefill_splits`)."""
