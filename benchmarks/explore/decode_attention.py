@@ -17,7 +17,7 @@ programs do; 0: a program a task, placed by the hardware), bkv (keys a block), s
 side by side, as one wider row), tma (1: a page a block, each page's keys and values one bulk tensor copy), warps,
 layout (0: the kernel's cache, a token's row holding every KV head; 1: each KV head's keys contiguous) and
 shuffled (1: each sequence's pages in random order, as a long-lived pool leaves them; 0: in order, as the runtime
-gives them out today). `DOT_F32` lets the kernels run in Triton's interpreter (no bf16 dots there) for a check on
+gives them out today) and bf16 (1: scores rounded to bf16 around their scaling, `attention_bf16_scores`). `DOT_F32` lets the kernels run in Triton's interpreter (no bf16 dots there) for a check on
 the CPU.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ PAGE_SIZE = 16
 def attend_tasks(Q, KV, PAGES, OUT, num_tasks, ctx, kv_plane, head_stride, row_stride, pages_per_seq, scale,
                  HKV: tl.constexpr, REP: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr,
                  PAGE_SIZE: tl.constexpr, BKV: tl.constexpr, STAGES: tl.constexpr, WINDOW: tl.constexpr,
-                 HEADS: tl.constexpr, DOT_F32: tl.constexpr = False):
+                 HEADS: tl.constexpr, BF16_SCORES: tl.constexpr, DOT_F32: tl.constexpr = False):
     """Task t: sequence t // (HKV / HEADS)'s one query token against its `ctx` keys, paged, for HEADS KV heads
     side by side (their REP query heads each, padded to BM rows); out = softmax(q k^T * scale) v in fp32. Keys
     at KV + slot * row_stride + head * head_stride, values kv_plane further. HEADS > 1 (heads contiguous in a
@@ -63,7 +63,7 @@ def attend_tasks(Q, KV, PAGES, OUT, num_tasks, ctx, kv_plane, head_stride, row_s
         k_base = KV + tl.multiple_of(g * head_stride, 8)
         v_base = k_base + kv_plane
         m_i, l_i, acc = attend(q, q_pos, 0, ctx, PAGES + b * pages_per_seq, k_base, v_base, row_stride, d, d_ok,
-                               scale, PAGE_SIZE, BKV, DOT_F32, STAGES, WINDOW, True)
+                               scale, PAGE_SIZE, BKV, DOT_F32, STAGES, WINDOW, BF16_SCORES)
         tl.store(OUT + (b * HKV * REP + head[:, None]) * HD + d[None, :] % HD, acc / l_i[:, None], mask=mine)
         t += tl.num_programs(0)
 
@@ -126,6 +126,7 @@ class Variant:
     window: int = 16  # key blocks whose page ids are read at once (the pipeline drains between windows)
     heads: int = 1  # KV heads a task reads side by side (layout 0 only)
     tma: int = 0  # 1: a page a block, each page one bulk tensor copy (`attend_pages_tma`; layout 0, one head)
+    bf16: int = 0  # 1: scores rounded to bf16 before and after their scaling (`attention_bf16_scores`)
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -184,14 +185,15 @@ def run(shape: Shape, variant: Variant, q, k, v, ref, bw: float) -> None:
         attend_tasks[grid](q, cache, table, out, num_tasks, shape.ctx, plane, head_stride, row_stride,
                            table.shape[1], shape.head_dim ** -0.5, HKV=shape.kv_heads, REP=shape.rep,
                            HD=shape.head_dim, BM=16, PAGE_SIZE=PAGE_SIZE, BKV=variant.bkv, STAGES=variant.stages,
-                           WINDOW=variant.window, HEADS=variant.heads, num_warps=variant.warps)
+                           WINDOW=variant.window, HEADS=variant.heads, BF16_SCORES=bool(variant.bf16),
+                           num_warps=variant.warps)
     out.fill_(float("nan"))
     launch()
     err = ((out - ref).norm() / ref.norm()).item()
     us = median_ms(launch, q.device, num_warmup=3, num_reps=50) * 1e3
     floor = shape.kv_bytes / (bw * 1e12) * 1e6
     print(f"programs={variant.programs:3d} bkv={variant.bkv} stages={variant.stages} warps={variant.warps} "
-          f"layout={variant.layout} shuffled={variant.shuffled} window={variant.window} heads={variant.heads} tma={variant.tma}: {us:6.1f} us  ({100 * floor / us:5.1f}% of DRAM; "
+          f"layout={variant.layout} shuffled={variant.shuffled} window={variant.window} heads={variant.heads} tma={variant.tma} bf16={variant.bf16}: {us:6.1f} us  ({100 * floor / us:5.1f}% of DRAM; "
           f"{shape.kv_bytes / us / 1e3 / (variant.programs or num_tasks):5.1f} GB/s a program)  rel err {err:.1e}",
           flush=True)
 
