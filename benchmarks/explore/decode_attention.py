@@ -17,7 +17,8 @@ programs do; 0: a program a task, placed by the hardware), bkv (keys a block), s
 side by side, as one wider row), tma (1: a page a block, each page's keys and values one bulk tensor copy), warps,
 layout (0: the kernel's cache, a token's row holding every KV head; 1: each KV head's keys contiguous) and
 shuffled (1: each sequence's pages in random order, as a long-lived pool leaves them; 0: in order, as the runtime
-gives them out today) and bf16 (1: scores rounded to bf16 around their scaling, `attention_bf16_scores`). `DOT_F32` lets the kernels run in Triton's interpreter (no bf16 dots there) for a check on
+gives them out today), bf16 (1: scores rounded to bf16 around their scaling, `attention_bf16_scores`) and bm
+(query rows a block: 16, or 64 for the prefill blocks' warp-group dots, the rows past the group's heads masked). `DOT_F32` lets the kernels run in Triton's interpreter (no bf16 dots there) for a check on
 the CPU.
 """
 from __future__ import annotations
@@ -127,6 +128,7 @@ class Variant:
     heads: int = 1  # KV heads a task reads side by side (layout 0 only)
     tma: int = 0  # 1: a page a block, each page one bulk tensor copy (`attend_pages_tma`; layout 0, one head)
     bf16: int = 0  # 1: scores rounded to bf16 before and after their scaling (`attention_bf16_scores`)
+    bm: int = 16  # query rows a block (the group's REP heads; the rest masked)
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -184,7 +186,7 @@ def run(shape: Shape, variant: Variant, q, k, v, ref, bw: float) -> None:
             return
         attend_tasks[grid](q, cache, table, out, num_tasks, shape.ctx, plane, head_stride, row_stride,
                            table.shape[1], shape.head_dim ** -0.5, HKV=shape.kv_heads, REP=shape.rep,
-                           HD=shape.head_dim, BM=16, PAGE_SIZE=PAGE_SIZE, BKV=variant.bkv, STAGES=variant.stages,
+                           HD=shape.head_dim, BM=variant.bm, PAGE_SIZE=PAGE_SIZE, BKV=variant.bkv, STAGES=variant.stages,
                            WINDOW=variant.window, HEADS=variant.heads, BF16_SCORES=bool(variant.bf16),
                            num_warps=variant.warps)
     out.fill_(float("nan"))
@@ -193,7 +195,7 @@ def run(shape: Shape, variant: Variant, q, k, v, ref, bw: float) -> None:
     us = median_ms(launch, q.device, num_warmup=3, num_reps=50) * 1e3
     floor = shape.kv_bytes / (bw * 1e12) * 1e6
     print(f"programs={variant.programs:3d} bkv={variant.bkv} stages={variant.stages} warps={variant.warps} "
-          f"layout={variant.layout} shuffled={variant.shuffled} window={variant.window} heads={variant.heads} tma={variant.tma} bf16={variant.bf16}: {us:6.1f} us  ({100 * floor / us:5.1f}% of DRAM; "
+          f"layout={variant.layout} shuffled={variant.shuffled} window={variant.window} heads={variant.heads} tma={variant.tma} bf16={variant.bf16} bm={variant.bm}: {us:6.1f} us  ({100 * floor / us:5.1f}% of DRAM; "
           f"{shape.kv_bytes / us / 1e3 / (variant.programs or num_tasks):5.1f} GB/s a program)  rel err {err:.1e}",
           flush=True)
 
