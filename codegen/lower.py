@@ -407,6 +407,13 @@ def even_chunks(lw: Lowering, chunk: int) -> bool:
                if node.op in ("fused_linear", "qkv_rope_store"))
 
 
+def even_columns(lw: Lowering, width: int) -> bool:
+    """Whether every projection's output width is a multiple of `width` (a power of two): then so is every
+    column tile of `width` or fewer columns whole (`EVEN_N` in codegen/bodies/linear.py)."""
+    return all(n.inputs[fused_linear_inputs(n.attrs).index("w")].shape[0] % width == 0
+               for n in lw.graph.nodes if n.op == "fused_linear")
+
+
 def qkv_block_k(lw: Lowering) -> int:
     """The QKV body's K chunk (codegen/render.py passes the same)."""
     return min(lw.config.block_k, 64)

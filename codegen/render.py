@@ -15,7 +15,7 @@ import triton
 from codegen.bodies import OUTLINE_GROUPS
 from codegen.kernel_abi import KERNEL_NAME
 from codegen.layout import CONTROL_FIELDS, PARK_WORDS, STEP_LOG, STEP_REGIONS
-from codegen.lower import Lowering, even_chunks, qkv_block_k, sample_splits, sample_wide
+from codegen.lower import Lowering, even_chunks, even_columns, qkv_block_k, sample_splits, sample_wide
 from codegen.tasks import (CLAIM, DESC_WORDS, FLAGS, GROUP_SIZE, GROUP_START, MAX_WAITS, NEXT, PREFILL_ONLY,
                            STREAM_ONLY, STREAMS, TASK_WORDS, Kind)
 
@@ -43,6 +43,7 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     prefill_bk = cfg.prefill_block_k or cfg.block_k_dot
     # the pointer tiles' K loops take no K mask where every chunk they cut is whole
     even_k = even_chunks(lw, max(bk_small, bk_rows, cfg.block_k_dot, prefill_bk, cfg.qkv_batch_k))
+    even_n = even_columns(lw, max(cfg.block_n, cfg.batch_n, cfg.whole_batch_n, cfg.wide_n))
     streamed = "tickets:stream" in lw.layout.regions
     stream_out = lw.layout.offset("stream_out") if streamed else -1
     stream_parts = lw.layout.offset("stream_parts") if streamed else -1
@@ -59,7 +60,7 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
                      f"{c.get('PREFILL_PARTS', 0)}, {cfg.prefill_splits}, {cfg.rows_gemv}, "
                      f"{cfg.rows_stages or cfg.num_stages}, {cfg.rows_max}, {prefill_bk}, {stream_out}, "
                      f"{stream_parts}, {stream_tickets}, {cfg.stream_block_k if streamed else 0}, "
-                     f"{cfg.stream_stages}, {cfg.stream_tiles}, {cfg.prefill_claimed_part}, {even_k})",
+                     f"{cfg.stream_stages}, {cfg.stream_tiles}, {cfg.prefill_claimed_part}, {even_k}, {even_n})",
         Kind.QKV: f"qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, {r.positions}, {r.slots}, "
                   f"{bm}, {cfg.wide_rows}, {cfg.qkv_block_m}, {bk_small}, {cfg.qkv_batch_k}, {hdp}, {dot_f32}, "
                   f"{cfg.num_stages}, {full_rotary}, {prefill_bk}, {cfg.prefill_stages}, {cfg.prefill_tma}, {even_k})",

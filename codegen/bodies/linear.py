@@ -233,22 +233,23 @@ def gemv_rows(desc, tile, num_rows, W, ACT, F32, R: tl.constexpr, BN: tl.constex
 @triton.jit
 def dot_product(desc, m0, n0, k_lo, k_hi, num_rows, W, ACT, BM: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr = False,
-                EVEN_K: tl.constexpr = False):
+                EVEN_K: tl.constexpr = False, EVEN_N: tl.constexpr = False):
     """`tile_product` of a projection's input and weight (its descriptor's words)."""
     return tile_product(word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 3), word(desc, 4), m0, n0,
-                        k_lo, k_hi, num_rows, W, ACT, BM, BN, BK, DOT_F32, STAGES, TMA, EVEN_K)
+                        k_lo, k_hi, num_rows, W, ACT, BM, BN, BK, DOT_F32, STAGES, TMA, EVEN_K, EVEN_N)
 
 
 @triton.jit
 def tile_product(x_off, x_stride, K, w_off, N, m0, n0, k_lo, k_hi, num_rows, W, ACT, BM: tl.constexpr,
                  BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr,
-                 EVEN_K: tl.constexpr = False):
+                 EVEN_K: tl.constexpr = False, EVEN_N: tl.constexpr = False):
     """fp32 [BM, BN] product of input rows m0 .. m0 + BM (of num_rows, x_stride apart) and weight rows
     n0 .. n0 + BN (of N, K apart) over input columns k_lo .. k_hi, on tensor cores. TMA: the chunks come
     through tensor descriptors made here (Hopper's bulk tensor copies: one instruction a chunk instead of a
     thread's per 16 bytes, and no masks, since rows and columns past the ends read as zeros) instead of
     masked pointer tiles. EVEN_K: k_lo and k_hi are multiples of BK (`codegen.lower.even_chunks`), so the
-    pointer tiles' K loop takes no K mask."""
+    pointer tiles' K loop takes no K mask; with EVEN_N too (N a multiple of BN, `codegen.lower.even_columns`),
+    their weight rows take no mask at all, and only the input rows theirs."""
     if TMA:
         i32: tl.constexpr = tl.int32  # descriptors take 32-bit shapes and coordinates
         end = tl.cast(k_hi, i32)
@@ -276,7 +277,12 @@ def tile_product(x_off, x_stride, K, w_off, N, m0, n0, k_lo, k_hi, num_rows, W, 
         # with every chunk whole, masks the same from one chunk to the next: ~10% fewer instructions a chunk
         # in the batched blocks' loop, which its instructions bound (H200: b64 -0.8%, b32 -1.6%)
         k_ok = (ks < k_hi) | EVEN_K
-        w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        if EVEN_K and EVEN_N:
+            # a mask costs a copy three instructions (its predicate rebuilt from packed bits): the weights'
+            # were 40 of gate/up's 178 a chunk at b64
+            w = tl.load(w_rows + ks[None, :])
+        else:
+            w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         if DOT_F32:
             acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
@@ -287,9 +293,11 @@ def tile_product(x_off, x_stride, K, w_off, N, m0, n0, k_lo, k_hi, num_rows, W, 
 
 @triton.jit
 def dot_block(desc, m0, n0, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-              DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr = False, EVEN_K: tl.constexpr = False):
+              DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr = False, EVEN_K: tl.constexpr = False,
+              EVEN_N: tl.constexpr = False):
     """Rows m0 .. m0 + BM times weight rows n0 .. n0 + BN over all of K, with the epilogue."""
-    acc = dot_product(desc, m0, n0, 0, word8(desc, 2), num_rows, W, ACT, BM, BN, BK, DOT_F32, STAGES, TMA, EVEN_K)
+    acc = dot_product(desc, m0, n0, 0, word8(desc, 2), num_rows, W, ACT, BM, BN, BK, DOT_F32, STAGES, TMA, EVEN_K,
+                      EVEN_N)
     if BM > 64:
         top, bottom = row_halves(acc)
         rows = m0 + tl.arange(0, BM // 2)
@@ -304,7 +312,7 @@ def dot_block(desc, m0, n0, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
 @triton.jit
 def split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr, BNW: tl.constexpr,
                 BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr,
-                EVEN_K: tl.constexpr):
+                EVEN_K: tl.constexpr, EVEN_N: tl.constexpr = False):
     """Up to BM rows times blocks of columns. With `splits` > 1 the task is split `tile % splits` of the K
     range of block `tile // splits` of BN columns (the group's tasks past its blocks' splits have none), and
     the last split to finish (a ticket counter the planner zeroes every step) sums the fp32 partials in order
@@ -317,7 +325,7 @@ def split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, BM: tl.constexpr, 
     row_ok = rows < num_rows
     if splits == 1:
         for block in range(tile, tl.cdiv(N, BNW), num_tasks):
-            dot_block(desc, 0, block * BNW, num_rows, W, ACT, F32, BM, BNW, BK, DOT_F32, STAGES, TMA, EVEN_K)
+            dot_block(desc, 0, block * BNW, num_rows, W, ACT, F32, BM, BNW, BK, DOT_F32, STAGES, TMA, EVEN_K, EVEN_N)
     else:
         block = tile // splits
         split = tile % splits
@@ -326,7 +334,7 @@ def split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, BM: tl.constexpr, 
             k_lo = split * chunk
             k_hi = tl.multiple_of(tl.minimum(K, k_lo + chunk), 8)  # both are: keeps the K mask vector-wide
             acc = dot_product(desc, 0, block * BN, k_lo, k_hi, num_rows, W, ACT, BM, BN, BK, DOT_F32, STAGES, TMA,
-                              EVEN_K)
+                              EVEN_K, EVEN_N)
             last, total = sum_of_splits(F32, part_off, ticket_off, block, split, splits, acc, rows, BM)
             if last:
                 linear_epilogue(desc, total, rows, row_ok, block * BN, W, ACT, F32)
@@ -337,7 +345,7 @@ def linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM: tl.constexpr, BN: 
                 BKM: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, ROWS_GEMV: tl.constexpr,
                 ROWS_STAGES: tl.constexpr, ROWS_MAX: tl.constexpr, STREAM_OUT: tl.constexpr,
                 STREAM_PARTS: tl.constexpr, STREAM_TICKETS: tl.constexpr, STREAM_BK: tl.constexpr,
-                STREAM_STAGES: tl.constexpr, STREAM_TILES: tl.constexpr, EVEN_K: tl.constexpr):
+                STREAM_STAGES: tl.constexpr, STREAM_TILES: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
     """Up to ROWS_MAX rows (at most BM): the GEMV, the few-row GEMV or the 16-row dots (none of them wgmma, so
     `outline` can make this a function of its own; the dots are compiled in only where ROWS_MAX is more rows
     than the few-row GEMV takes). `parts` > 0: the task is part `tile` of the group's streamed GEMV."""
@@ -354,7 +362,8 @@ def linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM: tl.constexpr, BN: 
         if ROWS_GEMV > 1:
             gemv_rows(desc, tile, num_rows, W, ACT, F32, ROWS_GEMV, BN, BK, STAGES)
     elif ROWS_MAX > ROWS_GEMV:
-        dot_block(desc, 0, tile * BN, num_rows, W, ACT, F32, BM, BN, BKM, DOT_F32, ROWS_STAGES, False, EVEN_K)
+        dot_block(desc, 0, tile * BN, num_rows, W, ACT, F32, BM, BN, BKM, DOT_F32, ROWS_STAGES, False, EVEN_K,
+                  EVEN_N)
 
 
 @triton.jit
@@ -366,7 +375,7 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
                 ROWS_GEMV: tl.constexpr, ROWS_STAGES: tl.constexpr, ROWS_MAX: tl.constexpr, PREFILL_BK: tl.constexpr,
                 STREAM_OUT: tl.constexpr, STREAM_PARTS: tl.constexpr, STREAM_TICKETS: tl.constexpr,
                 STREAM_BK: tl.constexpr, STREAM_STAGES: tl.constexpr, STREAM_TILES: tl.constexpr,
-                CLAIMED: tl.constexpr, EVEN_K: tl.constexpr):
+                CLAIMED: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
     """BK, BKM, BKD, PREFILL_BK: the K chunk of the GEMV, of the dots over up to BM rows, of the [BMW, BNB]
     batched blocks (BNBW columns where they run whole), of the [BMP, BNW] prefill tiles; STAGES, BATCH_STAGES,
     PREFILL_STAGES: their pipelining depths;
@@ -378,15 +387,15 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
     results, partials and tickets are the F32 regions at STREAM_OUT, STREAM_PARTS and STREAM_TICKETS, whose K
     chunk is STREAM_BK (0: no group streams), pipelined STREAM_STAGES deep, and whose epilogue takes STREAM_TILES
     tiles at a time; CLAIMED: one in this many rounds of a prefill step's tiles (a tile a program) is claimed;
-    EVEN_K: every K chunk of the pointer tiles is whole (`tile_product`)."""
+    EVEN_K, EVEN_N: every K chunk, every column tile of the pointer tiles is whole (`tile_product`)."""
     num_rows = tl.where(word(desc, 15) == 1, num_seqs, num_tokens)
     if num_rows <= ROWS_MAX:
         linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM, BN, BK, BKM, DOT_F32, STAGES, ROWS_GEMV,
                     ROWS_STAGES, ROWS_MAX, STREAM_OUT, STREAM_PARTS, STREAM_TICKETS, STREAM_BK, STREAM_STAGES,
-                    STREAM_TILES, EVEN_K)
+                    STREAM_TILES, EVEN_K, EVEN_N)
     elif num_rows <= BMW:  # batched decode: BNB (or BNBW) columns a dot, so that inputs are read no more than weights
         split_block(desc, tile, tl.cdiv(word(desc, 4), BN), num_rows, W, ACT, F32, BMW, BNB, BNBW, BKD, DOT_F32,
-                    BATCH_STAGES, BATCH_TMA, EVEN_K)
+                    BATCH_STAGES, BATCH_TMA, EVEN_K, EVEN_N)
     else:  # prefill: [BMP, BNW] tiles, row blocks innermost (the programs running at once share weights in L2)
         K, N, part_off, ticket_off = word8(desc, 2), word(desc, 4), word(desc, 19), word(desc, 20)
         row_blocks = tl.cdiv(num_rows, BMP)
@@ -409,7 +418,7 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
         if splits == 1:
             for item in range(start, stop, step):
                 dot_block(desc, (item % row_blocks) * BMP, (item // row_blocks) * BNW, num_rows, W, ACT, F32,
-                          BMP, BNW, PREFILL_BK, DOT_F32, PREFILL_STAGES, PREFILL_TMA, EVEN_K)
+                          BMP, BNW, PREFILL_BK, DOT_F32, PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_N)
         else:  # ... or (tile, K split) items, splits of a tile side by side
             chunk = tl.cdiv(tl.cdiv(K, splits), PREFILL_BK) * PREFILL_BK
             for item in range(start, stop, step):
@@ -419,7 +428,7 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
                 k_lo = split * chunk
                 k_hi = tl.multiple_of(tl.minimum(K, k_lo + chunk), 8)  # both are: keeps the K mask vector-wide
                 acc = dot_product(desc, m0, n0, k_lo, k_hi, num_rows, W, ACT, BMP, BNW, PREFILL_BK, DOT_F32,
-                                  PREFILL_STAGES, PREFILL_TMA, EVEN_K)
+                                  PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_N)
                 last, base = store_split(F32, part_off, ticket_off, n0 // BNW * row_blocks + m0 // BMP, split,
                                          splits, acc)
                 if last:  # the epilogue 16 rows at a time, up to the step's last row

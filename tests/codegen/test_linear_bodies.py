@@ -80,18 +80,18 @@ def test_streamed_gemv_matches_a_task_a_tile(n, k, gated, out_f32, parts):
 
 @triton.jit
 def _batched_kernel(desc, W, ACT, F32, num_tasks, num_rows, BM: tl.constexpr, BNB: tl.constexpr,
-                    BNW: tl.constexpr, EVEN_K: tl.constexpr):
+                    BNW: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
     for tile in range(0, num_tasks):  # one program: the group's tasks one after another
-        split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, BM, BNB, BNW, BK, True, 2, False, EVEN_K)
+        split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, BM, BNB, BNW, BK, True, 2, False, EVEN_K, EVEN_N)
 
 
-@pytest.mark.parametrize("even_k", [False, True])
+@pytest.mark.parametrize("even_k, even_n", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("splits", [1, 4])  # blocks whole, or each block's K split over 4 tasks
-def test_batched_blocks_match_torch(splits, even_k):
+def test_batched_blocks_match_torch(splits, even_k, even_n):
     """A batched decode step's blocks (`split_block`): the K loop without a K mask (`EVEN_K`, every chunk whole)
     gives what the masked one gives, and both what torch gives; whole blocks of 128 columns over 200 outputs
-    leave the last block 56 columns past the end."""
-    rows, n, k, bnb = 5, 128 if splits > 1 else 200, 256, 64
+    leave the last block 56 columns past the end. With `EVEN_N` too (256 outputs), the weights load unmasked."""
+    rows, n, k, bnb = 5, 128 if splits > 1 else 256 if even_n else 200, 256, 64
     gen = torch.Generator().manual_seed(splits)
     w, x = torch.randn(n, k, generator=gen) / k ** 0.5, torch.randn(rows, k, generator=gen)
     residual = torch.randn(rows, n, generator=gen)
@@ -103,7 +103,7 @@ def test_batched_blocks_match_torch(splits, even_k):
                   gated=0, stats_off=-1, eps=0.0, res_off=res_off, res_stride=n, bias_off=-1, out_stats_off=0,
                   rows_kind=0, splits=splits, part_off=64, ticket_off=32, prefill_part_off=-1, prefill_ticket_off=-1)
     desc = torch.tensor([fields[name] for name in LINEAR_FIELDS], dtype=torch.int64)
-    _batched_kernel[(1,)](desc, w.flatten().clone(), act, f32, n // BN, rows, 16, bnb, 2 * bnb, even_k)
+    _batched_kernel[(1,)](desc, w.flatten().clone(), act, f32, n // BN, rows, 16, bnb, 2 * bnb, even_k, even_n)
     torch.testing.assert_close(act[out_off:].view(rows, n), y, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(f32[:rows], (y * y).sum(1), rtol=1e-4, atol=1e-3)
     if splits > 1:  # every split of every block took its ticket (the planner zeroes them every step)
