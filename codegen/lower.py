@@ -414,6 +414,12 @@ def even_columns(lw: Lowering, width: int) -> bool:
                for n in lw.graph.nodes if n.op == "fused_linear")
 
 
+def even_heads(lw: Lowering, width: int) -> bool:
+    """Whether every QKV head's dimensions fill `width` (the padded head dimension) exactly: then no head's
+    tile reaches past its own rows (`EVEN_D` in codegen/bodies/qkv.py)."""
+    return all(n.attrs["head_dim"] == width for n in lw.graph.nodes if n.op == "qkv_rope_store")
+
+
 def qkv_block_k(lw: Lowering) -> int:
     """The QKV body's K chunk (codegen/render.py passes the same)."""
     return min(lw.config.block_k, 64)

@@ -50,10 +50,11 @@ def head_norm(y, d_ok, W, norm_off, HD, eps, dt: tl.constexpr):
 
 @triton.jit
 def head_partial(desc, head, k_lo, k_hi, rows, row_ok, W, ACT, F32, BK: tl.constexpr, HDP: tl.constexpr,
-                 DOT_F32: tl.constexpr, STAGES: tl.constexpr, EVEN_K: tl.constexpr):
+                 DOT_F32: tl.constexpr, STAGES: tl.constexpr, EVEN_K: tl.constexpr, EVEN_D: tl.constexpr):
     """[rows, HDP] fp32 partial projection of one head over input columns k_lo .. k_hi, scaled by the rows'
     1/rms (the norm weight is folded into the placed weight). One row streams as a GEMV ([HDP, BK] fp32
-    accumulator, reduced at the end), more rows on tensor cores. EVEN_K: k_lo and k_hi are multiples of BK."""
+    accumulator, reduced at the end), more rows on tensor cores. EVEN_K: k_lo and k_hi are multiples of BK;
+    EVEN_D: every head's dimensions fill HDP (`codegen.lower.even_heads`)."""
     x_off, K, w_off, HD = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 5)
     stats_off, eps = word(desc, 7), word_f32(desc, 8)
     cols = tl.arange(0, HDP)
@@ -67,7 +68,10 @@ def head_partial(desc, head, k_lo, k_hi, rows, row_ok, W, ACT, F32, BK: tl.const
     for k0 in tl.range(k_lo, k_hi, BK, num_stages=STAGES):
         ks = k0 + tl.arange(0, BK)
         k_ok = (ks < k_hi) | EVEN_K  # (as in `tile_product`)
-        w = tl.load(w_rows + ks[None, :], mask=d_ok[:, None] & k_ok[None, :], other=0.0)
+        if EVEN_K and EVEN_D:  # (as in `tile_product`: no mask at all)
+            w = tl.load(w_rows + ks[None, :])
+        else:
+            w = tl.load(w_rows + ks[None, :], mask=d_ok[:, None] & k_ok[None, :], other=0.0)
         x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         if rows.shape[0] == 1:
             acc += w.to(tl.float32) * x.to(tl.float32)
@@ -113,14 +117,14 @@ def head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane,
 @triton.jit
 def split_head(desc, head, split, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS: tl.constexpr,
                SLOTS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, HDP: tl.constexpr, DOT_F32: tl.constexpr,
-               STAGES: tl.constexpr, FULL_ROTARY: tl.constexpr, EVEN_K: tl.constexpr):
+               STAGES: tl.constexpr, FULL_ROTARY: tl.constexpr, EVEN_K: tl.constexpr, EVEN_D: tl.constexpr):
     """A decode step's share of one head: K columns split .. of `splits`; the last split to finish (a ticket
     counter the planner zeroes every step) sums the fp32 partials in order and runs the epilogue."""
     K, splits, part_off, ticket_off = word8(desc, 1), word(desc, 17), word(desc, 18), word(desc, 19)
     chunk = tl.cdiv(tl.cdiv(K, splits), BK) * BK
     k_lo = split * chunk
     k_hi = tl.multiple_of(tl.minimum(K, k_lo + chunk), 8)  # both are: keeps the K mask vector-wide
-    acc = head_partial(desc, head, k_lo, k_hi, rows, row_ok, W, ACT, F32, BK, HDP, DOT_F32, STAGES, EVEN_K)
+    acc = head_partial(desc, head, k_lo, k_hi, rows, row_ok, W, ACT, F32, BK, HDP, DOT_F32, STAGES, EVEN_K, EVEN_D)
     if splits == 1:
         head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP,
                       FULL_ROTARY)
@@ -134,15 +138,15 @@ def split_head(desc, head, split, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, 
 @triton.jit
 def qkv_rows(desc, head, split, num_tokens, W, ACT, F32, I32, KV, kv_plane, POSITIONS: tl.constexpr,
              SLOTS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, HDP: tl.constexpr, DOT_F32: tl.constexpr,
-             STAGES: tl.constexpr, FULL_ROTARY: tl.constexpr, EVEN_K: tl.constexpr):
+             STAGES: tl.constexpr, FULL_ROTARY: tl.constexpr, EVEN_K: tl.constexpr, EVEN_D: tl.constexpr):
     """Up to BM rows of (head, split): one row as a GEMV, more on 16-row dots (not wgmma: `outline` can make
     this a function of its own)."""
     if num_tokens == 1:
         split_head(desc, head, split, tl.arange(0, 1), tl.arange(0, 1) < 1, W, ACT, F32, I32, KV, kv_plane,
-                   POSITIONS, SLOTS, BM, BK, HDP, DOT_F32, STAGES, FULL_ROTARY, EVEN_K)
+                   POSITIONS, SLOTS, BM, BK, HDP, DOT_F32, STAGES, FULL_ROTARY, EVEN_K, EVEN_D)
     else:
         split_head(desc, head, split, tl.arange(0, BM), tl.arange(0, BM) < num_tokens, W, ACT, F32, I32, KV,
-                   kv_plane, POSITIONS, SLOTS, BM, BK, HDP, DOT_F32, STAGES, FULL_ROTARY, EVEN_K)
+                   kv_plane, POSITIONS, SLOTS, BM, BK, HDP, DOT_F32, STAGES, FULL_ROTARY, EVEN_K, EVEN_D)
 
 
 @triton.jit
@@ -150,39 +154,39 @@ def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: 
              SLOTS: tl.constexpr, BM: tl.constexpr, BMW: tl.constexpr, BMP: tl.constexpr, BK: tl.constexpr,
              BKP: tl.constexpr, HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
              FULL_ROTARY: tl.constexpr, BKD: tl.constexpr, PREFILL_STAGES: tl.constexpr, PREFILL_TMA: tl.constexpr,
-             EVEN_K: tl.constexpr):
+             EVEN_K: tl.constexpr, EVEN_D: tl.constexpr):
     """Task (head, split). A step of up to BMP rows (decode, batched decode) splits each head's K range over
     `splits` tasks (K chunks of BKP where more than BM rows are staged: BMW of them up to BMW, the batched
     decode's rows, if fewer than BMP); longer (prefill) steps share the (head, BMP rows) tiles instead, loaded
     as the projections' prefill tiles are (chunks of BKD, PREFILL_STAGES deep, through tensor descriptors with
     PREFILL_TMA). The group's tasks past the (head, split) ones (`num_tasks`, one a program) only prefill.
-    EVEN_K: every K chunk of the pointer tiles is whole (`tile_product`)."""
+    EVEN_K, EVEN_D: every K chunk of the pointer tiles is whole, every head fills HDP (`head_partial`)."""
     splits = word(desc, 17)
     head = tile // splits
     split = tile % splits
     if head >= word(desc, 3) + 2 * word(desc, 4):
         if num_tokens > BMP:
             qkv_prefill(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS, SLOTS, BMP, HDP, DOT_F32,
-                        FULL_ROTARY, BKD, PREFILL_STAGES, PREFILL_TMA, EVEN_K)
+                        FULL_ROTARY, BKD, PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_D)
     elif num_tokens <= BM:
         qkv_rows(desc, head, split, num_tokens, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, BM, BK, HDP,
-                 DOT_F32, STAGES, FULL_ROTARY, EVEN_K)
+                 DOT_F32, STAGES, FULL_ROTARY, EVEN_K, EVEN_D)
     elif BMW < BMP and num_tokens <= BMW:
         split_head(desc, head, split, tl.arange(0, BMW), tl.arange(0, BMW) < num_tokens, W, ACT, F32, I32, KV,
-                   kv_plane, POSITIONS, SLOTS, BMW, BKP, HDP, DOT_F32, STAGES, FULL_ROTARY, EVEN_K)
+                   kv_plane, POSITIONS, SLOTS, BMW, BKP, HDP, DOT_F32, STAGES, FULL_ROTARY, EVEN_K, EVEN_D)
     elif num_tokens <= BMP:
         split_head(desc, head, split, tl.arange(0, BMP), tl.arange(0, BMP) < num_tokens, W, ACT, F32, I32, KV,
-                   kv_plane, POSITIONS, SLOTS, BMP, BKP, HDP, DOT_F32, STAGES, FULL_ROTARY, EVEN_K)
+                   kv_plane, POSITIONS, SLOTS, BMP, BKP, HDP, DOT_F32, STAGES, FULL_ROTARY, EVEN_K, EVEN_D)
     else:
         qkv_prefill(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS, SLOTS, BMP, HDP, DOT_F32,
-                    FULL_ROTARY, BKD, PREFILL_STAGES, PREFILL_TMA, EVEN_K)
+                    FULL_ROTARY, BKD, PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_D)
 
 
 @triton.jit
 def qkv_prefill(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: tl.constexpr,
                 SLOTS: tl.constexpr, BMP: tl.constexpr, HDP: tl.constexpr, DOT_F32: tl.constexpr,
                 FULL_ROTARY: tl.constexpr, BKD: tl.constexpr, PREFILL_STAGES: tl.constexpr,
-                PREFILL_TMA: tl.constexpr, EVEN_K: tl.constexpr):
+                PREFILL_TMA: tl.constexpr, EVEN_K: tl.constexpr, EVEN_D: tl.constexpr):
     """A prefill step: the group's tasks share the (head, row block) tiles, row blocks innermost, as the
     projections' prefill tiles (the tasks running at once share a few heads' weights in L2)."""
     x_off, K, w_off, HD = word8(desc, 0), word8(desc, 1), word8(desc, 2), word(desc, 5)
@@ -194,7 +198,7 @@ def qkv_prefill(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITION
         rows = m0 + tl.arange(0, BMP)
         row_ok = rows < num_tokens
         acc = tile_product(x_off, K, K, w_off, num_heads * HD, m0, item // row_blocks * HD, 0, K, num_tokens,
-                           W, ACT, BMP, HDP, BKD, DOT_F32, PREFILL_STAGES, PREFILL_TMA, EVEN_K)
+                           W, ACT, BMP, HDP, BKD, DOT_F32, PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_D)
         inv = row_inv_rms(F32, stats_off, rows, row_ok, K, eps)
         acc = tl.where((tl.arange(0, HDP) < HD)[None, :], acc * inv[:, None], 0.0)  # past HD: the next head
         head_epilogue(desc, item // row_blocks, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS,
