@@ -4,23 +4,36 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.cuda_driver import carveout_percent
+from runtime.cuda_driver import SM90_SPLITS_KB, carveout_percent
 from runtime.megakernel import launch_programs
 
-H100_SHARED_PER_SM = 233_472
+H100_SHARED_PER_SM = 233_472  # and the H200's
 
 
-@pytest.mark.parametrize("shared, programs, expected", [
-    (49_152, 2, 43),  # 2 x (48 KB + 1 KB reserved) = 100,352 B of 233,472
-    (49_280, 2, 44),  # 128 B more rounds up a percent
-    (0, 2, 1),
-    (200_000, 2, 100),  # more than fits: the driver's occupancy query then allows fewer programs
+def driver_split(percent: int, shared_per_sm: int) -> int:
+    """The split, in bytes, the driver gives an sm_90 SM for a carveout of `percent`: the next it supports."""
+    return next(kb * 1024 for kb in SM90_SPLITS_KB if kb * 1024 >= percent * shared_per_sm / 100)
+
+
+@pytest.mark.parametrize("shared, programs, split_kb", [
+    (49_152, 2, 100),  # 2 x (48 KB + 1 KB reserved) = 100,352 B of 233,472
+    (73_752, 2, 164),  # Llama-3-8B's kernels with 64-row prefill tiles
+    (98_336, 2, 196),  # ... with 128-row ones: 198,720 B, which 86% (rounded up from the bytes) took to 228 KB
+    (0, 2, 8),
 ])
-def test_carveout_holds_the_programs(shared, programs, expected):
+def test_the_carveout_is_the_smallest_split_that_holds_the_programs(shared, programs, split_kb):
     percent = carveout_percent(shared, programs, H100_SHARED_PER_SM)
-    assert percent == expected
-    if percent < 100:
-        assert percent * H100_SHARED_PER_SM / 100 >= programs * (shared + 1024)
+    assert driver_split(percent, H100_SHARED_PER_SM) == split_kb * 1024
+    assert split_kb * 1024 >= programs * (shared + 1024)
+
+
+def test_more_than_an_sm_holds_asks_for_all_of_it():
+    """The driver's occupancy query then allows fewer programs, and the grid shrinks to them."""
+    assert carveout_percent(200_000, 2, H100_SHARED_PER_SM) == 100
+
+
+def test_an_sm_of_unknown_splits_gets_the_percentage_of_the_bytes_needed():
+    assert carveout_percent(40_000, 2, 100 * 1024) == 81  # 82,048 B of 102,400: 80.1%, rounded up
 
 
 @pytest.mark.parametrize("num_sms, per_sm, max_programs, expected", [
