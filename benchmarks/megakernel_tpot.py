@@ -32,8 +32,9 @@ def prefill_budget(batch: int, context: int) -> int:
     a step allow (activations grow with it). Decode steps depend on it too: from 1,024 tokens a step the prefill
     tiles take 128 rows (`CompileConfig.prefill_rows`), whose registers and shared memory cost the decode bodies
     (H200, Llama-3-8B b1 ctx512 in one kernel, 64 / 128 rows: 4.67 / 4.78 ms in session 33, 4.61 / 4.89 in session
-    34, 4.61 / 4.78 in session 36). So b1 ctx512's kernel (512 tokens a step) has 64-row tiles, and every other
-    row's (2,048) 128-row ones."""
+    34, 4.61 / 4.78 in session 36, each before fbfaf3e gave such kernels 60 KB of L1 instead of 28: not yet
+    timed). So b1 ctx512's kernel (512 tokens a step) has 64-row tiles, and every other row's (2,048) 128-row
+    ones."""
     return max(256, min(2048, batch * context))
 
 
