@@ -39,7 +39,7 @@ def carveout_percent(shared_per_program: int, programs_per_sm: int, shared_per_s
     if shared_per_sm == SM90_SPLITS_KB[-1] * 1024:
         split = next((kb * 1024 for kb in SM90_SPLITS_KB if kb * 1024 >= needed), None)
         if split is not None:  # the split's own percentage rounded down, so that it rounds up to the split
-            return max(1, 100 * split // shared_per_sm)
+            return 100 * split // shared_per_sm
     return min(100, -(-100 * needed // shared_per_sm))
 
 
