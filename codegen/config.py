@@ -144,6 +144,11 @@ class CompileConfig:
     # 18.75, 34.88, 69.55
     prefill_claimed_part: int = 8
     moe_slots: int = 0  # expert slots per MoE layer; 0: min(experts, max_batch * top_k)
+    # an MoE layer's RMSNorm folded into its experts' gate/up (their weights' columns scaled by the norm's, each
+    # row's products by its 1/rms: the layer has no norm group), or run as a group whose output they read (the
+    # router folds it in either way). H200, Qwen3-30B-A3B ctx512, folded / a group, one call: b1 4.94 / 5.13 ms,
+    # b8 14.77-14.94 / 14.53-14.60 (spills 204 -> 238 B). A b8 kernel with the group and this code was not timed
+    moe_fold_norm: bool = True
     attention_splits: int = 0  # tasks per (sequence, KV head) at decode; 0: ~256 tasks per layer
     sample_splits: int = 0  # tasks per sequence for greedy sampling; 0: one per ~8192 logits
     qkv_splits: int = 0  # tasks per QKV head at decode (split K, last one runs the epilogue); 0: ~one wave

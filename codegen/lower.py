@@ -25,6 +25,7 @@ from codegen.layout import PARK_WORDS, Layout, add_step_regions, aligned
 from codegen.tasks import Kind, Prefetch, TaskGraph, Wait
 from ir.graph import Graph, Node, Value
 from ir.ops.fused import fused_linear_inputs, qkv_rope_store_inputs
+from ir.ops.moe import moe_experts_inputs
 
 LONG_DECODE_KEYS = 2048  # keys a decode attention task spans from which its blocks are larger (`decode_block_kv`)
 
@@ -450,7 +451,8 @@ def _values_read_by_norms(graph: Graph) -> list[Value]:
     for node in graph.nodes:
         reads_norm = (node.op == "rms_norm" and node.attrs["group"] == node.output.shape[1]) or \
             (node.op == "fused_linear" and node.attrs["prologue"] == "rms_norm") or \
-            (node.op == "qkv_rope_store" and node.attrs["has_norm"])
+            (node.op == "qkv_rope_store" and node.attrs["has_norm"]) or \
+            (node.op == "moe_experts" and node.attrs["prologue"] == "rms_norm")
         if reads_norm:
             found.setdefault(node.inputs[0].id, node.inputs[0])
     return list(found.values())
@@ -670,7 +672,9 @@ def _moe_route(lw: Lowering, node: Node) -> None:
 
 @lowering("moe_experts")
 def _moe_experts(lw: Lowering, node: Node) -> None:
-    x, weights, ids, gate_up, down, *residual = node.inputs
+    named = dict(zip(moe_experts_inputs(node.attrs), node.inputs))
+    x, weights, ids, gate_up, down = (named[k] for k in ("x", "weights", "experts", "gate_up", "down"))
+    residual = [named["residual"]] if "residual" in named else []
     num_experts, two_i, hidden = gate_up.shape
     top_k = weights.shape[1]
     cfg, T, name = lw.config, lw.config.max_tokens_per_step, f"moe.v{node.output.id}"
@@ -680,15 +684,27 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
     h_off = lw.act_buffer(f"{name}.h", T * top_k * two_i)
     y_off = lw.act_buffer(f"{name}.y", T * top_k * hidden)
 
-    def experts(x_off, k, w, n, out_off, silu, waits, part):
+    def experts(x_off, k, w_off, n, out_off, silu, waits, part, stats_off=-1):
         tiles = -(-n // lw.config.expert_block_n)
         desc = lw.tasks.add_desc(EXPERT_FIELDS, dict(
-            x_off=x_off, k=k, w_off=lw.weight(w), n=n, out_off=out_off, top_k=top_k, num_slots=slots,
-            num_tiles=tiles, silu_prologue=silu, **routing))
+            x_off=x_off, k=k, w_off=w_off, n=n, out_off=out_off, top_k=top_k, num_slots=slots,
+            num_tiles=tiles, silu_prologue=silu, stats_off=stats_off, eps=float(node.attrs["eps"]), **routing))
         return lw.tasks.add_group(Kind.EXPERT, desc, slots * tiles, f"{name}.{part}", waits)
 
-    up = experts(lw.act(x), hidden, gate_up, two_i, h_off, 0, lw.waits(ids, x), "gate_up")
-    down_done = experts(h_off, two_i // 2, down, hidden, y_off, 1, (up,), "down")
+    # an RMSNorm of x folded in: its weight scales gate/up's columns, and the tiles scale their rows by 1/rms;
+    # or, where the config keeps it apart, a group of its own writes the normed rows that gate/up reads
+    norm = named.get("norm_w")
+    if norm is not None and not cfg.moe_fold_norm:
+        normed = lw.act_buffer(f"{name}.normed", T * hidden)
+        desc = lw.tasks.add_desc(RMS_NORM_FIELDS, dict(
+            x_off=lw.act(x), hidden=hidden, stats_off=lw.stats[x.id], norm_w_off=lw.weight(norm),
+            eps=float(node.attrs["eps"]), out_off=normed, rows_kind=_rows_kind(x)))
+        norm_done = lw.tasks.add_group(Kind.RMS_NORM, desc, lw.column_tiles(hidden), f"{name}.norm", lw.waits(x))
+        up = experts(normed, hidden, lw.weight(gate_up), two_i, h_off, 0, (*lw.waits(ids), norm_done), "gate_up")
+    else:
+        up = experts(lw.act(x), hidden, lw.placed_weight(gate_up, scale_columns=norm), two_i, h_off, 0,
+                     lw.waits(ids, x), "gate_up", lw.stats[x.id] if norm is not None else -1)
+    down_done = experts(h_off, two_i // 2, lw.weight(down), hidden, y_off, 1, (up,), "down")
     desc = lw.tasks.add_desc(COMBINE_FIELDS, dict(
         y_off=y_off, weights_off=lw.act(weights), top_k=top_k, hidden=hidden, out_off=lw.act(node.output),
         res_off=lw.act(residual[0]) if residual else -1, out_stats_off=lw.out_stats(node.output)))

@@ -81,7 +81,7 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
         Kind.ADD: f"add_task(desc, tile, ACT, F32, num_tokens, num_seqs, {bm}, {bn})",
         Kind.ROUTE: f"route_task(desc, tile, ACT, F32, I32, num_tokens, {bm}, {_pow2(c.get('NUM_EXPERTS_MAX', 1))}, "
                     f"{_pow2(c.get('TOP_K_MAX', 1))}, {GROUP_CHUNK}, {cfg.route_loop_rows})",
-        Kind.EXPERT: f"expert_task(desc, tile, W, ACT, I32, {bm}, {cfg.expert_block_n}, {cfg.expert_block_k}, "
+        Kind.EXPERT: f"expert_task(desc, tile, W, ACT, F32, I32, {bm}, {cfg.expert_block_n}, {cfg.expert_block_k}, "
                      f"{dot_f32}, {cfg.expert_stages}, {cfg.expert_gemv}, {cfg.target_programs})",
         Kind.COMBINE: f"combine_task(desc, tile, ACT, F32, num_tokens, {bm}, {bn}, {c.get('TOP_K_MAX', 1)})",
         Kind.SAMPLE: f"sample_task(desc, tile, I32, F32, num_seqs, step, {lw.layout.offset('control')}, "

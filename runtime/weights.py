@@ -60,7 +60,10 @@ def transform_weight(dst: torch.Tensor, src: torch.Tensor, scale_columns: torch.
                      interleave_rows: bool = False, chunk_rows: int = 8192) -> None:
     """Writes `src` into `dst` (the same tensor or a copy's place) in the form a kernel reads it: each
     column multiplied by `scale_columns` (in fp32, rounded once) and/or the rows of its two halves
-    interleaved (row 2j = row j, row 2j + 1 = row half + j). Works in row chunks: no fp32 copy of the whole."""
+    interleaved (row 2j = row j, row 2j + 1 = row half + j). Works in row chunks: no fp32 copy of the whole.
+    A stacked weight ([experts, rows, columns]) has its columns scaled as rows of one matrix."""
+    if src.dim() > 2 and not interleave_rows:
+        src, dst = src.reshape(-1, src.shape[-1]), dst.view(-1, dst.shape[-1])
     rows = src.shape[0]
     order = torch.arange(rows, device=src.device)
     if interleave_rows:

@@ -8,13 +8,14 @@ received tokens this step, so a decode step with few active experts runs few rea
 import triton
 import triton.language as tl
 
-from codegen.bodies.common import arrives_last, round_to, word, word8
+from codegen.bodies.common import arrives_last, round_to, word, word8, word_f32
+from codegen.bodies.linear import row_inv_rms
 from codegen.bodies.rows import store_rows
 
 ROUTE_FIELDS = ("logits_off", "num_experts", "top_k", "normalize", "weights_off", "ids_off", "offsets_off",
                 "entries_off", "active_off", "num_active_off", "ticket_off", "num_tasks")
 EXPERT_FIELDS = ("x_off", "k", "w_off", "n", "out_off", "top_k", "offsets_off", "entries_off", "active_off",
-                 "num_active_off", "num_slots", "num_tiles", "silu_prologue")
+                 "num_active_off", "num_slots", "num_tiles", "silu_prologue", "stats_off", "eps")
 COMBINE_FIELDS = ("y_off", "weights_off", "top_k", "hidden", "out_off", "res_off", "out_stats_off")
 
 
@@ -107,12 +108,13 @@ def group_pairs(I32, ids_off, E, K, offsets_off, entries_off, active_off, num_ac
 
 
 @triton.jit
-def expert_task(desc, tile, W, ACT, I32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+def expert_task(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                 DOT_F32: tl.constexpr, STAGES: tl.constexpr, GEMV: tl.constexpr, PROGRAMS: tl.constexpr):
     """out[entry, cols] = prologue(x[row of entry]) @ W[expert, cols]^T for the entries of this slot's experts.
 
-    gate/up: x is the normed hidden state, rows are tokens (entry // top_k); down: x is the gate/up
-    output, rows are entries, with the SiLU-gating prologue. Where the step's tiles fit in one wave of the
+    gate/up: x is the hidden state, rows are tokens (entry // top_k), and with `stats_off` the layer's RMSNorm
+    is folded in (W's columns scaled by the norm's weight, each row's products by its 1/rms, as the projections
+    do); down: x is the gate/up output, rows are entries, with the SiLU-gating prologue. Where the step's tiles fit in one wave of the
     PROGRAMS (a few tokens: each task's time is the layer's), an expert with one entry takes it as a GEMV
     (`expert_row`, with GEMV); else BM-row dots, whose throughput is the higher."""
     x_off, K, w_off, N, out_off = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 3), word8(desc, 4)
@@ -134,14 +136,16 @@ def expert_task(desc, tile, W, ACT, I32, BM: tl.constexpr, BN: tl.constexpr, BK:
         if GEMV and one_wave and hi - lo == 1:
             entry = tl.load(I32 + entries_off + lo).to(tl.int64)
             x = ACT + x_off + input_row(entry, silu, top_k) * x_width
-            tl.store(ACT + out_off + entry * N + cols, expert_row(x, K, silu, w_rows, col_ok, BN, BK, STAGES).to(dt),
-                     mask=col_ok)
+            y = expert_row(x, K, silu, w_rows, col_ok, BN, BK, STAGES)
+            y *= _norm_scale(desc, F32, entry // top_k, entry >= 0, K)
+            tl.store(ACT + out_off + entry * N + cols, y.to(dt), mask=col_ok)
         else:
             for m0 in range(lo, hi, BM):
                 r = m0 + tl.arange(0, BM)
                 r_ok = r < hi
                 entry = tl.load(I32 + entries_off + r, mask=r_ok, other=0).to(tl.int64)
                 x_rows = ACT + x_off + input_row(entry, silu, top_k)[:, None] * x_width
+                scale = _norm_scale(desc, F32, entry // top_k, r_ok, K)  # asked for before the loop, used after
                 acc = tl.zeros((BM, BN), tl.float32)
                 for k0 in tl.range(0, K, BK, num_stages=STAGES):
                     ks = k0 + tl.arange(0, BK)
@@ -152,8 +156,15 @@ def expert_task(desc, tile, W, ACT, I32, BM: tl.constexpr, BN: tl.constexpr, BK:
                         acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
                     else:
                         acc += tl.dot(x.to(dt), tl.trans(w))
+                acc *= scale[:, None]
                 tl.store(ACT + out_off + entry[:, None] * N + cols[None, :], acc.to(dt),
                          mask=r_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _norm_scale(desc, F32, tokens, ok, K):
+    """1/rms of the tokens' rows where gate/up folds the layer's norm in, else 1."""
+    return row_inv_rms(F32, word(desc, 13), tokens, ok, K, word_f32(desc, 14))
 
 
 @triton.jit

@@ -129,13 +129,15 @@ def fuse_moe_residual(graph: Graph) -> Graph:
     for index, node in enumerate(graph.nodes):
         if id(node) in absorbed:
             continue
-        is_candidate = node.op == "moe_experts" and len(node.inputs) == 5 and node.output.id not in graph_outputs
+        is_candidate = (node.op == "moe_experts" and not node.attrs["has_residual"]
+                        and node.output.id not in graph_outputs)
         after = users[node.output.id] if is_candidate else []
         if len(after) == 1 and after[0].op == "add":
             add = after[0]
             residual = add.inputs[0] if add.inputs[1].id == node.output.id else add.inputs[1]
             if producer_index.get(residual.id, -1) < index:  # the residual exists when the experts run
-                rw.replace(add.output, rw.emit("moe_experts", [*node.inputs, residual], **node.attrs)[0])
+                rw.replace(add.output, rw.emit("moe_experts", [*node.inputs, residual],
+                                               **{**node.attrs, "has_residual": True})[0])
                 absorbed.add(id(add))
                 continue
         rw.keep(node)

@@ -18,7 +18,7 @@ from blinkc.random_checkpoint import write_random_checkpoint
 from blinkc.weights import load_weights
 from codegen.config import CompileConfig
 from codegen.lower import linear_splits
-from codegen.tasks import FLAGS, STREAMS
+from codegen.tasks import FLAGS, STREAMS, Kind
 from ir import DType
 from models.presets import TINY_PRESETS, preset_config
 from models.trace import trace_model
@@ -260,6 +260,15 @@ def test_sampling_without_a_cut_draws_the_same_tokens_however_the_row_is_split(c
                                                                             ignore_eos=True))]
     assert tokens[0] == tokens[1]
     assert tokens[0] != greedy
+
+
+def test_an_moe_norm_as_a_group_of_its_own_matches_the_reference_engine(checkpoint, tmp_path):
+    """Without `moe_fold_norm` (on by default, as in the greedy test above), an MoE layer's RMSNorm is a group of
+    its own whose output gate/up reads, while the router still folds it in, and the tokens still match."""
+    config = dataclasses.replace(CONFIG, moe_fold_norm=False)
+    kernel, check = _tiny_kernel(checkpoint, tmp_path / "moe_norm_group.cubin", config, "tiny-qwen3-moe")
+    assert (kernel.tasks[:, 0] == Kind.RMS_NORM).any()  # word 0: the task's kind
+    check((7, 12, 4))
 
 
 def test_streamed_gemv_matches_the_reference_engine(checkpoint, tmp_path):

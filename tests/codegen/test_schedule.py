@@ -40,8 +40,8 @@ def _chain(graph: TaskGraph, desc: int) -> tuple[Wait, Wait]:
     return embed, graph.add_group(Kind.LINEAR, desc, 3, "linear", (embed,))
 
 
-def _lowered(preset: str):
-    return lower(build_graph(resolve_model(preset), CONFIG), CONFIG)
+def _lowered(preset: str, config: CompileConfig = CONFIG):
+    return lower(build_graph(resolve_model(preset), config), config)
 
 
 # -- check_schedule on hand-built graphs ---------------------------------------------------------------------
@@ -113,6 +113,17 @@ def test_a_lowered_moe_model_passes_the_schedule_check():
     kinds = {t.kind for t in lw.tasks.tasks}
     assert {Kind.ROUTE, Kind.EXPERT, Kind.COMBINE, Kind.SAMPLE} <= kinds
     assert lw.sample.count == CONFIG.max_batch
+
+
+@pytest.mark.parametrize("fold", [0, 1])
+def test_an_moe_layers_norm_is_a_group_or_folded_into_its_experts(fold):
+    lw = _lowered("tiny-qwen3-moe", dataclasses.replace(CONFIG, moe_fold_norm=fold))
+    norms = [g for g in lw.tasks.event_names if g.endswith(".norm")]
+    assert len(norms) == 2 * (1 - fold)  # the two MoE layers'; the routers take the norm in either way
+    scaled = {t["param"]: t["scale_columns"] for t in lw.transforms}
+    expected = "model.layers.0.post_attention_layernorm.weight" if fold else None
+    assert scaled.get("model.layers.0.mlp.experts.gate_up_proj") == expected
+    assert scaled["model.layers.0.mlp.gate.weight"] == "model.layers.0.post_attention_layernorm.weight"
 
 
 def test_norms_fold_into_the_weights_they_feed_and_a_tied_head_gets_its_own_copy():

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from blinkc.weights import random_weights
-from ir import DType
+from ir import DType, Tracer, ops
 from ir.executor import execute
 from ir.graph import Graph
 from ir.passes.dead_code import eliminate_dead_code
+from ir.passes.fold_rms_norm import fold_rms_norm
 from ir.passes.fuse_projections import fuse_gate_up, fuse_qkv
 from ir.passes.fuse_silu_mul import fuse_silu_mul
 from ir.passes.pipeline import LOWERING_PREP, PIPELINE, run_pipeline
@@ -83,13 +84,24 @@ def test_fusions_leave_already_fused_phi_projections_alone():
     assert fuse_gate_up(fuse_qkv(graph)).params == graph.params
 
 
-def test_fold_rms_norm_skips_norms_read_by_something_else_than_a_projection():
+def test_fold_rms_norm_folds_the_moe_norm_into_router_and_experts():
     graph = run_pipeline(traced("tiny-qwen3-moe"))
-    unfolded = [n.inputs[1].name for n in graph.nodes if n.op == "rms_norm" and "layernorm" in n.inputs[1].name]
-    # the post-attention norms of the two MoE layers feed router and experts
-    assert unfolded == [f"model.layers.{i}.post_attention_layernorm.weight" for i in (0, 2)]
+    assert not [n for n in graph.nodes if n.op == "rms_norm" and "layernorm" in n.inputs[1].name]
     folded = [n for n in graph.nodes if n.op == "rms_norm_linear"]
-    assert len(folded) == 3 + 1 + 1  # input norms of 3 layers, the dense layer's MLP norm, the final norm
+    # input norms of 3 layers, the two MoE layers' routers, the dense layer's MLP norm, the final norm
+    assert len(folded) == 3 + 2 + 1 + 1
+    experts = [n for n in graph.nodes if n.op == "moe_experts"]
+    assert [n.attrs["prologue"] for n in experts] == ["rms_norm", "rms_norm"]
+    assert [n.inputs[5].name for n in experts] == [f"model.layers.{i}.post_attention_layernorm.weight"
+                                                   for i in (0, 2)]
+
+
+def test_fold_rms_norm_skips_a_norm_read_by_something_else_than_an_input_row():
+    tr = Tracer()
+    x = tr.input("x", ("T", 8), DType.f32)
+    h = ops.rms_norm(x, tr.param("n", (8,), DType.f32), 1e-6)
+    graph = tr.finish({"y": ops.add(ops.linear(h, tr.param("w", (8, 8), DType.f32)), h)})
+    assert [n.op for n in fold_rms_norm(graph).nodes] == ["rms_norm", "linear", "add"]
 
 
 def test_dead_code_elimination_drops_unread_nodes_only():
@@ -117,7 +129,7 @@ def test_moe_residual_add_goes_into_the_experts():
     before = run_pipeline(traced("tiny-qwen3-moe"))
     after = run_pipeline(before, LOWERING_PREP)
     experts = [n for n in after.nodes if n.op == "moe_experts"]
-    assert len(experts) == 2 and all(len(n.inputs) == 6 for n in experts)  # the two MoE layers
+    assert len(experts) == 2 and all(n.attrs["has_residual"] for n in experts)  # the two MoE layers
     producers = {v.id: n for n in after.nodes for v in n.outputs}
     assert not any(n.op == "add" and producers.get(v.id, n).op == "moe_experts" for n in after.nodes for v in n.inputs)
     step = random_step(before, seed=7)
