@@ -37,7 +37,7 @@ def decode_bytes(graph: Graph, batch: int, context: int) -> DecodeBytes:
         elif node.op == "moe_experts":
             num_experts = node.inputs[3].shape[0]
             active = min(num_experts, batch * node.inputs[1].shape[1])
-            for stacked in node.inputs[3:5]:  # gate_up and down (a sixth input is a residual)
+            for stacked in node.inputs[3:5]:  # gate_up and down (then a norm weight, a residual: `moe_experts_inputs`)
                 read[stacked.name] = read[stacked.name] * active // num_experts
         elif node.op == "paged_attention":
             cache = node.inputs[1]

@@ -114,9 +114,9 @@ def expert_task(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, BN: tl.constexpr
 
     gate/up: x is the hidden state, rows are tokens (entry // top_k), and with `stats_off` the layer's RMSNorm
     is folded in (W's columns scaled by the norm's weight, each row's products by its 1/rms, as the projections
-    do); down: x is the gate/up output, rows are entries, with the SiLU-gating prologue. Where the step's tiles fit in one wave of the
-    PROGRAMS (a few tokens: each task's time is the layer's), an expert with one entry takes it as a GEMV
-    (`expert_row`, with GEMV); else BM-row dots, whose throughput is the higher."""
+    do); down: x is the gate/up output, rows are entries, with the SiLU-gating prologue. Where the step's tiles
+    fit in one wave of the PROGRAMS (a few tokens: each task's time is the layer's), an expert with one entry
+    takes it as a GEMV (`expert_row`, with GEMV); else BM-row dots, whose throughput is the higher."""
     x_off, K, w_off, N, out_off = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 3), word8(desc, 4)
     top_k = word(desc, 5)
     offsets_off, entries_off, active_off = word(desc, 6), word(desc, 7), word(desc, 8)
