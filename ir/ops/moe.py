@@ -72,7 +72,7 @@ def _moe_experts(*inputs, prologue: str = "none", eps: float = 0.0, has_residual
         gate, up = F.linear(x[token], gate_up[e]).chunk(2, dim=-1)
         y = F.linear(F.silu(gate) * up, down[e]) * weights[token, slot, None]
         out.index_add_(0, token, y.to(out.dtype))
-    return out if not has_residual else named["residual"] + out
+    return named["residual"] + out if has_residual else out
 
 
 def moe_experts(x: Tensor, weights: Tensor, experts: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
