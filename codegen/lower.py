@@ -266,8 +266,8 @@ def _allocate(lw: Lowering) -> None:
     for node in attention_nodes:
         lw.layout.alloc(f"tickets:v{node.output.id}", "F32", cfg.max_batch * node.attrs["num_kv_heads"])
     for node in lw.graph.nodes:
-        if node.op == "moe_route":  # the routing task that finishes last groups the pairs
-            lw.layout.alloc(f"tickets:v{node.outputs[1].id}", "F32", 1)
+        if node.op == "moe_route":  # each expert's count of pairs, then the number of experts with any
+            lw.layout.alloc(f"tickets:v{node.outputs[1].id}.counts", "F32", node.inputs[0].shape[1] + 1)
     lw.layout.alloc("tickets:sample", "F32", cfg.max_batch)
     linears = [(n.output, n.inputs[fused_linear_inputs(n.attrs).index("w")].shape[0])  # (output, its width)
                for n in lw.graph.nodes if n.op == "fused_linear"]
@@ -647,27 +647,38 @@ def _layer_of(lw: Lowering, cache: Value) -> int:
 
 @lowering("moe_route")
 def _moe_route(lw: Lowering, node: Node) -> None:
-    """Routing tasks of block_m tokens each; the last to finish also groups the pairs by expert into the
-    regions `v{ids}.offsets_off` ... that the experts read."""
+    """Routing tasks, a token each where a step has no more tokens than the group has tasks (decode), else
+    block_m each; each pair goes into its expert's list in the regions `v{ids}.entries` and `.active` that the
+    experts read, counted in `tickets:v{ids}.counts` (zeroed every step)."""
     (logits,) = node.inputs
     weights, ids = node.outputs
     top_k, num_experts = node.attrs["top_k"], logits.shape[1]
     if num_experts > 1 << 16:  # the routing body packs an expert's index into 16 bits of its sort key
         raise ValueError(f"{num_experts} experts: the routing task takes at most {1 << 16}")
     T = lw.config.max_tokens_per_step
-    ids_off = lw.layout.alloc(f"v{ids.id}", "I32", T * top_k)
-    regions = {key: lw.layout.alloc(f"v{ids.id}.{key}", "I32", size) for key, size in (
-        ("offsets_off", num_experts + 1), ("entries_off", T * top_k), ("active_off", num_experts),
-        ("num_active_off", 1))}
-    num_tasks = -(-T // lw.config.block_m)
+    num_tasks = max(-(-T // lw.config.block_m), min(T, lw.config.max_batch))
     desc = lw.tasks.add_desc(ROUTE_FIELDS, dict(
-        logits_off=lw.act(logits), num_experts=num_experts, top_k=top_k,
-        normalize=int(node.attrs["normalize"]), weights_off=lw.act(weights), ids_off=ids_off, **regions,
-        ticket_off=lw.layout.offset(f"tickets:v{ids.id}"), num_tasks=num_tasks))
-    done = lw.tasks.add_group(Kind.ROUTE, desc, num_tasks, "moe_route", lw.waits(logits))
+        logits_off=lw.act(logits), num_experts=num_experts, top_k=top_k, normalize=int(node.attrs["normalize"]),
+        weights_off=lw.act(weights), ids_off=lw.layout.alloc(f"v{ids.id}", "I32", T * top_k),
+        **_routing_regions(lw, ids, num_experts), num_tasks=num_tasks))
+    # past the decode tokens' tasks, a task only routes in steps that prefill
+    done = lw.tasks.add_group(Kind.ROUTE, desc, num_tasks, "moe_route", lw.waits(logits),
+                              prefill_only_from=lw.config.max_batch)
     lw.ready[weights.id] = lw.ready[ids.id] = done
     lw.constants["NUM_EXPERTS_MAX"] = max(lw.constants.get("NUM_EXPERTS_MAX", 1), num_experts)
     lw.constants["TOP_K_MAX"] = max(lw.constants.get("TOP_K_MAX", 1), top_k)
+
+
+def _routing_regions(lw: Lowering, ids: Value, num_experts: int) -> dict[str, int]:
+    """The lists of pairs by expert that the routing tasks fill and the expert tasks read (`append_pairs` in
+    codegen/bodies/moe.py): `capacity` entries an expert (a token chooses an expert once), the experts with
+    any, and their counts."""
+    T, name = lw.config.max_tokens_per_step, f"v{ids.id}"
+    if f"{name}.entries" not in lw.layout.regions:
+        lw.layout.alloc(f"{name}.entries", "I32", num_experts * T)
+        lw.layout.alloc(f"{name}.active", "I32", num_experts)
+    return dict(counts_off=lw.layout.offset(f"tickets:{name}.counts"), entries_off=lw.layout.offset(f"{name}.entries"),
+                active_off=lw.layout.offset(f"{name}.active"), capacity=T)
 
 
 @lowering("moe_experts")
@@ -678,8 +689,7 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
     num_experts, two_i, hidden = gate_up.shape
     top_k = weights.shape[1]
     cfg, T, name = lw.config, lw.config.max_tokens_per_step, f"moe.v{node.output.id}"
-    routing = {key: lw.layout.offset(f"v{ids.id}.{key}")  # grouped by the last routing task
-               for key in ("offsets_off", "entries_off", "active_off", "num_active_off")}
+    routing = _routing_regions(lw, ids, num_experts)
     slots = cfg.moe_slots or min(num_experts, cfg.max_batch * top_k)
     h_off = lw.act_buffer(f"{name}.h", T * top_k * two_i)
     y_off = lw.act_buffer(f"{name}.y", T * top_k * hidden)
@@ -687,8 +697,9 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
     def experts(x_off, k, w_off, n, out_off, silu, waits, part, stats_off=-1):
         tiles = -(-n // lw.config.expert_block_n)
         desc = lw.tasks.add_desc(EXPERT_FIELDS, dict(
-            x_off=x_off, k=k, w_off=w_off, n=n, out_off=out_off, top_k=top_k, num_slots=slots,
-            num_tiles=tiles, silu_prologue=silu, stats_off=stats_off, eps=float(node.attrs["eps"]), **routing))
+            x_off=x_off, k=k, w_off=w_off, n=n, out_off=out_off, top_k=top_k, num_experts=num_experts,
+            num_slots=slots, num_tiles=tiles, silu_prologue=silu, stats_off=stats_off, eps=float(node.attrs["eps"]),
+            **routing))
         return lw.tasks.add_group(Kind.EXPERT, desc, slots * tiles, f"{name}.{part}", waits)
 
     # an RMSNorm of x folded in: its weight scales gate/up's columns, and the tiles scale their rows by 1/rms;

@@ -20,9 +20,6 @@ from codegen.tasks import (CLAIM, DESC_WORDS, FLAGS, GROUP_SIZE, GROUP_START, MA
                            STREAM_ONLY, STREAMS, TASK_WORDS, Kind)
 
 TEMPLATES = Path(__file__).parent / "templates"
-# (token, slot) pairs per iteration of the MoE grouping, each against every expert: [32, experts] tiles.
-# It looped over the experts instead: 363 / 1484 us a layer at b1 / b8 on Qwen3-30B-A3B (H100).
-GROUP_CHUNK = 32
 
 
 def _pow2(n: int) -> int:
@@ -80,7 +77,7 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
         Kind.RMS_NORM: f"rms_norm_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn})",
         Kind.ADD: f"add_task(desc, tile, ACT, F32, num_tokens, num_seqs, {bm}, {bn})",
         Kind.ROUTE: f"route_task(desc, tile, ACT, F32, I32, num_tokens, {bm}, {_pow2(c.get('NUM_EXPERTS_MAX', 1))}, "
-                    f"{_pow2(c.get('TOP_K_MAX', 1))}, {GROUP_CHUNK}, {cfg.route_loop_rows})",
+                    f"{_pow2(c.get('TOP_K_MAX', 1))}, {cfg.route_loop_rows})",
         Kind.EXPERT: f"expert_task(desc, tile, W, ACT, F32, I32, {bm}, {cfg.expert_block_n}, {cfg.expert_block_k}, "
                      f"{dot_f32}, {cfg.expert_stages}, {cfg.expert_gemv}, {cfg.target_programs})",
         Kind.COMBINE: f"combine_task(desc, tile, ACT, F32, num_tokens, {bm}, {bn}, {c.get('TOP_K_MAX', 1)})",

@@ -36,7 +36,7 @@ class Kind(enum.IntEnum):
     GATHER = 4
     RMS_NORM = 5
     ADD = 6
-    ROUTE = 7  # ... and the grouping of the pairs by expert (8 was a task kind of its own)
+    ROUTE = 7  # ... each pair appended to its expert's list (8 was a grouping task kind of its own)
     EXPERT = 9
     COMBINE = 10
     SAMPLE = 11

@@ -1,6 +1,6 @@
-"""Mixture of experts: routing (softmax, top-k, renormalisation) and, by the last routing task to finish,
-grouping the step's (token, slot) pairs by expert; the experts' gate/up and down projections over their
-tokens, and the weighted combine (plus the residual).
+"""Mixture of experts: routing (softmax, top-k, renormalisation), each (token, choice) pair appended to its
+expert's list as it is routed; the experts' gate/up and down projections over their tokens, and the weighted
+combine (plus the residual).
 
 Expert tasks are indexed by (expert slot, column tile): slot j serves the j-th, (j+S)-th, ... expert that
 received tokens this step, so a decode step with few active experts runs few real tiles.
@@ -8,41 +8,39 @@ received tokens this step, so a decode step with few active experts runs few rea
 import triton
 import triton.language as tl
 
-from codegen.bodies.common import arrives_last, round_to, word, word8, word_f32
+from codegen.bodies.common import round_to, word, word8, word_f32
 from codegen.bodies.linear import row_inv_rms
 from codegen.bodies.rows import store_rows
 
-ROUTE_FIELDS = ("logits_off", "num_experts", "top_k", "normalize", "weights_off", "ids_off", "offsets_off",
-                "entries_off", "active_off", "num_active_off", "ticket_off", "num_tasks")
-EXPERT_FIELDS = ("x_off", "k", "w_off", "n", "out_off", "top_k", "offsets_off", "entries_off", "active_off",
-                 "num_active_off", "num_slots", "num_tiles", "silu_prologue", "stats_off", "eps")
+ROUTE_FIELDS = ("logits_off", "num_experts", "top_k", "normalize", "weights_off", "ids_off", "counts_off",
+                "entries_off", "active_off", "capacity", "num_tasks")
+EXPERT_FIELDS = ("x_off", "k", "w_off", "n", "out_off", "top_k", "counts_off", "entries_off", "active_off",
+                 "num_experts", "num_slots", "num_tiles", "silu_prologue", "stats_off", "eps", "capacity")
 COMBINE_FIELDS = ("y_off", "weights_off", "top_k", "hidden", "out_off", "res_off", "out_stats_off")
 
 
 @triton.jit
 def route_task(desc, tile, ACT, F32, I32, num_tokens, BM: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr,
-               CH: tl.constexpr, LOOP_ROWS: tl.constexpr):
-    """Routes BM tokens, then takes a ticket (a counter the planner zeroes every step): the group's last
-    task to finish groups every pair of the step by expert (one phase less than a grouping task).
+               LOOP_ROWS: tl.constexpr):
+    """Routes a token where the step has no more tokens than the group has tasks (every decode step: a token
+    routed on each of as many programs), else BM tokens from tile * BM.
 
     A task with at most LOOP_ROWS tokens routes them one at a time. A [BM, EP] block of int64 keys spreads every
     row over all the threads, so each of its top-k reductions shuffles every row (~6,300 instructions, 1,476
-    shuffles, sm_90); one row takes ~630. The routing runs once a layer on one program, its code is never in the
+    shuffles, sm_90); one row takes ~630. A layer's routing runs on few programs, its code is never in the
     instruction cache, and fetching the block's took ~20 us a layer at b1 (ncu: `no_instructions`, H200)."""
-    first = tile * BM
-    rows = tl.minimum(num_tokens - first, BM)
-    if rows > LOOP_ROWS:
-        route_rows(desc, first, ACT, I32, num_tokens, BM, EP, TOPK)
+    one = num_tokens <= word(desc, 10)
+    first = tl.where(one, tile, tile * BM)
+    rows = tl.where(one, (tile < num_tokens).to(tl.int64), tl.minimum(num_tokens - first, BM))
+    if (rows > LOOP_ROWS) & (rows > 1):
+        route_rows(desc, first, ACT, F32, I32, num_tokens, BM, EP, TOPK)
     else:
         for row in range(first, first + rows):
-            route_rows(desc, row, ACT, I32, num_tokens, 1, EP, TOPK)
-    if arrives_last(F32 + word(desc, 10), word(desc, 11)):
-        group_pairs(I32, word(desc, 5), word(desc, 1), word(desc, 2), word(desc, 6), word(desc, 7), word(desc, 8),
-                    word(desc, 9), num_tokens, EP, CH)
+            route_rows(desc, row, ACT, F32, I32, num_tokens, 1, EP, TOPK)
 
 
 @triton.jit
-def route_rows(desc, first, ACT, I32, num_tokens, BM: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr):
+def route_rows(desc, first, ACT, F32, I32, num_tokens, BM: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr):
     """Softmax over the experts, the top k (and, with `normalize`, each chosen p over the sum of the chosen,
     as HF does) of tokens first .. first + BM. Each choice is one max over keys that pack a probability's bits
     (non-negative floats order as their bits do) above 65535 - expert, so that equal probabilities go to the
@@ -63,48 +61,36 @@ def route_rows(desc, first, ACT, I32, num_tokens, BM: tl.constexpr, EP: tl.const
     total = tl.zeros((BM,), tl.float32)
     chosen = tl.zeros((BM, TOPK), tl.int64)  # the chosen keys, column j the j-th choice
     slots = tl.arange(0, TOPK)
-    for j in tl.static_range(TOPK):
-        if j < K:
-            best = tl.max(keys, 1)
-            total += (best >> 16).to(tl.int32).to(tl.float32, bitcast=True)
-            chosen = tl.where(slots[None, :] == j, best[:, None], chosen)
-            keys = tl.where(keys == best[:, None], -1, keys)
+    for j in range(K):  # a loop, not unrolled: this code runs once a layer, fetched cold each time
+        best = tl.max(keys, 1)
+        total += (best >> 16).to(tl.int32).to(tl.float32, bitcast=True)
+        chosen = tl.where(slots[None, :] == j, best[:, None], chosen)
+        keys = tl.where(keys == best[:, None], -1, keys)
     p = (chosen >> 16).to(tl.int32).to(tl.float32, bitcast=True)
     weight = tl.where(normalize == 1, p / total[:, None], p)
     mask = row_ok[:, None] & (slots < K)[None, :]
     at = rows[:, None] * K + slots[None, :]
-    tl.store(I32 + ids_off + at, (65535 - (chosen & 65535)).to(tl.int32), mask=mask)
+    expert = (65535 - (chosen & 65535)).to(tl.int32)
+    tl.store(I32 + ids_off + at, expert, mask=mask)
     tl.store(ACT + weights_off + at, weight.to(ACT.dtype.element_ty), mask=mask)
+    append_pairs(desc, F32, I32, expert, at.to(tl.int32), mask)
 
 
 @triton.jit
-def group_pairs(I32, ids_off, E, K, offsets_off, entries_off, active_off, num_active_off, num_tokens,
-                EP: tl.constexpr, CH: tl.constexpr):
-    """Stable counting sort of the step's (token, slot) pairs by expert, CH pairs at a time against all EP
-    experts at once: each expert's count and first place (offsets), the list of experts that got any,
-    then each pair's place (its expert's first place, plus the pairs before it with the same expert)."""
-    num_entries = num_tokens * K
-    experts = tl.arange(0, EP)
-    idx = tl.arange(0, CH)
-    counts = tl.zeros((EP,), tl.int32)
-    for c0 in range(0, num_entries, CH):
-        ids = tl.load(I32 + ids_off + c0 + idx, mask=c0 + idx < num_entries, other=-1)
-        counts += tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), 0)
-    starts = tl.cumsum(counts, 0) - counts
-    tl.store(I32 + offsets_off + experts, starts, mask=experts < E)
-    tl.store(I32 + offsets_off + E, tl.sum(counts, 0))
-    active = (counts > 0).to(tl.int32)
-    tl.store(I32 + active_off + tl.cumsum(active, 0) - 1, experts, mask=active == 1)
-    tl.store(I32 + num_active_off, tl.sum(active, 0))
-    earlier = idx[None, :] < idx[:, None]  # [i, j]: pair j comes before pair i
-    for c0 in range(0, num_entries, CH):
-        ok = c0 + idx < num_entries
-        ids = tl.load(I32 + ids_off + c0 + idx, mask=ok, other=-1)
-        hit = ids[:, None] == experts[None, :]
-        rank = tl.sum((earlier & (ids[None, :] == ids[:, None])).to(tl.int32), 1)
-        place = tl.sum(tl.where(hit, starts[None, :], 0), 1) + rank
-        tl.store(I32 + entries_off + place, c0 + idx, mask=ok)
-        starts += tl.sum(hit.to(tl.int32), 0)
+def append_pairs(desc, F32, I32, expert, entry, mask):
+    """Appends each (token, choice) entry to its expert's list (`capacity` words an expert: a token chooses an
+    expert once): its place from the expert's count, and an expert's first entry also appends the expert to the
+    list of those with any. The counts (then the number of listed experts) are words the planner zeroes every
+    step, taken with atomics, so that no task waits for the others to group the pairs (a counting sort by the
+    group's last task, on one program, took ~13 us a layer at b1, ~35 at b8: H200, Qwen3-30B-A3B). The order of
+    a list, and of the experts, varies from run to run; an expert's products for a row do not depend on it."""
+    E, capacity = word(desc, 1), word(desc, 9)
+    counts = (F32 + word(desc, 6)).to(tl.pointer_type(tl.int32), bitcast=True)
+    place = tl.atomic_add(counts + expert, 1, mask=mask, sem="relaxed")
+    first = mask & (place == 0)
+    listed = tl.atomic_add(counts + E + expert * 0, 1, mask=first, sem="relaxed")
+    tl.store(I32 + word(desc, 8) + listed, expert, mask=first)
+    tl.store(I32 + word(desc, 7) + expert.to(tl.int64) * capacity + place, entry, mask=mask)
 
 
 @triton.jit
@@ -119,8 +105,9 @@ def expert_task(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, BN: tl.constexpr
     takes it as a GEMV (`expert_row`, with GEMV); else BM-row dots, whose throughput is the higher."""
     x_off, K, w_off, N, out_off = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 3), word8(desc, 4)
     top_k = word(desc, 5)
-    offsets_off, entries_off, active_off = word(desc, 6), word(desc, 7), word(desc, 8)
-    num_active, num_slots = tl.load(I32 + word(desc, 9)), word(desc, 10)
+    counts = (F32 + word(desc, 6)).to(tl.pointer_type(tl.int32), bitcast=True)  # route_rows' `append_pairs`
+    entries_off, active_off, capacity = word(desc, 7), word(desc, 8), word(desc, 15)
+    num_active, num_slots = tl.load(counts + word(desc, 9)), word(desc, 10)
     num_tiles, silu = word(desc, 11), word(desc, 12)
     dt: tl.constexpr = W.dtype.element_ty
     slot = tile // num_tiles
@@ -130,8 +117,8 @@ def expert_task(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, BN: tl.constexpr
     one_wave = num_active * num_tiles <= PROGRAMS
     for a in range(slot, num_active, num_slots):
         expert = tl.load(I32 + active_off + a).to(tl.int64)
-        lo = tl.load(I32 + offsets_off + expert)
-        hi = tl.load(I32 + offsets_off + expert + 1)
+        lo = expert * capacity  # its entries' list
+        hi = lo + tl.load(counts + expert)
         w_rows = W + w_off + expert * N * K + cols[:, None] * K
         if GEMV and one_wave and hi - lo == 1:
             entry = tl.load(I32 + entries_off + lo).to(tl.int64)
