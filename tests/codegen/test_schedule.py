@@ -12,6 +12,7 @@ import torch
 from blinkc.compile_model import build_graph
 from codegen.check import ScheduleError, check_schedule, check_shared_activations
 from codegen.bodies.linear import LINEAR_FIELDS
+from codegen.bodies.moe import ROUTE_FIELDS
 from codegen.config import CompileConfig
 from codegen.layout import ALIGN, Layout
 from codegen.lower import lower
@@ -113,6 +114,25 @@ def test_a_lowered_moe_model_passes_the_schedule_check():
     kinds = {t.kind for t in lw.tasks.tasks}
     assert {Kind.ROUTE, Kind.EXPERT, Kind.COMBINE, Kind.SAMPLE} <= kinds
     assert lw.sample.count == CONFIG.max_batch
+
+
+def test_routing_counts_are_zeroed_every_step_and_decode_tokens_route_a_task_each():
+    """Each routed pair takes its place in its expert's list from a count the planner zeroes every step; a
+    decode step's tokens route on tasks of their own, and the tasks past max_batch only work in prefills."""
+    lw = _lowered("tiny-qwen3-moe")
+    zeroed = range(lw.constants["STATS_OFF"], lw.constants["STATS_OFF"] + lw.constants["STATS_SIZE"])
+    routes = [t for t in lw.tasks.tasks if t.kind == Kind.ROUTE]
+    descs = {t.desc for t in routes}
+    assert len(descs) == 2  # the two MoE layers
+    for d in descs:
+        desc = dict(zip(ROUTE_FIELDS, lw.tasks.descs[d]))
+        experts = desc["num_experts"]
+        assert {desc["counts_off"], desc["counts_off"] + experts} <= set(zeroed)
+        assert desc["capacity"] == CONFIG.max_tokens_per_step
+        assert desc["num_tasks"] == max(-(-CONFIG.max_tokens_per_step // CONFIG.block_m), CONFIG.max_batch)
+        tasks = [t for t in routes if t.desc == d]
+        assert [t.prefill_only for t in tasks] == [t.tile >= CONFIG.max_batch for t in tasks]
+        assert len(tasks) == desc["num_tasks"]
 
 
 @pytest.mark.parametrize("fold", [0, 1])
