@@ -27,6 +27,12 @@ class CompileConfig:
     # H100: b1 7.67 ms at (64, 3), 7.66 at (128, 3), 7.45 at (64, 4); b8 19.38 at (64, 3), 19.39 at (128, 4)
     expert_block_k: int = 64
     expert_stages: int = 4
+    # token rows of an expert's dot blocks where it has more than block_m rows in a step (a prefill), and of the
+    # combine's row blocks; 0: block_m. Each block reads its expert's whole weight slice, so 16-row blocks read
+    # it again for every 16 tokens: H200, Qwen3-30B-A3B TTFT 2048 at block_m 377 ms against a torch prefill's
+    # 283 (an eager loop over the experts); a layer's gate/up 4.2-4.5 ms, down 1.8, the combine (a task a
+    # column tile, 128 blocks of rows each) 0.6 (`profile_step --prefill --context 2048`). Not yet timed on.
+    expert_prefill_m: int = 0
     # an expert of one token takes it as a GEMV where the step's expert tiles fit in one wave (few tokens).
     # H200, Qwen3-30B-A3B ctx512, on / off: b1 4.95 / 5.09 ms, b8 14.43 / 14.51 (a GEMV for every expert of
     # up to 2 tokens, whatever the wave: b1 5.02, b8 15.71 against 14.49: at b8 the dots' throughput wins)
@@ -234,10 +240,11 @@ class CompileConfig:
         for name in ("block_n", "expert_block_n", "expert_block_k", "block_k", "block_k_dot", "prefill_block_k",
                      "block_m", "qkv_block_m", "attention_block_m", "wide_m", "prefill_m", "wide_n", "batch_n",
                      "whole_batch_n", "block_kv", "decode_block_kv", "page_size", "stream_tiles", "stream_block_k",
-                     "qkv_batch_k", "decode_window_keys", "prefill_window_keys"):
+                     "qkv_batch_k", "decode_window_keys", "prefill_window_keys", "expert_prefill_m"):
             value = getattr(self, name)
             # 0: another field's value, or a choice of the lowering's
-            zero_ok = name in ("prefill_block_k", "wide_m", "prefill_m", "whole_batch_n", "decode_block_kv")
+            zero_ok = name in ("prefill_block_k", "wide_m", "prefill_m", "whole_batch_n", "decode_block_kv",
+                               "expert_prefill_m")
             if (value <= 0 or value & (value - 1)) and not (zero_ok and value == 0):
                 raise ValueError(f"{name} must be a power of two, got {value}")
         if min(self.block_m, self.qkv_block_m, self.attention_block_m) < 16:

@@ -78,9 +78,10 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
         Kind.ADD: f"add_task(desc, tile, ACT, F32, num_tokens, num_seqs, {bm}, {bn})",
         Kind.ROUTE: f"route_task(desc, tile, ACT, F32, I32, num_tokens, {bm}, {_pow2(c.get('NUM_EXPERTS_MAX', 1))}, "
                     f"{_pow2(c.get('TOP_K_MAX', 1))}, {cfg.route_loop_rows})",
-        Kind.EXPERT: f"expert_task(desc, tile, W, ACT, F32, I32, {bm}, {cfg.expert_block_n}, {cfg.expert_block_k}, "
-                     f"{dot_f32}, {cfg.expert_stages}, {cfg.expert_gemv}, {cfg.target_programs})",
-        Kind.COMBINE: f"combine_task(desc, tile, ACT, F32, num_tokens, {bm}, {bn}, {c.get('TOP_K_MAX', 1)})",
+        Kind.EXPERT: f"expert_task(desc, tile, W, ACT, F32, I32, {bm}, {cfg.expert_prefill_m}, {cfg.expert_block_n}, "
+                     f"{cfg.expert_block_k}, {dot_f32}, {cfg.expert_stages}, {cfg.expert_gemv}, {cfg.target_programs})",
+        Kind.COMBINE: f"combine_task(desc, tile, ACT, F32, num_tokens, {max(bm, cfg.expert_prefill_m)}, {bn}, "
+                      f"{c.get('TOP_K_MAX', 1)})",
         Kind.SAMPLE: f"sample_task(desc, tile, I32, F32, num_seqs, step, {lw.layout.offset('control')}, "
                      f"{r.seq_req}, {r.seq_final}, {r.req_num_out}, {r.req_max_tokens}, {r.req_finished}, "
                      f"{r.req_last}, {r.req_seed}, {r.req_top_k}, {r.req_ignore_eos}, "

@@ -98,15 +98,17 @@ def append_pairs(desc, F32, I32, expert, entry, mask):
 
 
 @triton.jit
-def expert_task(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                DOT_F32: tl.constexpr, STAGES: tl.constexpr, GEMV: tl.constexpr, PROGRAMS: tl.constexpr):
+def expert_task(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, PM: tl.constexpr, BN: tl.constexpr,
+                BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, GEMV: tl.constexpr,
+                PROGRAMS: tl.constexpr):
     """out[entry, cols] = prologue(x[row of entry]) @ W[expert, cols]^T for the entries of this slot's experts.
 
     gate/up: x is the hidden state, rows are tokens (entry // top_k), and with `stats_off` the layer's RMSNorm
     is folded in (W's columns scaled by the norm's weight, each row's products by its 1/rms, as the projections
     do); down: x is the gate/up output, rows are entries, with the SiLU-gating prologue. Where the step's tiles
     fit in one wave of the PROGRAMS (a few tokens: each task's time is the layer's), an expert with one entry
-    takes it as a GEMV (`expert_row`, with GEMV); else BM-row dots, whose throughput is the higher."""
+    takes it as a GEMV (`expert_row`, with GEMV); else dots of BM rows, or of PM (where larger) for an expert
+    with more than BM rows: each block reads the expert's weight slice whole."""
     x_off, K, w_off, N, out_off = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 3), word8(desc, 4)
     top_k = word(desc, 5)
     counts = (F32 + word(desc, 6)).to(tl.pointer_type(tl.int32), bitcast=True)  # route_rows' `append_pairs`
@@ -130,26 +132,42 @@ def expert_task(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, BN: tl.constexpr
             y = expert_row(x, K, silu, w_rows, col_ok, BN, BK, STAGES)
             y *= _norm_scale(desc, F32, entry // top_k, entry >= 0, K)
             tl.store(ACT + out_off + entry * N + cols, y.to(dt), mask=col_ok)
+        elif PM > BM:
+            if hi - lo > BM:
+                expert_dots(desc, F32, ACT, I32, lo, hi, x_off, x_width, silu, top_k, K, N, out_off, w_rows, cols,
+                            col_ok, PM, BN, BK, DOT_F32, STAGES)
+            else:
+                expert_dots(desc, F32, ACT, I32, lo, hi, x_off, x_width, silu, top_k, K, N, out_off, w_rows, cols,
+                            col_ok, BM, BN, BK, DOT_F32, STAGES)
         else:
-            for m0 in range(lo, hi, BM):
-                r = m0 + tl.arange(0, BM)
-                r_ok = r < hi
-                entry = tl.load(I32 + entries_off + r, mask=r_ok, other=0).to(tl.int64)
-                x_rows = ACT + x_off + input_row(entry, silu, top_k)[:, None] * x_width
-                scale = _norm_scale(desc, F32, entry // top_k, r_ok, K)  # asked for before the loop, used after
-                acc = tl.zeros((BM, BN), tl.float32)
-                for k0 in tl.range(0, K, BK, num_stages=STAGES):
-                    ks = k0 + tl.arange(0, BK)
-                    k_ok = ks < K
-                    x = expert_input(x_rows, ks[None, :], r_ok[:, None] & k_ok[None, :], K, silu)
-                    w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-                    if DOT_F32:
-                        acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
-                    else:
-                        acc += tl.dot(x.to(dt), tl.trans(w))
-                acc *= scale[:, None]
-                tl.store(ACT + out_off + entry[:, None] * N + cols[None, :], acc.to(dt),
-                         mask=r_ok[:, None] & col_ok[None, :])
+            expert_dots(desc, F32, ACT, I32, lo, hi, x_off, x_width, silu, top_k, K, N, out_off, w_rows, cols,
+                        col_ok, BM, BN, BK, DOT_F32, STAGES)
+
+
+@triton.jit
+def expert_dots(desc, F32, ACT, I32, lo, hi, x_off, x_width, silu, top_k, K, N, out_off, w_rows, cols, col_ok,
+                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+    """The entries lo .. hi of an expert's list (`append_pairs`) BM at a time: [BM, BN] tensor-core products over
+    the K loop, each row scaled by its token's 1/rms where gate/up folds the norm in."""
+    dt: tl.constexpr = w_rows.dtype.element_ty
+    for m0 in range(lo, hi, BM):
+        r = m0 + tl.arange(0, BM)
+        r_ok = r < hi
+        entry = tl.load(I32 + word(desc, 7) + r, mask=r_ok, other=0).to(tl.int64)
+        x_rows = ACT + x_off + input_row(entry, silu, top_k)[:, None] * x_width
+        scale = _norm_scale(desc, F32, entry // top_k, r_ok, K)  # asked for before the loop, used after
+        acc = tl.zeros((BM, BN), tl.float32)
+        for k0 in tl.range(0, K, BK, num_stages=STAGES):
+            ks = k0 + tl.arange(0, BK)
+            k_ok = ks < K
+            x = expert_input(x_rows, ks[None, :], r_ok[:, None] & k_ok[None, :], K, silu)
+            w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            if DOT_F32:
+                acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
+            else:
+                acc += tl.dot(x.to(dt), tl.trans(w))
+        acc *= scale[:, None]
+        tl.store(ACT + out_off + entry[:, None] * N + cols[None, :], acc.to(dt), mask=r_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit

@@ -105,6 +105,16 @@ def test_the_loads_off_by_default_on_gpu(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+def test_experts_in_wider_prefill_blocks_on_gpu(tmp_path):
+    """`expert_prefill_m` (off by default): an expert with more than block_m rows in the first step (a
+    512-token prompt: ~32 rows an expert) takes them in 64-row blocks, and the combine 64 rows at a time."""
+    config = dataclasses.replace(case_config(1), max_tokens_per_step=512, max_model_len=600, expert_prefill_m=64)
+    check_against_reference("qwen3-30b-a3b", 1, config, tmp_path, lengths=[512])
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_eager_attention_scores_on_gpu(tmp_path):
     """Attention's scores rounded to bf16 before and after their scaling (`attention_bf16_scores`, off by
     default), as eager attention stores them, at batch 8."""
