@@ -32,6 +32,7 @@ class CompileConfig:
     # it again for every 16 tokens: H200, Qwen3-30B-A3B TTFT 2048 at block_m 377 ms against a torch prefill's
     # 283 (an eager loop over the experts); a layer's gate/up 4.2-4.5 ms, down 1.8, the combine (a task a
     # column tile, 128 blocks of rows each) 0.6 (`profile_step --prefill --context 2048`). Not yet timed on.
+    # Those blocks pipeline at most 3 stages deep (codegen/render.py)
     expert_prefill_m: int = 0
     # an expert of one token takes it as a GEMV where the step's expert tiles fit in one wave (few tokens).
     # H200, Qwen3-30B-A3B ctx512, on / off: b1 4.95 / 5.09 ms, b8 14.43 / 14.51 (a GEMV for every expert of

@@ -99,16 +99,16 @@ def append_pairs(desc, F32, I32, expert, entry, mask):
 
 @triton.jit
 def expert_task(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, PM: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, GEMV: tl.constexpr,
-                PROGRAMS: tl.constexpr):
+                BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, PM_STAGES: tl.constexpr,
+                GEMV: tl.constexpr, PROGRAMS: tl.constexpr):
     """out[entry, cols] = prologue(x[row of entry]) @ W[expert, cols]^T for the entries of this slot's experts.
 
     gate/up: x is the hidden state, rows are tokens (entry // top_k), and with `stats_off` the layer's RMSNorm
     is folded in (W's columns scaled by the norm's weight, each row's products by its 1/rms, as the projections
     do); down: x is the gate/up output, rows are entries, with the SiLU-gating prologue. Where the step's tiles
     fit in one wave of the PROGRAMS (a few tokens: each task's time is the layer's), an expert with one entry
-    takes it as a GEMV (`expert_row`, with GEMV); else dots of BM rows, or of PM (where larger) for an expert
-    with more than BM rows: each block reads the expert's weight slice whole."""
+    takes it as a GEMV (`expert_row`, with GEMV); else dots of BM rows, or of PM (where larger, pipelined
+    PM_STAGES deep) for an expert with more than BM rows: each block reads the expert's weight slice whole."""
     x_off, K, w_off, N, out_off = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 3), word8(desc, 4)
     top_k = word(desc, 5)
     counts = (F32 + word(desc, 6)).to(tl.pointer_type(tl.int32), bitcast=True)  # route_rows' `append_pairs`
@@ -135,7 +135,7 @@ def expert_task(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, PM: tl.constexpr
         elif PM > BM:
             if hi - lo > BM:
                 expert_dots(desc, F32, ACT, I32, lo, hi, x_off, x_width, silu, top_k, K, N, out_off, w_rows, cols,
-                            col_ok, PM, BN, BK, DOT_F32, STAGES)
+                            col_ok, PM, BN, BK, DOT_F32, PM_STAGES)
             else:
                 expert_dots(desc, F32, ACT, I32, lo, hi, x_off, x_width, silu, top_k, K, N, out_off, w_rows, cols,
                             col_ok, BM, BN, BK, DOT_F32, STAGES)
