@@ -27,13 +27,12 @@ class CompileConfig:
     # H100: b1 7.67 ms at (64, 3), 7.66 at (128, 3), 7.45 at (64, 4); b8 19.38 at (64, 3), 19.39 at (128, 4)
     expert_block_k: int = 64
     expert_stages: int = 4
-    # token rows of an expert's dot blocks where it has more than block_m rows in a step (a prefill), and of the
-    # combine's row blocks; 0: block_m. Each block reads its expert's whole weight slice, so 16-row blocks read
-    # it again for every 16 tokens: H200, Qwen3-30B-A3B TTFT 2048 at block_m 377 ms against a torch prefill's
-    # 283 (an eager loop over the experts); a layer's gate/up 4.2-4.5 ms, down 1.8, the combine (a task a
-    # column tile, 128 blocks of rows each) 0.6 (`profile_step --prefill --context 2048`). Not yet timed on.
-    # Those blocks pipeline at most 3 stages deep (codegen/render.py)
-    expert_prefill_m: int = 0
+    # token rows of an expert's dot blocks where it has more than block_m rows in a step (a prefill); 0: block_m.
+    # Each block reads its expert's whole weight slice, so 16-row blocks read it again for every 16 tokens. They
+    # pipeline at most 3 stages deep (codegen/render.py). H200, Qwen3-30B-A3B, 64 / 0 in one call: TPOT b1 ctx512
+    # 4.05 / 4.01 ms, b8 11.90 / 11.40 (spills 264 -> 302 B a thread); TTFT 2048 165.09 at 64 (387 at 0 and
+    # session 38's code; a torch prefill, an eager loop over the experts, 283), TTFT 512 47.81 (100)
+    expert_prefill_m: int = 64
     # an expert of one token takes it as a GEMV where the step's expert tiles fit in one wave (few tokens).
     # H200, Qwen3-30B-A3B ctx512, on / off: b1 4.95 / 5.09 ms, b8 14.43 / 14.51 (a GEMV for every expert of
     # up to 2 tokens, whatever the wave: b1 5.02, b8 15.71 against 14.49: at b8 the dots' throughput wins)

@@ -83,8 +83,8 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
         Kind.EXPERT: f"expert_task(desc, tile, W, ACT, F32, I32, {bm}, {cfg.expert_prefill_m}, {cfg.expert_block_n}, "
                      f"{cfg.expert_block_k}, {dot_f32}, {cfg.expert_stages}, {min(cfg.expert_stages, 3)}, "
                      f"{cfg.expert_gemv}, {cfg.target_programs})",
-        Kind.COMBINE: f"combine_task(desc, tile, ACT, F32, num_tokens, {max(bm, cfg.expert_prefill_m)}, {bn}, "
-                      f"{c.get('TOP_K_MAX', 1)})",
+        # a prefill's combine in [64, 64] blocks over every task (`combine_task`)
+        Kind.COMBINE: f"combine_task(desc, tile, ACT, F32, num_tokens, {bm}, {bn}, 64, 64, {c.get('TOP_K_MAX', 1)})",
         Kind.SAMPLE: f"sample_task(desc, tile, I32, F32, num_seqs, step, {lw.layout.offset('control')}, "
                      f"{r.seq_req}, {r.seq_final}, {r.req_num_out}, {r.req_max_tokens}, {r.req_finished}, "
                      f"{r.req_last}, {r.req_seed}, {r.req_top_k}, {r.req_ignore_eos}, "

@@ -105,10 +105,29 @@ def expert_task(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, PM: tl.constexpr
 
     gate/up: x is the hidden state, rows are tokens (entry // top_k), and with `stats_off` the layer's RMSNorm
     is folded in (W's columns scaled by the norm's weight, each row's products by its 1/rms, as the projections
-    do); down: x is the gate/up output, rows are entries, with the SiLU-gating prologue. Where the step's tiles
-    fit in one wave of the PROGRAMS (a few tokens: each task's time is the layer's), an expert with one entry
-    takes it as a GEMV (`expert_row`, with GEMV); else dots of BM rows, or of PM (where larger, pipelined
-    PM_STAGES deep) for an expert with more than BM rows: each block reads the expert's weight slice whole."""
+    do); down: x is the gate/up output, rows are entries, with the SiLU-gating prologue.
+
+    Each body is compiled for gate/up (SILU 0), for down (1) or for either, `silu` read at run time (2), as
+    measured (H200, Qwen3-30B-A3B, one call each): gate/up's everywhere, its inputs then loaded as the dots take
+    them (b8 ctx512 11.47 ms against 12.78 with all of them for either; a 2,048-token prefill in 64-row blocks
+    174.67 against 411.02 ms in 16-row ones, 387 before); down's GEMV (b1 3.97-4.02 against 4.17) and 64-row
+    blocks (TTFT 2048 165.09 against 172.18); but down's 16-row blocks for either, as before (b8 11.47 against
+    17.00 for down's own: not traced)."""
+    if word(desc, 12) == 1:
+        expert_slot(desc, tile, W, ACT, F32, I32, BM, PM, BN, BK, DOT_F32, STAGES, PM_STAGES, GEMV, PROGRAMS, 1, 2, 1)
+    else:
+        expert_slot(desc, tile, W, ACT, F32, I32, BM, PM, BN, BK, DOT_F32, STAGES, PM_STAGES, GEMV, PROGRAMS, 0, 0, 0)
+
+
+@triton.jit
+def expert_slot(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, PM: tl.constexpr, BN: tl.constexpr,
+                BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, PM_STAGES: tl.constexpr,
+                GEMV: tl.constexpr, PROGRAMS: tl.constexpr, ROW_SILU: tl.constexpr,
+                BM_SILU: tl.constexpr, PM_SILU: tl.constexpr):
+    """An expert task's experts in turn. Where the step's tiles fit in one wave of the PROGRAMS (a few tokens:
+    each task's time is the layer's), an expert with one entry takes it as a GEMV (`expert_row`, with GEMV);
+    else dots of BM rows, or of PM (where larger, pipelined PM_STAGES deep) for an expert with more than BM
+    rows: each block reads the expert's weight slice whole."""
     x_off, K, w_off, N, out_off = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 3), word8(desc, 4)
     top_k = word(desc, 5)
     counts = (F32 + word(desc, 6)).to(tl.pointer_type(tl.int32), bitcast=True)  # route_rows' `append_pairs`
@@ -119,7 +138,6 @@ def expert_task(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, PM: tl.constexpr
     slot = tile // num_tiles
     cols = (tile % num_tiles) * BN + tl.arange(0, BN)
     col_ok = cols < N
-    x_width = tl.where(silu == 1, 2 * K, K)
     one_wave = num_active * num_tiles <= PROGRAMS
     for a in range(slot, num_active, num_slots):
         expert = tl.load(I32 + active_off + a).to(tl.int64)
@@ -128,25 +146,25 @@ def expert_task(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, PM: tl.constexpr
         w_rows = W + w_off + expert * N * K + cols[:, None] * K
         if GEMV and one_wave and hi - lo == 1:
             entry = tl.load(I32 + entries_off + lo).to(tl.int64)
-            x = ACT + x_off + input_row(entry, silu, top_k) * x_width
-            y = expert_row(x, K, silu, w_rows, col_ok, BN, BK, STAGES)
+            x = ACT + x_off + input_row(entry, top_k, K, silu, ROW_SILU)
+            y = expert_row(x, K, silu, w_rows, col_ok, BN, BK, STAGES, ROW_SILU)
             y *= _norm_scale(desc, F32, entry // top_k, entry >= 0, K)
             tl.store(ACT + out_off + entry * N + cols, y.to(dt), mask=col_ok)
         elif PM > BM:
             if hi - lo > BM:
-                expert_dots(desc, F32, ACT, I32, lo, hi, x_off, x_width, silu, top_k, K, N, out_off, w_rows, cols,
-                            col_ok, PM, BN, BK, DOT_F32, PM_STAGES)
+                expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, cols, col_ok, PM,
+                            BN, BK, DOT_F32, PM_STAGES, silu, PM_SILU)
             else:
-                expert_dots(desc, F32, ACT, I32, lo, hi, x_off, x_width, silu, top_k, K, N, out_off, w_rows, cols,
-                            col_ok, BM, BN, BK, DOT_F32, STAGES)
+                expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, cols, col_ok, BM,
+                            BN, BK, DOT_F32, STAGES, silu, BM_SILU)
         else:
-            expert_dots(desc, F32, ACT, I32, lo, hi, x_off, x_width, silu, top_k, K, N, out_off, w_rows, cols,
-                        col_ok, BM, BN, BK, DOT_F32, STAGES)
+            expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, cols, col_ok, BM, BN,
+                        BK, DOT_F32, STAGES, silu, BM_SILU)
 
 
 @triton.jit
-def expert_dots(desc, F32, ACT, I32, lo, hi, x_off, x_width, silu, top_k, K, N, out_off, w_rows, cols, col_ok,
-                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr):
+def expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, cols, col_ok, BM: tl.constexpr,
+                BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, silu, SILU: tl.constexpr):
     """The entries lo .. hi of an expert's list (`append_pairs`) BM at a time: [BM, BN] tensor-core products over
     the K loop, each row scaled by its token's 1/rms where gate/up folds the norm in."""
     dt: tl.constexpr = w_rows.dtype.element_ty
@@ -154,16 +172,16 @@ def expert_dots(desc, F32, ACT, I32, lo, hi, x_off, x_width, silu, top_k, K, N, 
         r = m0 + tl.arange(0, BM)
         r_ok = r < hi
         entry = tl.load(I32 + word(desc, 7) + r, mask=r_ok, other=0).to(tl.int64)
-        x_rows = ACT + x_off + input_row(entry, silu, top_k)[:, None] * x_width
+        x_rows = ACT + x_off + input_row(entry, top_k, K, silu, SILU)[:, None]
         scale = _norm_scale(desc, F32, entry // top_k, r_ok, K)  # asked for before the loop, used after
         acc = tl.zeros((BM, BN), tl.float32)
         for k0 in tl.range(0, K, BK, num_stages=STAGES):
             ks = k0 + tl.arange(0, BK)
             k_ok = ks < K
-            x = expert_input(x_rows, ks[None, :], r_ok[:, None] & k_ok[None, :], K, silu)
+            x = expert_input(x_rows, ks[None, :], r_ok[:, None] & k_ok[None, :], K, silu, SILU)
             w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
             if DOT_F32:
-                acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
+                acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
             else:
                 acc += tl.dot(x.to(dt), tl.trans(w))
         acc *= scale[:, None]
@@ -177,24 +195,37 @@ def _norm_scale(desc, F32, tokens, ok, K):
 
 
 @triton.jit
-def input_row(entry, silu, top_k):
-    """The input row of a (token, choice) entry: down (silu) reads the entry's own gate/up row, gate/up its
-    token's row."""
-    return tl.where(silu == 1, entry, entry // top_k)
+def input_row(entry, top_k, K, silu, SILU: tl.constexpr):
+    """Where the input row of a (token, choice) entry starts: down (SILU) reads the entry's own gate/up row (2K
+    wide), gate/up its token's row (K wide)."""
+    if SILU == 2:
+        return tl.where(silu == 1, entry * 2 * K, (entry // top_k) * K)
+    elif SILU == 1:
+        return entry * 2 * K
+    else:
+        return (entry // top_k) * K
 
 
 @triton.jit
-def expert_input(x_ptr, ks, k_ok, K, silu):
-    """The expert's fp32 input at columns ks: x, or for down (silu) silu(gate) * up, each rounded as HF's
-    bf16 ops are. A masked load and a select, no branch, so that the K loops stay pipelined."""
+def expert_input(x_ptr, ks, k_ok, K, silu, SILU: tl.constexpr):
+    """The expert's input at columns ks: x as stored, or for down (SILU) fp32 silu(gate) * up, each rounded as
+    HF's bf16 ops are."""
     dt: tl.constexpr = x_ptr.dtype.element_ty
-    x = tl.load(x_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + K + ks, mask=k_ok & (silu == 1), other=0.0)
-    return tl.where(silu == 1, round_to(round_to(x / (1.0 + tl.exp(-x)), dt) * up.to(tl.float32), dt), x)
+    x = tl.load(x_ptr + ks, mask=k_ok, other=0.0)
+    if SILU == 2:
+        x = x.to(tl.float32)
+        up = tl.load(x_ptr + K + ks, mask=k_ok & (silu == 1), other=0.0)
+        x = tl.where(silu == 1, round_to(round_to(x / (1.0 + tl.exp(-x)), dt) * up.to(tl.float32), dt), x)
+    elif SILU == 1:
+        x = x.to(tl.float32)
+        up = tl.load(x_ptr + K + ks, mask=k_ok, other=0.0)
+        x = round_to(round_to(x / (1.0 + tl.exp(-x)), dt) * up.to(tl.float32), dt)
+    return x
 
 
 @triton.jit
-def expert_row(x_ptr, K, silu, w_rows, col_ok, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr):
+def expert_row(x_ptr, K, silu, w_rows, col_ok, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
+               SILU: tl.constexpr):
     """fp32 [BN]: one input row (at x_ptr) times the tile's BN weight rows, as the batch-1 GEMV does: a [BN, BK]
     accumulator reduced once, the prologue on a chunk's BK inputs only (the dots compute it for BM rows)."""
     acc = tl.zeros((BN, BK), tl.float32)
@@ -202,31 +233,50 @@ def expert_row(x_ptr, K, silu, w_rows, col_ok, BN: tl.constexpr, BK: tl.constexp
         ks = k0 + tl.arange(0, BK)
         k_ok = ks < K
         w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += w.to(tl.float32) * expert_input(x_ptr, ks, k_ok, K, silu)[None, :]
+        acc += w.to(tl.float32) * expert_input(x_ptr, ks, k_ok, K, silu, SILU).to(tl.float32)[None, :]
     return tl.sum(acc, 1)
 
 
 @triton.jit
-def combine_task(desc, tile, ACT, F32, num_tokens, BM: tl.constexpr, BN: tl.constexpr, TOPK: tl.constexpr):
+def combine_task(desc, tile, ACT, F32, num_tokens, BM: tl.constexpr, BN: tl.constexpr, WM: tl.constexpr,
+                 WN: tl.constexpr, TOPK: tl.constexpr):
     """out[t] = residual[t] + sum over slots j of weight[t, j] * y[t * top_k + j] (each product and the sum
-    rounded, as HF; without a residual, the sum), and out's sums of squares when a norm reads it."""
+    rounded, as HF; without a residual, the sum), and out's sums of squares when a norm reads it.
+
+    A task a BN-column tile over every row, BM rows at a time, where that gives each task the most work; a
+    prefill's rows in [WM, WN] blocks spread over the group's tasks instead (at 2,048 tokens a task's 128
+    [16, 16] blocks took 190 us a layer, H200, Qwen3-30B-A3B: each load of y a 32-byte piece of a row)."""
+    hidden = word8(desc, 3)
+    tasks = tl.cdiv(hidden, BN)
+    wide_cols = tl.cdiv(hidden, WN)
+    wide_units = tl.cdiv(num_tokens, WM) * wide_cols
+    if wide_units >= tasks:
+        for u in range(tile, wide_units, tasks):
+            combine_block(desc, ACT, F32, num_tokens, (u // wide_cols) * WM, (u % wide_cols) * WN, WM, WN, TOPK)
+    else:
+        for m0 in range(0, num_tokens, BM):
+            combine_block(desc, ACT, F32, num_tokens, m0, tile * BN, BM, BN, TOPK)
+
+
+@triton.jit
+def combine_block(desc, ACT, F32, num_tokens, m0, n0, BM: tl.constexpr, BN: tl.constexpr, TOPK: tl.constexpr):
+    """Rows m0 .. m0 + BM and columns n0 .. n0 + BN of the combine (`combine_task`)."""
     y_off, weights_off, K = word8(desc, 0), word(desc, 1), word(desc, 2)
     hidden, out_off, res_off, out_stats_off = word8(desc, 3), word8(desc, 4), word(desc, 5), word(desc, 6)
     dt: tl.constexpr = ACT.dtype.element_ty
-    cols = tile * BN + tl.arange(0, BN)
+    cols = n0 + tl.arange(0, BN)
     col_ok = cols < hidden
-    for m0 in range(0, num_tokens, BM):
-        rows = m0 + tl.arange(0, BM)
-        row_ok = rows < num_tokens
-        mask = row_ok[:, None] & col_ok[None, :]
-        out = tl.zeros((BM, BN), tl.float32)
-        for j in tl.static_range(TOPK):
-            if j < K:
-                w = tl.load(ACT + weights_off + rows * K + j, mask=row_ok, other=0.0).to(tl.float32)
-                y = tl.load(ACT + y_off + (rows * K + j)[:, None] * hidden + cols[None, :], mask=mask, other=0.0)
-                out = round_to(out + round_to(y.to(tl.float32) * w[:, None], dt), dt)
-        if res_off >= 0:
-            res = tl.load(ACT + tl.multiple_of(res_off, 8) + rows[:, None] * hidden + cols[None, :], mask=mask,
-                          other=0.0)
-            out = round_to(res.to(tl.float32) + out, dt)
-        store_rows(ACT, F32, out_off, hidden, rows, row_ok, cols, col_ok, out, out_stats_off, dt)
+    rows = m0 + tl.arange(0, BM)
+    row_ok = rows < num_tokens
+    mask = row_ok[:, None] & col_ok[None, :]
+    out = tl.zeros((BM, BN), tl.float32)
+    for j in tl.static_range(TOPK):
+        if j < K:
+            w = tl.load(ACT + weights_off + rows * K + j, mask=row_ok, other=0.0).to(tl.float32)
+            y = tl.load(ACT + y_off + (rows * K + j)[:, None] * hidden + cols[None, :], mask=mask, other=0.0)
+            out = round_to(out + round_to(y.to(tl.float32) * w[:, None], dt), dt)
+    if res_off >= 0:
+        res = tl.load(ACT + tl.multiple_of(res_off, 8) + rows[:, None] * hidden + cols[None, :], mask=mask,
+                      other=0.0)
+        out = round_to(res.to(tl.float32) + out, dt)
+    store_rows(ACT, F32, out_off, hidden, rows, row_ok, cols, col_ok, out, out_stats_off, dt)

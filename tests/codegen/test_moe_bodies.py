@@ -1,5 +1,5 @@
-"""The MoE routing body (codegen/bodies/moe.py) alone under TRITON_INTERPRET=1, against the IR's reference
-routing and the lists of pairs by expert that it appends to."""
+"""The MoE bodies (codegen/bodies/moe.py) alone under TRITON_INTERPRET=1: the routing against the IR's reference
+routing and the lists of pairs by expert that it appends to, the combine against its sums."""
 from __future__ import annotations
 
 import os
@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from codegen.bodies.moe import ROUTE_FIELDS, route_task
+from codegen.bodies.moe import COMBINE_FIELDS, ROUTE_FIELDS, combine_task, route_task
 from ir.ops import get_op
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter tests (CPU)")
@@ -53,3 +53,33 @@ def test_routing_matches_the_reference_and_lists_every_pair_under_its_expert(nor
     for expert in used:
         listed = i32[entries_off + expert * capacity:][:int(counts[expert])]
         assert sorted(listed.tolist()) == torch.nonzero(ids == expert).flatten().tolist()
+
+
+@triton.jit
+def _combine_kernel(desc, ACT, F32, num_tokens, BM: tl.constexpr, BN: tl.constexpr, WM: tl.constexpr,
+                    WN: tl.constexpr, TOPK: tl.constexpr):
+    combine_task(desc, tl.program_id(0), ACT, F32, num_tokens, BM, BN, WM, WN, TOPK)
+
+
+@pytest.mark.parametrize("num_tokens", [
+    2,  # a decode step: each task its 16 columns of every row
+    21,  # a prefill: [8, 32] blocks spread over the three tasks (6 of them, the last rows and columns partial)
+])
+def test_combine_sums_each_tokens_choices_onto_its_residual_in_either_shape(num_tokens):
+    hidden, top_k = 48, 3
+    gen = torch.Generator().manual_seed(num_tokens)
+    y = torch.randn(num_tokens * top_k, hidden, generator=gen)
+    weights = torch.rand(num_tokens, top_k, generator=gen)
+    residual = torch.randn(num_tokens, hidden, generator=gen)
+    act = torch.cat([y.flatten(), weights.flatten(), residual.flatten(), torch.zeros(num_tokens * hidden)])
+    y_off, weights_off = 0, y.numel()
+    res_off, out_off = weights_off + weights.numel(), weights_off + weights.numel() + residual.numel()
+    stats = torch.zeros(num_tokens)
+    layout = dict(y_off=y_off, weights_off=weights_off, top_k=top_k, hidden=hidden, out_off=out_off,
+                  res_off=res_off, out_stats_off=0)
+    desc = torch.tensor([layout[name] for name in COMBINE_FIELDS], dtype=torch.int64)
+    _combine_kernel[(triton.cdiv(hidden, 16),)](desc, act, stats, num_tokens, 16, 16, 8, 32, 4)
+    expected = residual + (y.view(num_tokens, top_k, hidden) * weights[:, :, None]).sum(1)
+    out = act[out_off:].view(num_tokens, hidden)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(stats, (expected * expected).sum(1), rtol=1e-4, atol=1e-4)

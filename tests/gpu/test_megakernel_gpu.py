@@ -106,8 +106,8 @@ def test_the_loads_off_by_default_on_gpu(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_experts_in_wider_prefill_blocks_on_gpu(tmp_path):
-    """`expert_prefill_m` (off by default): an expert with more than block_m rows in the first step (a
-    512-token prompt: ~32 rows an expert) takes them in 64-row blocks, and the combine 64 rows at a time."""
+    """`expert_prefill_m`: an expert with more than block_m rows in the first step (a 512-token prompt: ~32 rows an
+    expert) takes them in 64-row blocks, and the combine takes [64, 64] blocks over every task."""
     config = dataclasses.replace(case_config(1), max_tokens_per_step=512, max_model_len=600, expert_prefill_m=64)
     check_against_reference("qwen3-30b-a3b", 1, config, tmp_path, lengths=[512])
 
