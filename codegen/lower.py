@@ -691,14 +691,14 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
     cfg, T, name = lw.config, lw.config.max_tokens_per_step, f"moe.v{node.output.id}"
     routing = _routing_regions(lw, ids, num_experts)
     slots = cfg.moe_slots or min(num_experts, cfg.max_batch * top_k)
-    h_off = lw.act_buffer(f"{name}.h", T * top_k * two_i)
+    h_off = lw.act_buffer(f"{name}.h", T * top_k * (two_i // 2))  # silu(gate) * up of each pair
     y_off = lw.act_buffer(f"{name}.y", T * top_k * hidden)
 
-    def experts(x_off, k, w_off, n, out_off, silu, waits, part, stats_off=-1):
+    def experts(x_off, k, w_off, n, out_off, gated, waits, part, stats_off=-1):
         tiles = -(-n // lw.config.expert_block_n)
         desc = lw.tasks.add_desc(EXPERT_FIELDS, dict(
             x_off=x_off, k=k, w_off=w_off, n=n, out_off=out_off, top_k=top_k, num_experts=num_experts,
-            num_slots=slots, num_tiles=tiles, silu_prologue=silu, stats_off=stats_off, eps=float(node.attrs["eps"]),
+            num_slots=slots, num_tiles=tiles, gated=gated, stats_off=stats_off, eps=float(node.attrs["eps"]),
             **routing))
         return lw.tasks.add_group(Kind.EXPERT, desc, slots * tiles, f"{name}.{part}", waits)
 
@@ -711,11 +711,12 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
             x_off=lw.act(x), hidden=hidden, stats_off=lw.stats[x.id], norm_w_off=lw.weight(norm),
             eps=float(node.attrs["eps"]), out_off=normed, rows_kind=_rows_kind(x)))
         norm_done = lw.tasks.add_group(Kind.RMS_NORM, desc, lw.column_tiles(hidden), f"{name}.norm", lw.waits(x))
-        up = experts(normed, hidden, lw.weight(gate_up), two_i, h_off, 0, (*lw.waits(ids), norm_done), "gate_up")
+        up = experts(normed, hidden, lw.placed_weight(gate_up, interleave_rows=True), two_i, h_off, 1,
+                     (*lw.waits(ids), norm_done), "gate_up")
     else:
-        up = experts(lw.act(x), hidden, lw.placed_weight(gate_up, scale_columns=norm), two_i, h_off, 0,
-                     lw.waits(ids, x), "gate_up", lw.stats[x.id] if norm is not None else -1)
-    down_done = experts(h_off, two_i // 2, lw.weight(down), hidden, y_off, 1, (up,), "down")
+        up = experts(lw.act(x), hidden, lw.placed_weight(gate_up, scale_columns=norm, interleave_rows=True), two_i,
+                     h_off, 1, lw.waits(ids, x), "gate_up", lw.stats[x.id] if norm is not None else -1)
+    down_done = experts(h_off, two_i // 2, lw.weight(down), hidden, y_off, 0, (up,), "down")
     desc = lw.tasks.add_desc(COMBINE_FIELDS, dict(
         y_off=y_off, weights_off=lw.act(weights), top_k=top_k, hidden=hidden, out_off=lw.act(node.output),
         res_off=lw.act(residual[0]) if residual else -1, out_stats_off=lw.out_stats(node.output)))

@@ -61,8 +61,13 @@ def transform_weight(dst: torch.Tensor, src: torch.Tensor, scale_columns: torch.
     """Writes `src` into `dst` (the same tensor or a copy's place) in the form a kernel reads it: each
     column multiplied by `scale_columns` (in fp32, rounded once) and/or the rows of its two halves
     interleaved (row 2j = row j, row 2j + 1 = row half + j). Works in row chunks: no fp32 copy of the whole.
-    A stacked weight ([experts, rows, columns]) has its columns scaled as rows of one matrix."""
-    if src.dim() > 2 and not interleave_rows:
+    A stacked weight ([experts, rows, columns]) has its columns scaled as rows of one matrix, and each
+    matrix's halves interleaved apart."""
+    if src.dim() > 2 and interleave_rows:
+        for i in range(src.shape[0]):
+            transform_weight(dst[i], src[i], scale_columns, interleave_rows, chunk_rows)
+        return
+    if src.dim() > 2:
         src, dst = src.reshape(-1, src.shape[-1]), dst.view(-1, dst.shape[-1])
     rows = src.shape[0]
     order = torch.arange(rows, device=src.device)

@@ -15,7 +15,7 @@ from codegen.bodies.rows import store_rows
 ROUTE_FIELDS = ("logits_off", "num_experts", "top_k", "normalize", "weights_off", "ids_off", "counts_off",
                 "entries_off", "active_off", "capacity", "num_tasks")
 EXPERT_FIELDS = ("x_off", "k", "w_off", "n", "out_off", "top_k", "counts_off", "entries_off", "active_off",
-                 "num_experts", "num_slots", "num_tiles", "silu_prologue", "stats_off", "eps", "capacity")
+                 "num_experts", "num_slots", "num_tiles", "gated", "stats_off", "eps", "capacity")
 COMBINE_FIELDS = ("y_off", "weights_off", "top_k", "hidden", "out_off", "res_off", "out_stats_off")
 
 
@@ -101,29 +101,28 @@ def append_pairs(desc, F32, I32, expert, entry, mask):
 def expert_task(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, PM: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, PM_STAGES: tl.constexpr,
                 GEMV: tl.constexpr, PROGRAMS: tl.constexpr):
-    """out[entry, cols] = prologue(x[row of entry]) @ W[expert, cols]^T for the entries of this slot's experts.
+    """out[entry, cols] = x[row of entry] @ W[expert, cols]^T for the entries of this slot's experts.
 
-    gate/up: x is the hidden state, rows are tokens (entry // top_k), and with `stats_off` the layer's RMSNorm
-    is folded in (W's columns scaled by the norm's weight, each row's products by its 1/rms, as the projections
-    do); down: x is the gate/up output, rows are entries, with the SiLU-gating prologue.
+    gate/up (`gated`): x is the hidden state, rows are tokens (entry // top_k); with `stats_off` the layer's
+    RMSNorm is folded in (W's columns scaled by the norm's weight, each row's products by its 1/rms, as the
+    projections do). Its weight rows alternate gate, up (`Lowering.placed_weight`), so a tile stores
+    silu(gate) * up, half its width, and the SiLU-gating runs once an element. down: x is that, rows are entries.
+    (With the gating in down's prologue, each of down's column tiles computed it again from gate/up's stored
+    halves in fp32, in registers: H200, Qwen3-30B-A3B TTFT 2048 down ~1 ms a layer against gate/up's 0.77.)
 
-    Each body is compiled for gate/up (SILU 0), for down (1) or for either, `silu` read at run time (2), as
-    measured (H200, Qwen3-30B-A3B, one call each): gate/up's everywhere, its inputs then loaded as the dots take
-    them (b8 ctx512 11.47 ms against 12.78 with all of them for either; a 2,048-token prefill in 64-row blocks
-    174.67 against 411.02 ms in 16-row ones, 387 before); down's GEMV (b1 3.97-4.02 against 4.17) and 64-row
-    blocks (TTFT 2048 165.09 against 172.18); but down's 16-row blocks for either, as before (b8 11.47 against
-    17.00 for down's own: not traced)."""
+    Each is compiled apart (GATED), so that the blocks load their inputs as the dots take them: H200,
+    Qwen3-30B-A3B b8 ctx512 11.47 ms against 12.78 with one body for both, TTFT 2048 in 64-row blocks 174.67
+    against 411.02 ms."""
     if word(desc, 12) == 1:
-        expert_slot(desc, tile, W, ACT, F32, I32, BM, PM, BN, BK, DOT_F32, STAGES, PM_STAGES, GEMV, PROGRAMS, 1, 2, 1)
+        expert_slot(desc, tile, W, ACT, F32, I32, BM, PM, BN, BK, DOT_F32, STAGES, PM_STAGES, GEMV, PROGRAMS, True)
     else:
-        expert_slot(desc, tile, W, ACT, F32, I32, BM, PM, BN, BK, DOT_F32, STAGES, PM_STAGES, GEMV, PROGRAMS, 0, 0, 0)
+        expert_slot(desc, tile, W, ACT, F32, I32, BM, PM, BN, BK, DOT_F32, STAGES, PM_STAGES, GEMV, PROGRAMS, False)
 
 
 @triton.jit
 def expert_slot(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, PM: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, PM_STAGES: tl.constexpr,
-                GEMV: tl.constexpr, PROGRAMS: tl.constexpr, ROW_SILU: tl.constexpr,
-                BM_SILU: tl.constexpr, PM_SILU: tl.constexpr):
+                GEMV: tl.constexpr, PROGRAMS: tl.constexpr, GATED: tl.constexpr):
     """An expert task's experts in turn. Where the step's tiles fit in one wave of the PROGRAMS (a few tokens:
     each task's time is the layer's), an expert with one entry takes it as a GEMV (`expert_row`, with GEMV);
     else dots of BM rows, or of PM (where larger, pipelined PM_STAGES deep) for an expert with more than BM
@@ -133,10 +132,10 @@ def expert_slot(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, PM: tl.constexpr
     counts = (F32 + word(desc, 6)).to(tl.pointer_type(tl.int32), bitcast=True)  # route_rows' `append_pairs`
     entries_off, active_off, capacity = word(desc, 7), word(desc, 8), word(desc, 15)
     num_active, num_slots = tl.load(counts + word(desc, 9)), word(desc, 10)
-    num_tiles, silu = word(desc, 11), word(desc, 12)
-    dt: tl.constexpr = W.dtype.element_ty
+    num_tiles = word(desc, 11)
     slot = tile // num_tiles
-    cols = (tile % num_tiles) * BN + tl.arange(0, BN)
+    n0 = (tile % num_tiles) * BN
+    cols = n0 + tl.arange(0, BN)
     col_ok = cols < N
     one_wave = num_active * num_tiles <= PROGRAMS
     for a in range(slot, num_active, num_slots):
@@ -145,26 +144,26 @@ def expert_slot(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, PM: tl.constexpr
         hi = lo + tl.load(counts + expert)
         w_rows = W + w_off + expert * N * K + cols[:, None] * K
         if GEMV and one_wave and hi - lo == 1:
-            entry = tl.load(I32 + entries_off + lo).to(tl.int64)
-            x = ACT + x_off + input_row(entry, top_k, K, silu, ROW_SILU)
-            y = expert_row(x, K, silu, w_rows, col_ok, BN, BK, STAGES, ROW_SILU)
-            y *= _norm_scale(desc, F32, entry // top_k, entry >= 0, K)
-            tl.store(ACT + out_off + entry * N + cols, y.to(dt), mask=col_ok)
+            entry = tl.load(I32 + entries_off + lo + tl.arange(0, 1)).to(tl.int64)
+            y = expert_row(ACT + x_off + input_row(entry, top_k, GATED) * K, K, w_rows, col_ok, BN, BK, STAGES)
+            y *= _norm_scale(desc, F32, entry // top_k, entry >= 0, K)[:, None]
+            store_expert_rows(ACT, out_off, entry, entry >= 0, N, n0, y, GATED)
         elif PM > BM:
             if hi - lo > BM:
-                expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, cols, col_ok, PM,
-                            BN, BK, DOT_F32, PM_STAGES, silu, PM_SILU)
+                expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, n0, col_ok, PM, BN,
+                            BK, DOT_F32, PM_STAGES, GATED)
             else:
-                expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, cols, col_ok, BM,
-                            BN, BK, DOT_F32, STAGES, silu, BM_SILU)
+                expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, n0, col_ok, BM, BN,
+                            BK, DOT_F32, STAGES, GATED)
         else:
-            expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, cols, col_ok, BM, BN,
-                        BK, DOT_F32, STAGES, silu, BM_SILU)
+            expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, n0, col_ok, BM, BN, BK,
+                        DOT_F32, STAGES, GATED)
 
 
 @triton.jit
-def expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, cols, col_ok, BM: tl.constexpr,
-                BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, silu, SILU: tl.constexpr):
+def expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, n0, col_ok, BM: tl.constexpr,
+                BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
+                GATED: tl.constexpr):
     """The entries lo .. hi of an expert's list (`append_pairs`) BM at a time: [BM, BN] tensor-core products over
     the K loop, each row scaled by its token's 1/rms where gate/up folds the norm in."""
     dt: tl.constexpr = w_rows.dtype.element_ty
@@ -172,20 +171,37 @@ def expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows
         r = m0 + tl.arange(0, BM)
         r_ok = r < hi
         entry = tl.load(I32 + word(desc, 7) + r, mask=r_ok, other=0).to(tl.int64)
-        x_rows = ACT + x_off + input_row(entry, top_k, K, silu, SILU)[:, None]
+        x_rows = ACT + x_off + input_row(entry, top_k, GATED)[:, None] * K
         scale = _norm_scale(desc, F32, entry // top_k, r_ok, K)  # asked for before the loop, used after
         acc = tl.zeros((BM, BN), tl.float32)
         for k0 in tl.range(0, K, BK, num_stages=STAGES):
             ks = k0 + tl.arange(0, BK)
             k_ok = ks < K
-            x = expert_input(x_rows, ks[None, :], r_ok[:, None] & k_ok[None, :], K, silu, SILU)
+            x = tl.load(x_rows + ks[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
             if DOT_F32:
                 acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
             else:
-                acc += tl.dot(x.to(dt), tl.trans(w))
-        acc *= scale[:, None]
-        tl.store(ACT + out_off + entry[:, None] * N + cols[None, :], acc.to(dt), mask=r_ok[:, None] & col_ok[None, :])
+                acc += tl.dot(x, tl.trans(w))
+        store_expert_rows(ACT, out_off, entry, r_ok, N, n0, acc * scale[:, None], GATED)
+
+
+@triton.jit
+def store_expert_rows(ACT, out_off, entry, r_ok, N, n0, y, GATED: tl.constexpr):
+    """Stores the fp32 products y ([rows, BN], weight rows n0 ..) of the entries' rows, rounded as HF's bf16 ops
+    are: gate/up's as silu(gate) * up (columns alternate gate, up: output n0 / 2 + j from columns 2j, 2j + 1)."""
+    dt: tl.constexpr = ACT.dtype.element_ty
+    BR: tl.constexpr = y.shape[0]
+    BN: tl.constexpr = y.shape[1]
+    if GATED:
+        gate, up = tl.split(tl.reshape(round_to(y, dt), (BR, BN // 2, 2)))
+        h = round_to(round_to(gate / (1.0 + tl.exp(-gate)), dt) * up, dt)
+        half = n0 // 2 + tl.arange(0, BN // 2)
+        tl.store(ACT + out_off + entry[:, None] * (N // 2) + half[None, :], h.to(dt),
+                 mask=r_ok[:, None] & (half < N // 2)[None, :])
+    else:
+        cols = n0 + tl.arange(0, BN)
+        tl.store(ACT + out_off + entry[:, None] * N + cols[None, :], y.to(dt), mask=r_ok[:, None] & (cols < N)[None, :])
 
 
 @triton.jit
@@ -195,46 +211,27 @@ def _norm_scale(desc, F32, tokens, ok, K):
 
 
 @triton.jit
-def input_row(entry, top_k, K, silu, SILU: tl.constexpr):
-    """Where the input row of a (token, choice) entry starts: down (SILU) reads the entry's own gate/up row (2K
-    wide), gate/up its token's row (K wide)."""
-    if SILU == 2:
-        return tl.where(silu == 1, entry * 2 * K, (entry // top_k) * K)
-    elif SILU == 1:
-        return entry * 2 * K
+def input_row(entry, top_k, GATED: tl.constexpr):
+    """The input row of a (token, choice) entry: gate/up's is its token's hidden state, down's its own
+    gate/up output."""
+    if GATED:
+        return entry // top_k
     else:
-        return (entry // top_k) * K
+        return entry
 
 
 @triton.jit
-def expert_input(x_ptr, ks, k_ok, K, silu, SILU: tl.constexpr):
-    """The expert's input at columns ks: x as stored, or for down (SILU) fp32 silu(gate) * up, each rounded as
-    HF's bf16 ops are."""
-    dt: tl.constexpr = x_ptr.dtype.element_ty
-    x = tl.load(x_ptr + ks, mask=k_ok, other=0.0)
-    if SILU == 2:
-        x = x.to(tl.float32)
-        up = tl.load(x_ptr + K + ks, mask=k_ok & (silu == 1), other=0.0)
-        x = tl.where(silu == 1, round_to(round_to(x / (1.0 + tl.exp(-x)), dt) * up.to(tl.float32), dt), x)
-    elif SILU == 1:
-        x = x.to(tl.float32)
-        up = tl.load(x_ptr + K + ks, mask=k_ok, other=0.0)
-        x = round_to(round_to(x / (1.0 + tl.exp(-x)), dt) * up.to(tl.float32), dt)
-    return x
-
-
-@triton.jit
-def expert_row(x_ptr, K, silu, w_rows, col_ok, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
-               SILU: tl.constexpr):
-    """fp32 [BN]: one input row (at x_ptr) times the tile's BN weight rows, as the batch-1 GEMV does: a [BN, BK]
-    accumulator reduced once, the prologue on a chunk's BK inputs only (the dots compute it for BM rows)."""
+def expert_row(x_ptr, K, w_rows, col_ok, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr):
+    """fp32 [1, BN]: the input row at x_ptr ([1] pointer) times the tile's BN weight rows, as the batch-1 GEMV
+    does: a [BN, BK] accumulator reduced once."""
     acc = tl.zeros((BN, BK), tl.float32)
     for k0 in tl.range(0, K, BK, num_stages=STAGES):
         ks = k0 + tl.arange(0, BK)
         k_ok = ks < K
         w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += w.to(tl.float32) * expert_input(x_ptr, ks, k_ok, K, silu, SILU).to(tl.float32)[None, :]
-    return tl.sum(acc, 1)
+        x = tl.load(x_ptr[:, None] + ks[None, :], mask=k_ok[None, :], other=0.0)  # [1, BK]
+        acc += w.to(tl.float32) * x.to(tl.float32)
+    return tl.sum(acc, 1)[None, :]
 
 
 @triton.jit

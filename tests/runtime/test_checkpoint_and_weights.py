@@ -202,6 +202,15 @@ def test_transform_scales_columns_and_interleaves_halves_in_place():
     assert torch.equal(w, expected)
 
 
+def test_transform_interleaves_each_stacked_matrix_apart():
+    """An MoE gate/up weight, [experts, 2I, hidden]: each expert's gate and up rows interleave within it."""
+    w = torch.arange(2 * 6 * 3, dtype=torch.float32).view(2, 6, 3)
+    scale = torch.tensor([1.0, 2.0, -1.0])
+    expected = torch.stack([torch.stack((m[:3], m[3:]), dim=1).reshape(6, 3) * scale for m in w])
+    transform_weight(w, w, scale, interleave_rows=True, chunk_rows=4)
+    assert torch.equal(w, expected)
+
+
 def test_transform_into_a_copy_leaves_the_source():
     src = torch.randn(5, 3).to(torch.bfloat16)
     scale = torch.randn(3).to(torch.bfloat16)
