@@ -696,11 +696,18 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
 
     def experts(x_off, k, w_off, n, out_off, gated, waits, part, stats_off=-1):
         tiles = -(-n // lw.config.expert_block_n)
+        # where a decode step's experts fill fewer tasks than there are programs, slots past them take experts
+        # only in steps that prefill (which have more experts than slots): a slot serves every num_slots-th
+        # expert, and a decode step has at most max_batch * top_k, each on a slot of its own
+        step_slots = max(slots, min(num_experts, T * top_k, cfg.target_programs // tiles))
+        if slots < cfg.max_batch * top_k:
+            step_slots = slots  # a decode step may have more experts than slots: each slot takes every step
         desc = lw.tasks.add_desc(EXPERT_FIELDS, dict(
             x_off=x_off, k=k, w_off=w_off, n=n, out_off=out_off, top_k=top_k, num_experts=num_experts,
-            num_slots=slots, num_tiles=tiles, gated=gated, stats_off=stats_off, eps=float(node.attrs["eps"]),
+            num_slots=step_slots, num_tiles=tiles, gated=gated, stats_off=stats_off, eps=float(node.attrs["eps"]),
             **routing))
-        return lw.tasks.add_group(Kind.EXPERT, desc, slots * tiles, f"{name}.{part}", waits)
+        return lw.tasks.add_group(Kind.EXPERT, desc, step_slots * tiles, f"{name}.{part}", waits,
+                                  prefill_only_from=slots * tiles if step_slots > slots else None)
 
     # an RMSNorm of x folded in: its weight scales gate/up's columns, and the tiles scale their rows by 1/rms;
     # or, where the config keeps it apart, a group of its own writes the normed rows that gate/up reads

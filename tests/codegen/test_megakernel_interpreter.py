@@ -18,7 +18,7 @@ from blinkc.random_checkpoint import write_random_checkpoint
 from blinkc.weights import load_weights
 from codegen.config import CompileConfig
 from codegen.lower import linear_splits
-from codegen.tasks import FLAGS, STREAMS, Kind
+from codegen.tasks import FLAGS, PREFILL_ONLY, STREAMS, Kind
 from ir import DType
 from models.presets import TINY_PRESETS, preset_config
 from models.trace import trace_model
@@ -278,6 +278,17 @@ def test_experts_in_wider_prefill_blocks_match_the_reference_engine(checkpoint, 
     config = dataclasses.replace(CONFIG, max_tokens_per_step=64, expert_prefill_m=32)
     kernel, check = _tiny_kernel(checkpoint, tmp_path / "expert_prefill.cubin", config, "tiny-qwen3-moe")
     check((4, 3), prompts=[[(7 * i + 3) % 1000 for i in range(50)], PROMPTS[2]])
+
+
+def test_expert_slots_past_a_decode_steps_take_experts_only_in_prefill_steps(checkpoint, tmp_path):
+    """A kernel for one sequence has two expert slots a layer (top-2), but for 8 programs gate/up gets 4 (two
+    column tiles each) and down 6: the slots past the first two have the PREFILL_ONLY flag, take experts in the
+    prompt's steps and sit out the decode steps, whose two experts the first two slots take."""
+    config = dataclasses.replace(CONFIG, max_batch=1, max_tokens_per_step=32, target_programs=8)
+    kernel, check = _tiny_kernel(checkpoint, tmp_path / "slots.cubin", config, "tiny-qwen3-moe")
+    experts = kernel.tasks[kernel.tasks[:, 0] == Kind.EXPERT]
+    assert len(experts) == 2 * (4 * 2 + 6) and ((experts[:, FLAGS] & PREFILL_ONLY) != 0).sum() == 2 * (2 * 2 + 4)
+    check((6,), prompts=[PROMPTS[0] + [(7 * i + 3) % 1000 for i in range(30)]])
 
 
 def test_streamed_gemv_matches_the_reference_engine(checkpoint, tmp_path):
