@@ -27,12 +27,15 @@ class CompileConfig:
     # H100: b1 7.67 ms at (64, 3), 7.66 at (128, 3), 7.45 at (64, 4); b8 19.38 at (64, 3), 19.39 at (128, 4)
     expert_block_k: int = 64
     expert_stages: int = 4
-    # token rows of an expert's dot blocks where it has more than block_m rows in a step (a prefill); 0: block_m.
+    # token rows of an expert's dot blocks where it has more than block_m rows in a step (a prefill); 0: 128 where
+    # a step prefills 1,024 tokens or more, else 64 (`expert_prefill_rows`), as for `prefill_m`; block_m: none.
     # Each block reads its expert's whole weight slice, so 16-row blocks read it again for every 16 tokens. They
-    # pipeline at most 3 stages deep (codegen/render.py). H200, Qwen3-30B-A3B, 64 / 0 in one call: TPOT b1 ctx512
-    # 4.05 / 4.01 ms, b8 11.90 / 11.40 (spills 264 -> 302 B a thread); TTFT 2048 165.09 at 64 (387 at 0 and
-    # session 38's code; a torch prefill, an eager loop over the experts, 283), TTFT 512 47.81 (100)
-    expert_prefill_m: int = 64
+    # pipeline at most 3 stages deep (codegen/render.py). H200, Qwen3-30B-A3B, one call each: 64 / 16 rows TPOT
+    # b1 ctx512 4.05 / 4.01 ms, b8 11.90 / 11.40 (spills 264 -> 302 B a thread), TTFT 2048 165.09 against 387
+    # (at 16 and session 38's code; a torch prefill, an eager loop over the experts, 283), 512 47.81 against 100.
+    # After gate/up's gating epilogue, 128 / 64 rows: TTFT 2048 84.84 / 99.03, 512 26.37 / 30.11, TPOT b1 4.06 /
+    # 3.92 (spills 56 -> 102), b8 11.25 / 11.01 (268 -> 284)
+    expert_prefill_m: int = 0
     # an expert of one token takes it as a GEMV where the step's expert tiles fit in one wave (few tokens).
     # H200, Qwen3-30B-A3B ctx512, on / off: b1 4.95 / 5.09 ms, b8 14.43 / 14.51 (a GEMV for every expert of
     # up to 2 tokens, whatever the wave: b1 5.02, b8 15.71 against 14.49: at b8 the dots' throughput wins)
@@ -254,6 +257,11 @@ class CompileConfig:
             raise ValueError(f"outline: unknown groups {sorted(unknown)}; known: {sorted(OUTLINE_GROUPS)}")
         if self.max_tokens_per_step < self.max_batch:
             raise ValueError("max_tokens_per_step must be at least max_batch (one decode token each)")
+
+    @property
+    def expert_prefill_rows(self) -> int:
+        """Rows of an expert's prefill blocks (`expert_prefill_m`, or its default for max_tokens_per_step)."""
+        return self.expert_prefill_m or (128 if self.max_tokens_per_step >= 1024 else 64)
 
     @property
     def wide_rows(self) -> int:

@@ -105,10 +105,11 @@ def test_the_loads_off_by_default_on_gpu(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_experts_in_wider_prefill_blocks_on_gpu(tmp_path):
+@pytest.mark.parametrize("rows", [64, 128])
+def test_experts_in_wider_prefill_blocks_on_gpu(rows, tmp_path):
     """`expert_prefill_m`: an expert with more than block_m rows in the first step (a 512-token prompt: ~32 rows an
-    expert) takes them in 64-row blocks, and the combine takes [64, 64] blocks over every task."""
-    config = dataclasses.replace(case_config(1), max_tokens_per_step=512, max_model_len=600, expert_prefill_m=64)
+    expert) takes them in blocks of 64 or 128 rows, and the combine takes [64, 64] blocks over every task."""
+    config = dataclasses.replace(case_config(1), max_tokens_per_step=512, max_model_len=600, expert_prefill_m=rows)
     check_against_reference("qwen3-30b-a3b", 1, config, tmp_path, lengths=[512])
 
 
