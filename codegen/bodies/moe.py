@@ -108,11 +108,12 @@ def expert_task(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, PM: tl.constexpr
     projections do). Its weight rows alternate gate, up (`Lowering.placed_weight`), so a tile stores
     silu(gate) * up, half its width, and the SiLU-gating runs once an element. down: x is that, rows are entries.
     (With the gating in down's prologue, each of down's column tiles computed it again from gate/up's stored
-    halves in fp32, in registers: H200, Qwen3-30B-A3B TTFT 2048 down ~1 ms a layer against gate/up's 0.77.)
+    halves in fp32, in registers: H200, Qwen3-30B-A3B TTFT 2048 down ~1 ms a layer against gate/up's 0.77. Moving
+    it here: b1 ctx512 4.18 -> 3.92 ms, b8 12.76 -> 11.02, b64 26.55 -> 22.13, TTFT 2048 371 -> 103.)
 
-    Each is compiled apart (GATED), so that the blocks load their inputs as the dots take them: H200,
-    Qwen3-30B-A3B b8 ctx512 11.47 ms against 12.78 with one body for both, TTFT 2048 in 64-row blocks 174.67
-    against 411.02 ms."""
+    The two are compiled apart (GATED), so that each block loads its inputs as the dots take them, with no
+    select between the two paths: with the gating still in down, gate/up's own body alone took b8 from 12.78 to
+    11.47 ms, and TTFT 2048 in 64-row blocks from 356 to 170 (benchmarks/RESULTS.md, session 39)."""
     if word(desc, 12) == 1:
         expert_slot(desc, tile, W, ACT, F32, I32, BM, PM, BN, BK, DOT_F32, STAGES, PM_STAGES, GEMV, PROGRAMS, True)
     else:
