@@ -1,9 +1,10 @@
 """Mixture of experts: routing (softmax, top-k, renormalisation), each (token, choice) pair appended to its
-expert's list as it is routed; the experts' gate/up and down projections over their tokens, and the weighted
-combine (plus the residual).
+expert's list as it is routed; the experts' gate/up projection (storing silu(gate) * up) and down projection
+over their tokens, and the weighted combine (plus the residual).
 
 Expert tasks are indexed by (expert slot, column tile): slot j serves the j-th, (j+S)-th, ... expert that
-received tokens this step, so a decode step with few active experts runs few real tiles.
+received tokens this step, so a decode step with few active experts runs few real tiles; slots past a decode
+step's most experts run only in steps that prefill (`codegen.lower`, `_moe_experts`).
 """
 import triton
 import triton.language as tl
