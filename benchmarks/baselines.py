@@ -220,14 +220,39 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return rotated if keep.shape[-1] == 0 else torch.cat([rotated, keep], dim=-1)
 
 
+EXPERT_MODES = {
+    "grouped": "grouped GEMMs (torch._grouped_mm)",
+    "gathered": "weights gathered per (token, choice), bmm",
+    "looped": "an eager loop over the experts",
+}
+
+
+def grouped_experts_available(device: str | torch.device) -> bool:
+    """Whether torch has a grouped GEMM for `device` (`torch._grouped_mm`: CUTLASS on sm_90 and later)."""
+    device = torch.device(device)
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def expert_mode(device: str | torch.device, *, prefill: bool) -> str:
+    """How the torch baseline runs routed experts on `device` (EXPERT_MODES): grouped GEMMs where torch has
+    them, as fused MoE kernels work; else gathered weights for a decode step (a CUDA graph can hold it) and an
+    eager loop for a prefill (gathering would copy gigabytes)."""
+    if grouped_experts_available(device):
+        return "grouped"
+    return "looped" if prefill else "gathered"
+
+
 class TorchModel:
     """One forward pass of B sequences that each bring T tokens at `positions`; their caches must hold
-    exactly positions[-1] + 1 tokens. Routed experts are either gathered per (token, slot) and run as bmm
-    (static shapes: CUDA-graph capturable, used for decode) or looped over per expert (data-dependent
-    shapes, eager only, used for prefill where gathering would copy gigabytes)."""
+    exactly positions[-1] + 1 tokens. Routed experts run as `experts` says (EXPERT_MODES): grouped and
+    gathered have no host sync, so a CUDA graph can hold them; looped has data-dependent shapes (eager only)."""
 
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights, *, is_moe_gathered: bool) -> None:
-        self.cfg, self.weights, self.is_moe_gathered = cfg, weights, is_moe_gathered
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, *, experts: str) -> None:
+        if experts not in EXPERT_MODES:
+            raise ValueError(f"unknown experts mode {experts!r} (known: {', '.join(EXPERT_MODES)})")
+        self.cfg, self.weights, self.experts = cfg, weights, experts
         device = weights.top["norm"].device
         self.inv_freq = rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling).to(device)  # [R/2]
 
@@ -275,8 +300,8 @@ class TorchModel:
         if "gate" not in layer:
             return F.linear(silu_mul(F.linear(h, layer["gate_up_proj"])), layer["down_proj"])
         weights, experts = self.route(layer, h)
-        run = self.experts_gathered if self.is_moe_gathered else self.experts_looped
-        return run(layer, h, weights, experts)
+        run = {"grouped": self.experts_grouped, "gathered": self.experts_gathered, "looped": self.experts_looped}
+        return run[self.experts](layer, h, weights, experts)
 
     def route(self, layer: Weights, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Softmax over the router logits, top-k, renormalised if norm_topk_prob: ([N, k], experts [N, k])"""
@@ -285,6 +310,23 @@ class TorchModel:
         if self.cfg.norm_topk_prob:
             weights = weights / weights.sum(-1, keepdim=True)
         return weights.to(h.dtype), experts
+
+    def experts_grouped(self, layer: Weights, h: torch.Tensor, weights: torch.Tensor,
+                        experts: torch.Tensor) -> torch.Tensor:
+        """The (token, slot) pairs sorted by expert, then one grouped GEMM a matrix: each expert's weights read
+        once for all of its rows. The counts come from a scatter, not `bincount` (which reads its input's
+        maximum back to the host), so a CUDA graph can hold the whole."""
+        num_tokens, top_k = experts.shape
+        chosen = experts.flatten()  # [N*k]
+        order = chosen.argsort(stable=True)
+        counts = torch.zeros(self.cfg.num_experts, dtype=torch.int32, device=h.device)
+        counts.scatter_add_(0, chosen, torch.ones_like(chosen, dtype=torch.int32))
+        ends = counts.cumsum(0, dtype=torch.int32)  # each expert's rows end here in the sorted order
+        x = h[order // top_k]  # [N*k, H]
+        act = silu_mul(torch._grouped_mm(x, layer["experts.gate_up_proj"].transpose(1, 2), offs=ends))
+        y_sorted = torch._grouped_mm(act, layer["experts.down_proj"].transpose(1, 2), offs=ends)  # [N*k, H]
+        y = torch.empty_like(y_sorted).index_copy_(0, order, y_sorted)
+        return (y.view(num_tokens, top_k, -1) * weights.unsqueeze(-1)).sum(1)  # [N, H]
 
     def experts_gathered(self, layer: Weights, h: torch.Tensor, weights: torch.Tensor,
                          experts: torch.Tensor) -> torch.Tensor:
@@ -318,29 +360,35 @@ Step = Callable[[], torch.Tensor]
 
 
 def make_decode_step(cfg: ModelConfig, batch: int, context: int, device: str | torch.device,
-                     weights: ModelWeights | None = None) -> Step:
+                     weights: ModelWeights | None = None, experts: str | None = None) -> Step:
     """One decode step over static inputs: `batch` sequences holding `context` tokens each bring one more
-    (the cache holds context + 1 positions; the new token's k, v land in the last). Returns logits [B, V]."""
+    (the cache holds context + 1 positions; the new token's k, v land in the last). Returns logits [B, V].
+    `experts`: how routed experts run (EXPERT_MODES; default `expert_mode`)."""
     device = torch.device(device)
     weights = random_weights(cfg, device) if weights is None else weights
-    require_fits(device, kv_cache_bytes(cfg, batch, context + 1) + workspace_bytes(cfg, batch, is_moe_gathered=True),
+    experts = experts or expert_mode(device, prefill=False)
+    require_fits(device, kv_cache_bytes(cfg, batch, context + 1)
+                 + workspace_bytes(cfg, batch, is_moe_gathered=experts == "gathered"),
                  f"KV cache ({batch} x {context + 1} tokens) and workspace")
     caches = random_kv_caches(cfg, batch, context + 1, device)
-    model = TorchModel(cfg, weights, is_moe_gathered=True)
+    model = TorchModel(cfg, weights, experts=experts)
     ids = torch.randint(cfg.vocab_size, (batch, 1), device=device)  # [B, 1]
     positions = torch.tensor([context], device=device)  # [1]
     return lambda: model.forward(ids, positions, caches)
 
 
 def make_prefill_step(cfg: ModelConfig, prompt_len: int, device: str | torch.device,
-                      weights: ModelWeights | None = None) -> Step:
-    """One prompt of `prompt_len` tokens (batch 1) into an empty cache; returns its last token's logits [1, V]."""
+                      weights: ModelWeights | None = None, experts: str | None = None) -> Step:
+    """One prompt of `prompt_len` tokens (batch 1) into an empty cache; returns its last token's logits [1, V].
+    `experts`: as for `make_decode_step`."""
     device = torch.device(device)
     weights = random_weights(cfg, device) if weights is None else weights
-    require_fits(device, kv_cache_bytes(cfg, 1, prompt_len) + workspace_bytes(cfg, prompt_len, is_moe_gathered=False),
+    experts = experts or expert_mode(device, prefill=True)
+    require_fits(device, kv_cache_bytes(cfg, 1, prompt_len)
+                 + workspace_bytes(cfg, prompt_len, is_moe_gathered=experts == "gathered"),
                  f"KV cache ({prompt_len} tokens) and workspace")
     caches = random_kv_caches(cfg, 1, prompt_len, device)
-    model = TorchModel(cfg, weights, is_moe_gathered=False)
+    model = TorchModel(cfg, weights, experts=experts)
     ids = torch.randint(cfg.vocab_size, (1, prompt_len), device=device)  # [1, T]
     positions = torch.arange(prompt_len, device=device)  # [T]
     return lambda: model.forward(ids, positions, caches)
@@ -362,14 +410,14 @@ def capture_graph(step: Step) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
 
 
 def torch_decode_ms(cfg: ModelConfig, batch: int, context: int, device: str | torch.device, *,
-                    weights: ModelWeights | None = None, num_reps: int = 50) -> float:
+                    weights: ModelWeights | None = None, experts: str | None = None, num_reps: int = 50) -> float:
     """Median ms of one decode step captured in ONE CUDA graph (5 warm-up replays, then `num_reps`
     replays each timed by CUDA events). Random weights are made here unless `weights` are given."""
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"CUDA graphs need a CUDA device, got {device}: use torch_decode_eager_ms")
     with torch.inference_mode():
-        graph, _ = capture_graph(make_decode_step(cfg, batch, context, device, weights))
+        graph, _ = capture_graph(make_decode_step(cfg, batch, context, device, weights, experts))
         return median_ms(graph.replay, device, num_warmup=5, num_reps=num_reps)
 
 
@@ -383,18 +431,19 @@ def torch_decode_eager_ms(cfg: ModelConfig, batch: int, context: int, device: st
 
 
 def torch_prefill_ms(cfg: ModelConfig, prompt_len: int, device: str | torch.device, *,
-                     weights: ModelWeights | None = None, num_reps: int = 10) -> float:
+                     weights: ModelWeights | None = None, experts: str | None = None, num_reps: int = 10) -> float:
     """Median ms to prefill one prompt of `prompt_len` tokens at batch 1 and get its first token's logits:
     the time-to-first-token baseline (cuBLAS GEMMs, SDPA with is_causal=True, KV writes included).
 
-    Dense models on a GPU: the pass captured in ONE CUDA graph and replayed, as for decode. MoE models, and
-    any model on a CPU: eager (the per-expert loop has data-dependent shapes and cannot be captured).
+    On a GPU the pass is captured in ONE CUDA graph and replayed, as for decode, unless an MoE model's experts
+    run as an eager loop (`expert_mode`: data-dependent shapes). On a CPU: eager.
     """
     device = torch.device(device)
     with torch.inference_mode():
-        step = make_prefill_step(cfg, prompt_len, device, weights)
+        experts = experts or expert_mode(device, prefill=True)
+        step = make_prefill_step(cfg, prompt_len, device, weights, experts)
         run = step
-        if device.type == "cuda" and not cfg.num_experts:
+        if device.type == "cuda" and (not cfg.num_experts or experts != "looped"):
             graph, _ = capture_graph(step)
             run = graph.replay
         return median_ms(run, device, num_warmup=3, num_reps=num_reps)

@@ -4,7 +4,10 @@
   (b) a torch + cuBLAS + SDPA decode step captured in one CUDA graph (benchmarks/baselines.py)
   (c) the same task bodies launched as separate kernels (one per task group) from one CUDA graph
   TTFT: the megakernel's launch with one output token vs a torch prefill (cuBLAS + SDPA) of the prompt.
-Prints one table; `--json FILE` also writes the rows.
+An MoE model's torch baselines run the experts as grouped GEMMs (`torch._grouped_mm`, one a matrix over the
+pairs sorted by expert) where torch has them; `--torch-experts` picks another way (benchmarks/baselines.py,
+EXPERT_MODES). Up to session 39 the MoE figures in benchmarks/RESULTS.md used gathered weights for decode and an
+eager loop over the experts for prefill. Prints one table; `--json FILE` also writes the rows.
 
 Each row times a kernel compiled for it (`megakernel_tpot.decode_config`, `ttft_config`): max_batch is the row's
 batch, and a decode row's prefill budget min(2,048, batch x context) tokens a step, a TTFT row's the prompt. A
@@ -85,7 +88,11 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=INT",
                         help="a CompileConfig field for every kernel of the run (e.g. wide_n=128), repeatable")
     parser.add_argument("--no-precompile", action="store_true", help="compile each kernel when its row runs")
+    parser.add_argument("--torch-experts", choices=["auto", *baselines.EXPERT_MODES], default="auto",
+                        help="how the torch baselines run an MoE model's experts (auto: grouped GEMMs where torch "
+                             "has them, else gathered weights for decode and an eager loop for prefill)")
     args = parser.parse_args()
+    torch_experts = None if args.torch_experts == "auto" else args.torch_experts
     overrides = {key: int(value) for key, value in (item.split("=", 1) for item in args.set)}
     pairs = [tuple(int(v) for v in pair.split("x")) for pair in filter(None, args.decode.split(","))]
     prompt_lens = [int(v) for v in filter(None, args.ttft.split(","))]
@@ -108,6 +115,10 @@ def main() -> None:
     add("read bandwidth TB/s", f"{bandwidth:.2f}", "", "")
     if overrides:
         add("config overrides", " ".join(args.set), "", "")
+    if cfg.num_experts:
+        for prefill in (False, True):
+            mode = torch_experts or baselines.expert_mode(device, prefill=prefill)
+            add(f"torch {'prefill' if prefill else 'decode'} experts", baselines.EXPERT_MODES[mode], "", "")
     for batch, context in pairs:
         started = time.perf_counter()
         kernel = load_kernel(args.preset, decode_configs[batch, context], artifact_path("decode"))
@@ -115,7 +126,7 @@ def main() -> None:
         task_kernels = task_kernels_graph_ms(kernel, batch, context)
         del kernel  # the baselines below need its memory (a 30B model's weights twice do not fit)
         baselines.release_memory(device)
-        torch_ms = baselines.torch_decode_ms(cfg, batch, context, device)
+        torch_ms = baselines.torch_decode_ms(cfg, batch, context, device, experts=torch_experts)
         roofline = baselines.decode_bytes_per_step(cfg, batch, context) / (bandwidth * 1e12) * 1e3
         add(f"decode b{batch} ctx{context} ms", f"{ours:.2f}", f"torch graph {torch_ms:.2f}",
             f"task kernels graph {task_kernels:.2f}",
@@ -128,7 +139,7 @@ def main() -> None:
         ours = ttft_ms(kernel, prompt_len)
         del kernel
         baselines.release_memory(device)
-        torch_ms = baselines.torch_prefill_ms(cfg, prompt_len, device)
+        torch_ms = baselines.torch_prefill_ms(cfg, prompt_len, device, experts=torch_experts)
         add(f"TTFT {prompt_len} tokens ms", f"{ours:.2f}", f"torch prefill {torch_ms:.2f}",
             f"{torch_ms / ours:.2f}x torch")
         baselines.release_memory(device)
