@@ -34,12 +34,13 @@ if [[ $mode == variants ]]; then  # [PRESET=qwen3-30b-a3b] VARIANTS="1x512 1x512
 fi
 
 if [[ $mode == matrix ]]; then  # the issue's whole decode table, one model per call: MATRIX=llama or MATRIX=moe
+  # (TORCH_EXPERTS=gathered|looped|grouped: how MoE's torch baselines run the experts; benchmarks/decode.py)
   if [[ ${MATRIX:-llama} == llama ]]; then
     step "${BENCH_LIMIT:-580}" python -m benchmarks.decode --decode "${DECODE:-1x512,8x512,32x512,64x512,1x4096,8x4096,32x4096,64x4096}" \
       --ttft "${TTFT-128,512,2048}" --json "$OUT/matrix-llama.json"
   else
     step "${BENCH_LIMIT:-580}" python -m benchmarks.decode --preset qwen3-30b-a3b --decode "${DECODE:-1x512,8x512}" \
-      --ttft "${TTFT-}" --json "$OUT/matrix-moe.json"
+      --ttft "${TTFT-}" --torch-experts "${TORCH_EXPERTS:-auto}" --json "$OUT/matrix-moe.json"
   fi
 fi
 
