@@ -698,10 +698,11 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
         tiles = -(-n // lw.config.expert_block_n)
         # where a decode step's experts fill fewer tasks than there are programs, slots past them take experts
         # only in steps that prefill (which have more experts than slots): a slot serves every num_slots-th
-        # expert, and a decode step has at most max_batch * top_k, each on a slot of its own
-        step_slots = max(slots, min(num_experts, T * top_k, cfg.target_programs // tiles))
-        if slots < cfg.max_batch * top_k:
-            step_slots = slots  # a decode step may have more experts than slots: each slot takes every step
+        # expert, and a decode step has at most max_batch * top_k, each on a slot of its own. With fewer slots
+        # than that (`moe_slots`), a decode step may need every slot
+        step_slots = slots
+        if slots >= cfg.max_batch * top_k:
+            step_slots = max(slots, min(num_experts, T * top_k, cfg.target_programs // tiles))
         desc = lw.tasks.add_desc(EXPERT_FIELDS, dict(
             x_off=x_off, k=k, w_off=w_off, n=n, out_off=out_off, top_k=top_k, num_experts=num_experts,
             num_slots=step_slots, num_tiles=tiles, gated=gated, stats_off=stats_off, eps=float(node.attrs["eps"]),
