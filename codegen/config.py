@@ -36,6 +36,10 @@ class CompileConfig:
     # After gate/up's gating epilogue, 128 / 64 rows: TTFT 2048 84.84 / 99.03, 512 26.37 / 30.11, TPOT b1 4.06 /
     # 3.92 (spills 56 -> 102), b8 11.25 / 11.01 (268 -> 284)
     expert_prefill_m: int = 0
+    # output columns of those blocks in a prefill step whose experts average more than block_m rows: the tasks
+    # of a slot that share such a block become slots of their own (`codegen.bodies.moe.expert_slot`), so each
+    # input row is read once for this many columns instead of expert_block_n
+    expert_prefill_n: int = 128
     # an expert of one token takes it as a GEMV where the step's expert tiles fit in one wave (few tokens).
     # H200, Qwen3-30B-A3B ctx512, on / off: b1 4.95 / 5.09 ms, b8 14.43 / 14.51 (a GEMV for every expert of
     # up to 2 tokens, whatever the wave: b1 5.02, b8 15.71 against 14.49: at b8 the dots' throughput wins)
@@ -243,7 +247,8 @@ class CompileConfig:
         for name in ("block_n", "expert_block_n", "expert_block_k", "block_k", "block_k_dot", "prefill_block_k",
                      "block_m", "qkv_block_m", "attention_block_m", "wide_m", "prefill_m", "wide_n", "batch_n",
                      "whole_batch_n", "block_kv", "decode_block_kv", "page_size", "stream_tiles", "stream_block_k",
-                     "qkv_batch_k", "decode_window_keys", "prefill_window_keys", "expert_prefill_m"):
+                     "qkv_batch_k", "decode_window_keys", "prefill_window_keys", "expert_prefill_m",
+                     "expert_prefill_n"):
             value = getattr(self, name)
             # 0: another field's value, or a choice of the lowering's
             zero_ok = name in ("prefill_block_k", "wide_m", "prefill_m", "whole_batch_n", "decode_block_kv",

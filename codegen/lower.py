@@ -706,7 +706,7 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
         desc = lw.tasks.add_desc(EXPERT_FIELDS, dict(
             x_off=x_off, k=k, w_off=w_off, n=n, out_off=out_off, top_k=top_k, num_experts=num_experts,
             num_slots=step_slots, num_tiles=tiles, gated=gated, stats_off=stats_off, eps=float(node.attrs["eps"]),
-            **routing))
+            wide=max(1, cfg.expert_prefill_n // cfg.expert_block_n), **routing))  # a prefill block's tiles
         return lw.tasks.add_group(Kind.EXPERT, desc, step_slots * tiles, f"{name}.{part}", waits,
                                   prefill_only_from=slots * tiles if step_slots > slots else None)
 

@@ -9,14 +9,14 @@ step's most experts run only in steps that prefill (`codegen.lower`, `_moe_exper
 import triton
 import triton.language as tl
 
-from codegen.bodies.common import round_to, word, word8, word_f32
+from codegen.bodies.common import round_to, row_halves, word, word8, word_f32
 from codegen.bodies.linear import row_inv_rms
 from codegen.bodies.rows import store_rows
 
 ROUTE_FIELDS = ("logits_off", "num_experts", "top_k", "normalize", "weights_off", "ids_off", "counts_off",
                 "entries_off", "active_off", "capacity", "num_tasks")
 EXPERT_FIELDS = ("x_off", "k", "w_off", "n", "out_off", "top_k", "counts_off", "entries_off", "active_off",
-                 "num_experts", "num_slots", "num_tiles", "gated", "stats_off", "eps", "capacity")
+                 "num_experts", "num_slots", "num_tiles", "gated", "stats_off", "eps", "capacity", "wide")
 COMBINE_FIELDS = ("y_off", "weights_off", "top_k", "hidden", "out_off", "res_off", "out_stats_off")
 
 
@@ -99,9 +99,9 @@ def append_pairs(desc, F32, I32, expert, entry, mask):
 
 
 @triton.jit
-def expert_task(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, PM: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, PM_STAGES: tl.constexpr,
-                GEMV: tl.constexpr, PROGRAMS: tl.constexpr):
+def expert_task(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM: tl.constexpr, PM: tl.constexpr,
+                BN: tl.constexpr, PN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
+                PM_STAGES: tl.constexpr, GEMV: tl.constexpr, PROGRAMS: tl.constexpr):
     """out[entry, cols] = x[row of entry] @ W[expert, cols]^T for the entries of this slot's experts.
 
     gate/up (`gated`): x is the hidden state, rows are tokens (entry // top_k); with `stats_off` the layer's
@@ -116,50 +116,68 @@ def expert_task(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, PM: tl.constexpr
     select between the two paths: with the gating still in down, gate/up's own body alone took b8 from 12.78 to
     11.47 ms, and TTFT 2048 in 64-row blocks from 356 to 170 (benchmarks/RESULTS.md, session 39)."""
     if word(desc, 12) == 1:
-        expert_slot(desc, tile, W, ACT, F32, I32, BM, PM, BN, BK, DOT_F32, STAGES, PM_STAGES, GEMV, PROGRAMS, True)
+        expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM, PM, BN, PN, BK, DOT_F32, STAGES,
+                    PM_STAGES, GEMV, PROGRAMS, True)
     else:
-        expert_slot(desc, tile, W, ACT, F32, I32, BM, PM, BN, BK, DOT_F32, STAGES, PM_STAGES, GEMV, PROGRAMS, False)
+        expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM, PM, BN, PN, BK, DOT_F32, STAGES,
+                    PM_STAGES, GEMV, PROGRAMS, False)
 
 
 @triton.jit
-def expert_slot(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, PM: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, PM_STAGES: tl.constexpr,
-                GEMV: tl.constexpr, PROGRAMS: tl.constexpr, GATED: tl.constexpr):
+def expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM: tl.constexpr, PM: tl.constexpr,
+                BN: tl.constexpr, PN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
+                PM_STAGES: tl.constexpr, GEMV: tl.constexpr, PROGRAMS: tl.constexpr, GATED: tl.constexpr):
     """An expert task's experts in turn. Where the step's tiles fit in one wave of the PROGRAMS (a few tokens:
     each task's time is the layer's), an expert with one entry takes it as a GEMV (`expert_row`, with GEMV);
     else dots of BM rows, or of PM (where larger, pipelined PM_STAGES deep) for an expert with more than BM
-    rows: each block reads the expert's weight slice whole."""
+    rows: each block reads the expert's weight slice whole.
+
+    A prefill step whose experts average more than BM rows takes [PM, PN] blocks instead (`wide` = PN // BN
+    tiles a block): the tasks of a slot that share a PN-wide column block become slots of their own (as many
+    as the block has tiles: the last may have fewer), so every task still has work and each input row is read
+    once for PN columns instead of BN."""
     x_off, K, w_off, N, out_off = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 3), word8(desc, 4)
     top_k = word(desc, 5)
     counts = (F32 + word(desc, 6)).to(tl.pointer_type(tl.int32), bitcast=True)  # route_rows' `append_pairs`
     entries_off, active_off, capacity = word(desc, 7), word(desc, 8), word(desc, 15)
     num_active, num_slots = tl.load(counts + word(desc, 9)), word(desc, 10)
-    num_tiles = word(desc, 11)
-    slot = tile // num_tiles
-    n0 = (tile % num_tiles) * BN
-    cols = n0 + tl.arange(0, BN)
-    col_ok = cols < N
-    one_wave = num_active * num_tiles <= PROGRAMS
-    for a in range(slot, num_active, num_slots):
-        expert = tl.load(I32 + active_off + a).to(tl.int64)
-        lo = expert * capacity  # its entries' list
-        hi = lo + tl.load(counts + expert)
-        w_rows = W + w_off + expert * N * K + cols[:, None] * K
-        if GEMV and one_wave and hi - lo == 1:
-            entry = tl.load(I32 + entries_off + lo + tl.arange(0, 1)).to(tl.int64)
-            y = expert_row(ACT + x_off + input_row(entry, top_k, GATED) * K, K, w_rows, col_ok, BN, BK, STAGES)
-            y *= _norm_scale(desc, F32, entry // top_k, entry >= 0, K)[:, None]
-            store_expert_rows(ACT, out_off, entry, entry >= 0, N, n0, y, GATED)
-        elif PM > BM:
-            if hi - lo > BM:
-                expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, n0, col_ok, PM, BN,
-                            BK, DOT_F32, PM_STAGES, GATED)
+    num_tiles, wide = word(desc, 11), word(desc, 16)
+    if (wide > 1) & (num_tokens > num_seqs) & (num_tokens * top_k > BM * num_active):
+        column = tile % num_tiles
+        first = column - column % wide  # the block's first tile
+        shared = tl.minimum(wide, num_tiles - first)  # the tasks of a slot that share the block
+        block = first * BN + tl.arange(0, PN)  # (names apart from the other branch's: their shapes differ)
+        for a in range(tile // num_tiles * shared + column - first, num_active, num_slots * shared):
+            e = tl.load(I32 + active_off + a).to(tl.int64)
+            expert_dots(desc, F32, ACT, I32, e * capacity, e * capacity + tl.load(counts + e), x_off, top_k, K, N,
+                        out_off, W + w_off + e * N * K + block[:, None] * K, first * BN, block < N, PM, PN, BK,
+                        DOT_F32, PM_STAGES, GATED)
+    else:
+        slot = tile // num_tiles
+        n0 = (tile % num_tiles) * BN
+        cols = n0 + tl.arange(0, BN)
+        col_ok = cols < N
+        one_wave = num_active * num_tiles <= PROGRAMS
+        for a in range(slot, num_active, num_slots):
+            expert = tl.load(I32 + active_off + a).to(tl.int64)
+            lo = expert * capacity  # its entries' list
+            hi = lo + tl.load(counts + expert)
+            w_rows = W + w_off + expert * N * K + cols[:, None] * K
+            if GEMV and one_wave and hi - lo == 1:
+                entry = tl.load(I32 + entries_off + lo + tl.arange(0, 1)).to(tl.int64)
+                y = expert_row(ACT + x_off + input_row(entry, top_k, GATED) * K, K, w_rows, col_ok, BN, BK, STAGES)
+                y *= _norm_scale(desc, F32, entry // top_k, entry >= 0, K)[:, None]
+                store_expert_rows(ACT, out_off, entry, entry >= 0, N, n0, y, GATED)
+            elif PM > BM:
+                if hi - lo > BM:
+                    expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, n0, col_ok, PM,
+                                BN, BK, DOT_F32, PM_STAGES, GATED)
+                else:
+                    expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, n0, col_ok, BM,
+                                BN, BK, DOT_F32, STAGES, GATED)
             else:
                 expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, n0, col_ok, BM, BN,
                             BK, DOT_F32, STAGES, GATED)
-        else:
-            expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, n0, col_ok, BM, BN, BK,
-                        DOT_F32, STAGES, GATED)
 
 
 @triton.jit
@@ -185,7 +203,19 @@ def expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows
                 acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
             else:
                 acc += tl.dot(x, tl.trans(w))
-        store_expert_rows(ACT, out_off, entry, r_ok, N, n0, acc * scale[:, None], GATED)
+        acc *= scale[:, None]
+        if BM * BN > 64 * 64:
+            # a half of the rows at a time, their entries loaded again, as the projections' 128-row epilogues
+            # (`row_halves`): every row's addresses at once spill
+            top, bottom = row_halves(acc)
+            half = m0 + tl.arange(0, BM // 2)
+            store_expert_rows(ACT, out_off, tl.load(I32 + word(desc, 7) + half, mask=half < hi, other=0).to(tl.int64),
+                              half < hi, N, n0, top, GATED)
+            half += BM // 2
+            store_expert_rows(ACT, out_off, tl.load(I32 + word(desc, 7) + half, mask=half < hi, other=0).to(tl.int64),
+                              half < hi, N, n0, bottom, GATED)
+        else:
+            store_expert_rows(ACT, out_off, entry, r_ok, N, n0, acc, GATED)
 
 
 @triton.jit

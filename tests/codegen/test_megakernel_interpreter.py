@@ -280,6 +280,16 @@ def test_experts_in_wider_prefill_blocks_match_the_reference_engine(checkpoint, 
     check((4, 3), prompts=[[(7 * i + 3) % 1000 for i in range(50)], PROMPTS[2]])
 
 
+def test_experts_in_wider_prefill_columns_match_the_reference_engine(checkpoint, tmp_path):
+    """With `expert_prefill_n`, a prefill step whose experts average more than block_m rows takes blocks two
+    of the decode tiles wide, each pair of a slot's tasks two slots: down's 4 tiles pair up, gate/up's 5 leave
+    a last block of one tile, whose tasks keep one slot each."""
+    config = dataclasses.replace(CONFIG, max_tokens_per_step=64, expert_prefill_m=32, expert_block_n=16,
+                                 expert_prefill_n=32)
+    kernel, check = _tiny_kernel(checkpoint, tmp_path / "expert_columns.cubin", config, "tiny-qwen3-moe")
+    check((4, 3), prompts=[[(7 * i + 3) % 1000 for i in range(50)], PROMPTS[2]])
+
+
 def test_expert_slots_past_a_decode_steps_take_experts_only_in_prefill_steps(checkpoint, tmp_path):
     """A kernel for one sequence has two expert slots a layer (top-2), but for 8 programs gate/up gets 4 (two
     column tiles each) and down 6: the slots past the first two have the PREFILL_ONLY flag, take experts in the
