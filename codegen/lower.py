@@ -268,6 +268,10 @@ def _allocate(lw: Lowering) -> None:
     for node in lw.graph.nodes:
         if node.op == "moe_route":  # each expert's count of pairs, then the number of experts with any
             lw.layout.alloc(f"tickets:v{node.outputs[1].id}.counts", "F32", node.inputs[0].shape[1] + 1)
+        if node.op == "moe_experts":  # a claim counter for each column block of gate/up's, then of down's
+            gate_up = dict(zip(moe_experts_inputs(node.attrs), node.inputs))["gate_up"]
+            lw.layout.alloc(f"tickets:moe.v{node.output.id}.claims", "F32",
+                            sum(_expert_tiles(cfg, n) for n in gate_up.shape[1:]))
     lw.layout.alloc("tickets:sample", "F32", cfg.max_batch)
     linears = [(n.output, n.inputs[fused_linear_inputs(n.attrs).index("w")].shape[0])  # (output, its width)
                for n in lw.graph.nodes if n.op == "fused_linear"]
@@ -694,8 +698,10 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
     h_off = lw.act_buffer(f"{name}.h", T * top_k * (two_i // 2))  # silu(gate) * up of each pair
     y_off = lw.act_buffer(f"{name}.y", T * top_k * hidden)
 
+    claims = lw.layout.offset(f"tickets:{name}.claims")
+
     def experts(x_off, k, w_off, n, out_off, gated, waits, part, stats_off=-1):
-        tiles = -(-n // lw.config.expert_block_n)
+        tiles = _expert_tiles(cfg, n)
         # where a decode step's experts fill fewer tasks than there are programs, slots past them take experts
         # only in steps that prefill (which have more experts than slots): a slot serves every num_slots-th
         # expert, and a decode step has at most max_batch * top_k, each on a slot of its own. With fewer slots
@@ -706,7 +712,8 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
         desc = lw.tasks.add_desc(EXPERT_FIELDS, dict(
             x_off=x_off, k=k, w_off=w_off, n=n, out_off=out_off, top_k=top_k, num_experts=num_experts,
             num_slots=step_slots, num_tiles=tiles, gated=gated, stats_off=stats_off, eps=float(node.attrs["eps"]),
-            wide=max(1, cfg.expert_prefill_n // cfg.expert_block_n), **routing))  # a prefill block's tiles
+            wide=max(1, cfg.expert_prefill_n // cfg.expert_block_n),  # a prefill block's tiles
+            claims_off=claims + (0 if gated else _expert_tiles(cfg, two_i)), **routing))
         return lw.tasks.add_group(Kind.EXPERT, desc, step_slots * tiles, f"{name}.{part}", waits,
                                   prefill_only_from=slots * tiles if step_slots > slots else None)
 
@@ -730,6 +737,11 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
         res_off=lw.act(residual[0]) if residual else -1, out_stats_off=lw.out_stats(node.output)))
     lw.ready[node.output.id] = lw.tasks.add_group(Kind.COMBINE, desc, lw.column_tiles(hidden), f"{name}.combine",
                                                   (down_done, *lw.waits(weights, *residual)))
+
+
+def _expert_tiles(cfg: CompileConfig, n: int) -> int:
+    """An expert projection's column tiles for n output columns."""
+    return -(-n // cfg.expert_block_n)
 
 
 def _add_sampling(lw: Lowering) -> None:

@@ -16,7 +16,8 @@ from codegen.bodies.rows import store_rows
 ROUTE_FIELDS = ("logits_off", "num_experts", "top_k", "normalize", "weights_off", "ids_off", "counts_off",
                 "entries_off", "active_off", "capacity", "num_tasks")
 EXPERT_FIELDS = ("x_off", "k", "w_off", "n", "out_off", "top_k", "counts_off", "entries_off", "active_off",
-                 "num_experts", "num_slots", "num_tiles", "gated", "stats_off", "eps", "capacity", "wide")
+                 "num_experts", "num_slots", "num_tiles", "gated", "stats_off", "eps", "capacity", "wide",
+                 "claims_off")
 COMBINE_FIELDS = ("y_off", "weights_off", "top_k", "hidden", "out_off", "res_off", "out_stats_off")
 
 
@@ -100,8 +101,8 @@ def append_pairs(desc, F32, I32, expert, entry, mask):
 
 @triton.jit
 def expert_task(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM: tl.constexpr, PM: tl.constexpr,
-                BN: tl.constexpr, PN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
-                PM_STAGES: tl.constexpr, GEMV: tl.constexpr, PROGRAMS: tl.constexpr):
+                BN: tl.constexpr, PN: tl.constexpr, BK: tl.constexpr, EP: tl.constexpr, DOT_F32: tl.constexpr,
+                STAGES: tl.constexpr, PM_STAGES: tl.constexpr, GEMV: tl.constexpr, PROGRAMS: tl.constexpr):
     """out[entry, cols] = x[row of entry] @ W[expert, cols]^T for the entries of this slot's experts.
 
     gate/up (`gated`): x is the hidden state, rows are tokens (entry // top_k); with `stats_off` the layer's
@@ -116,42 +117,34 @@ def expert_task(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM: tl.const
     select between the two paths: with the gating still in down, gate/up's own body alone took b8 from 12.78 to
     11.47 ms, and TTFT 2048 in 64-row blocks from 356 to 170 (benchmarks/RESULTS.md, session 39)."""
     if word(desc, 12) == 1:
-        expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM, PM, BN, PN, BK, DOT_F32, STAGES,
+        expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM, PM, BN, PN, BK, EP, DOT_F32, STAGES,
                     PM_STAGES, GEMV, PROGRAMS, True)
     else:
-        expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM, PM, BN, PN, BK, DOT_F32, STAGES,
+        expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM, PM, BN, PN, BK, EP, DOT_F32, STAGES,
                     PM_STAGES, GEMV, PROGRAMS, False)
 
 
 @triton.jit
 def expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM: tl.constexpr, PM: tl.constexpr,
-                BN: tl.constexpr, PN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
-                PM_STAGES: tl.constexpr, GEMV: tl.constexpr, PROGRAMS: tl.constexpr, GATED: tl.constexpr):
+                BN: tl.constexpr, PN: tl.constexpr, BK: tl.constexpr, EP: tl.constexpr, DOT_F32: tl.constexpr,
+                STAGES: tl.constexpr, PM_STAGES: tl.constexpr, GEMV: tl.constexpr, PROGRAMS: tl.constexpr,
+                GATED: tl.constexpr):
     """An expert task's experts in turn. Where the step's tiles fit in one wave of the PROGRAMS (a few tokens:
     each task's time is the layer's), an expert with one entry takes it as a GEMV (`expert_row`, with GEMV);
     else dots of BM rows, or of PM (where larger, pipelined PM_STAGES deep) for an expert with more than BM
     rows: each block reads the expert's weight slice whole.
 
     A prefill step whose experts average more than BM rows takes [PM, PN] blocks instead (`wide` = PN // BN
-    tiles a block): the tasks of a slot that share a PN-wide column block become slots of their own (as many
-    as the block has tiles: the last may have fewer), so every task still has work and each input row is read
-    once for PN columns instead of BN."""
+    tiles a block), claimed one at a time (`claimed_blocks`)."""
     x_off, K, w_off, N, out_off = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 3), word8(desc, 4)
     top_k = word(desc, 5)
     counts = (F32 + word(desc, 6)).to(tl.pointer_type(tl.int32), bitcast=True)  # route_rows' `append_pairs`
     entries_off, active_off, capacity = word(desc, 7), word(desc, 8), word(desc, 15)
     num_active, num_slots = tl.load(counts + word(desc, 9)), word(desc, 10)
-    num_tiles, wide = word(desc, 11), word(desc, 16)
-    if (wide > 1) & (num_tokens > num_seqs) & (num_tokens * top_k > BM * num_active):
-        column = tile % num_tiles
-        first = column - column % wide  # the block's first tile
-        shared = tl.minimum(wide, num_tiles - first)  # the tasks of a slot that share the block
-        block = first * BN + tl.arange(0, PN)  # (names apart from the other branch's: their shapes differ)
-        for a in range(tile // num_tiles * shared + column - first, num_active, num_slots * shared):
-            e = tl.load(I32 + active_off + a).to(tl.int64)
-            expert_dots(desc, F32, ACT, I32, e * capacity, e * capacity + tl.load(counts + e), x_off, top_k, K, N,
-                        out_off, W + w_off + e * N * K + block[:, None] * K, first * BN, block < N, PM, PN, BK,
-                        DOT_F32, PM_STAGES, GATED)
+    num_tiles = word(desc, 11)
+    if (num_tokens > num_seqs) & (num_tokens * top_k > BM * num_active):
+        claimed_blocks(desc, tile, W, ACT, F32, I32, counts, num_active, BM, PM, BN, PN, BK, EP, DOT_F32,
+                       PM_STAGES, GATED)
     else:
         slot = tile // num_tiles
         n0 = (tile % num_tiles) * BN
@@ -178,6 +171,41 @@ def expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM: tl.const
             else:
                 expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, n0, col_ok, BM, BN,
                             BK, DOT_F32, STAGES, GATED)
+
+
+@triton.jit
+def claimed_blocks(desc, tile, W, ACT, F32, I32, counts, num_active, BM: tl.constexpr, PM: tl.constexpr,
+                   BN: tl.constexpr, PN: tl.constexpr, BK: tl.constexpr, EP: tl.constexpr, DOT_F32: tl.constexpr,
+                   STAGES: tl.constexpr, GATED: tl.constexpr):
+    """A prefill's expert blocks of PM rows and PN columns (`wide` of the group's BN-wide tiles), each claimed
+    from its column block's counter (`claims_off`, zeroed every step) by whichever of the tasks on that block
+    is free: the block u of a claim is, in the order of the active list, expert a's block u - start[a], start
+    being the running sum of the blocks before it. (Each slot took every num_slots-th expert whole before, and
+    the busiest took 24% longer than the mean: H200, Qwen3-30B-A3B, a 2,048-token prefill's gate/up.)"""
+    x_off, K, w_off, N, out_off = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 3), word8(desc, 4)
+    top_k, capacity, wide = word(desc, 5), word(desc, 15), word(desc, 16)
+    column = tile % word(desc, 11)
+    first = column - column % wide  # the column block's first tile
+    n0 = first * BN
+    cols = n0 + tl.arange(0, PN)
+    w_cols = W + w_off + cols[:, None] * K
+    a = tl.arange(0, EP)
+    listed = a < num_active
+    experts = tl.load(I32 + word(desc, 8) + a, mask=listed, other=0)
+    rows = tl.load(counts + experts, mask=listed, other=0)
+    blocks = (rows + PM - 1) // PM
+    start = tl.cumsum(blocks, 0) - blocks
+    claims = (F32 + word(desc, 17)).to(tl.pointer_type(tl.int32), bitcast=True) + first // wide
+    total = tl.sum(blocks, 0)
+    u = tl.atomic_add(claims, 1, sem="relaxed")
+    while u < total:
+        at = a == tl.sum((start + blocks <= u).to(tl.int32), 0)  # the active expert whose blocks hold u
+        e = tl.sum(tl.where(at, experts, 0), 0).to(tl.int64)
+        lo = e * capacity + (u - tl.sum(tl.where(at, start, 0), 0)) * PM
+        hi = tl.minimum(lo + PM, e * capacity + tl.sum(tl.where(at, rows, 0), 0))
+        expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_cols + e * N * K, n0, cols < N,
+                    PM, PN, BK, DOT_F32, STAGES, GATED)
+        u = tl.atomic_add(claims, 1, sem="relaxed")
 
 
 @triton.jit
