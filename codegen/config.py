@@ -36,9 +36,10 @@ class CompileConfig:
     # After gate/up's gating epilogue, 128 / 64 rows: TTFT 2048 84.84 / 99.03, 512 26.37 / 30.11, TPOT b1 4.06 /
     # 3.92 (spills 56 -> 102), b8 11.25 / 11.01 (268 -> 284)
     expert_prefill_m: int = 0
-    # output columns of those blocks in a prefill step whose experts average more than block_m rows: the tasks
-    # of a slot that share such a block become slots of their own (`codegen.bodies.moe.expert_slot`), so each
-    # input row is read once for this many columns instead of expert_block_n
+    # output columns of those blocks in a prefill step whose experts average more than block_m rows, each block
+    # claimed by whichever task of its columns is free (`codegen.bodies.moe.claimed_blocks`). H200,
+    # Qwen3-30B-A3B, 128 / 64 columns in one call: TTFT 2048 65.13 / 66.84 ms, 512 22.55 / 24.67; TPOT b1 ctx512
+    # 4.16 / 4.18. (As static slots' shares, 128 columns lost: TTFT 2048 88.76 against 84.43 at 64.)
     expert_prefill_n: int = 128
     # an expert of one token takes it as a GEMV where the step's expert tiles fit in one wave (few tokens).
     # H200, Qwen3-30B-A3B ctx512, on / off: b1 4.95 / 5.09 ms, b8 14.43 / 14.51 (a GEMV for every expert of

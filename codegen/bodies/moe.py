@@ -2,9 +2,10 @@
 expert's list as it is routed; the experts' gate/up projection (storing silu(gate) * up) and down projection
 over their tokens, and the weighted combine (plus the residual).
 
-Expert tasks are indexed by (expert slot, column tile): slot j serves the j-th, (j+S)-th, ... expert that
-received tokens this step, so a decode step with few active experts runs few real tiles; slots past a decode
-step's most experts run only in steps that prefill (`codegen.lower`, `_moe_experts`).
+Expert tasks are indexed by (expert slot, column tile): in a decode step slot j serves the j-th, (j+S)-th, ...
+expert that received tokens this step, so a decode step with few active experts runs few real tiles; slots past
+a decode step's most experts run only in steps that prefill (`codegen.lower`, `_moe_experts`). A prefill's
+experts have many rows each: there a column block's tasks claim its row blocks one at a time (`claimed_blocks`).
 """
 import triton
 import triton.language as tl
