@@ -157,6 +157,11 @@ class CompileConfig:
     # 69.29 / 68.72-69.25 / 69.04 / 70.19 / 69.53; before, every tile in claimed tasks of 1 (512) or 4 (2,048):
     # 18.75, 34.88, 69.55
     prefill_claimed_part: int = 8
+    # a projection with fewer column tiles (tasks) than half the programs gets tasks past them that only prefill
+    # steps run, up to a program each for its prefill tiles and their K splits (`codegen.lower._prefill_tasks`):
+    # Qwen3-30B-A3B's router (8 tasks) and o_proj (128). None in Llama-3-8B, Phi-4 or Qwen3-32B, whose narrowest
+    # projection has 256 or more. Not yet timed (session 40)
+    narrow_prefill_tasks: bool = True
     moe_slots: int = 0  # expert slots per MoE layer; 0: min(experts, max_batch * top_k)
     # an MoE layer's RMSNorm folded into its experts' gate/up (their weights' columns scaled by the norm's, each
     # row's products by its 1/rms: the layer has no norm group), or run as a group whose output they read (the

@@ -522,6 +522,13 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
     splits = linear_splits(lw.config, w.shape[0])
     waits = lw.waits(x, *([residual] if residual is not None else []))
     split_prefill = lw.may_split_prefill(waits)
+    n, k = w.shape
+    tiles = lw.column_tiles(n)
+    # a streamed group shares one scratch with the others: it must start after the one before is done
+    streams = n in lw.streamed_widths and (lw.stream_event < 0 or lw.tasks.follows(waits, lw.stream_event))
+    num_tasks = tiles if streams else _prefill_tasks(lw.config, n, k, tiles)
+    if num_tasks > tiles:
+        lw.constants["PREFILL_ONLY_LINEARS"] = 1
     desc = lw.tasks.add_desc(LINEAR_FIELDS, dict(
         x_off=lw.act(x), x_stride=x.shape[1], k=w.shape[1], w_off=w_off, n=w.shape[0], out_off=out_off,
         out_stride=out.shape[1], gated=int(gated),
@@ -534,27 +541,24 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
         part_off=lw.layout.offset("linear_parts") if splits > 1 else -1,
         ticket_off=lw.layout.offset(f"tickets:v{out.id}") if splits > 1 else -1,
         prefill_part_off=lw.layout.offset("prefill_parts") if split_prefill else -1,
-        prefill_ticket_off=lw.layout.offset("tickets:prefill") if split_prefill else -1))
+        prefill_ticket_off=lw.layout.offset("tickets:prefill") if split_prefill else -1, prefill_tasks=num_tasks))
     name = "lm_head" if is_f32 else w.name
     if splits > 1 and lw.split_linear_event >= 0 and not lw.tasks.follows(waits, lw.split_linear_event):
         raise ValueError(f"{name} may run beside {lw.tasks.event_names[lw.split_linear_event]}: they would share "
                          f"the split projections' scratch")
     # The prefetch is batch 1's (a task's BN weight rows, or its part's first where the group streams); a
     # batched step's split of a wider block reads weights that a neighbouring task of the same group asked for.
-    n, k, bn = w.shape[0], w.shape[1], lw.config.block_n
+    bn = lw.config.block_n
     kb = lw.config.prefetch_attention_kb if x.id in lw.attention_outputs else lw.config.prefetch_kb
-    # a streamed group shares one scratch with the others: it must start after the one before is done
-    streams = n in lw.streamed_widths and (lw.stream_event < 0 or lw.tasks.follows(waits, lw.stream_event))
-    tiles = lw.column_tiles(n)
     if streams:  # a task a program at least, those past the tiles only for the streamed steps
         num_tasks = max(tiles, launch_programs(lw.config))
         prefetch = _stream_prefetch(lw, w_off, n, k, w.dtype.itemsize, kb, min(num_tasks, lw.config.target_programs))
-    else:
-        num_tasks = tiles
+    else:  # (the prefill-only tasks prefetch nothing: their tiles are their prefill step's choice)
         prefetch = lambda tile: _prefetch_rows(lw, w_off + tile * bn * k, k, min(bn, n - tile * bn), k,  # noqa: E731
-                                               w.dtype.itemsize, kb)
+                                               w.dtype.itemsize, kb) if tile < tiles else Prefetch()
     done = lw.tasks.add_group(Kind.LINEAR, desc, num_tasks, name, waits, prefetch, streams=streams,
-                              stream_only_from=tiles if num_tasks > tiles else None)
+                              stream_only_from=tiles if streams and num_tasks > tiles else None,
+                              prefill_only_from=tiles if not streams and num_tasks > tiles else None)
     if streams:
         lw.stream_event = done.event
     if splits > 1:
@@ -562,6 +566,19 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
     if split_prefill:
         lw.prefill_split_event = done.event
     lw.ready[out.id] = done
+
+
+def _prefill_tasks(cfg: CompileConfig, n: int, k: int, tiles: int) -> int:
+    """A projection's tasks: a column tile's each in decode steps, the prefill tiles shared among them all
+    (`linear_task`). Where the tiles are fewer than half the programs (a router's logits; o_proj of a model 2,048
+    wide, 128 tasks) and the kernel prefills, a prefill step gets tasks past them, up to a program each for its
+    tiles and their K splits, which the other steps skip."""
+    if (not cfg.narrow_prefill_tasks or max(cfg.max_tokens_per_step, cfg.max_batch) <= cfg.wide_rows
+            or 2 * tiles > cfg.target_programs):
+        return tiles
+    splits = max(1, k // (8 * (cfg.prefill_block_k or cfg.block_k_dot)))  # `prefill_splits`' most
+    items = -(-cfg.max_tokens_per_step // cfg.prefill_rows) * -(-n // cfg.wide_n) * splits
+    return max(tiles, min(cfg.target_programs, items))
 
 
 @lowering("qkv_rope_store")

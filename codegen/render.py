@@ -57,7 +57,8 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
                      f"{c.get('PREFILL_PARTS', 0)}, {cfg.prefill_splits}, {cfg.rows_gemv}, "
                      f"{cfg.rows_stages or cfg.num_stages}, {cfg.rows_max}, {prefill_bk}, {stream_out}, "
                      f"{stream_parts}, {stream_tickets}, {cfg.stream_block_k if streamed else 0}, "
-                     f"{cfg.stream_stages}, {cfg.stream_tiles}, {cfg.prefill_claimed_part}, {even_k}, {even_n})",
+                     f"{cfg.stream_stages}, {cfg.stream_tiles}, {cfg.prefill_claimed_part}, {even_k}, {even_n}, "
+                     f"{bool(c.get('PREFILL_ONLY_LINEARS'))})",
         Kind.QKV: f"qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, {r.positions}, {r.slots}, "
                   f"{bm}, {cfg.wide_rows}, {cfg.qkv_block_m}, {bk_small}, {cfg.qkv_batch_k}, {hdp}, {dot_f32}, "
                   f"{cfg.num_stages}, {full_rotary}, {prefill_bk}, {cfg.prefill_stages}, {cfg.prefill_tma}, {even_k}, "
@@ -81,8 +82,8 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
         # an expert's prefill blocks at most 3 stages deep: within the shared memory a kernel's prefill tiles take
         # (its total did not move at 64 or 128 rows, H200, Qwen3-30B-A3B)
         Kind.EXPERT: f"expert_task(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, {bm}, "
-                     f"{cfg.expert_prefill_rows}, {cfg.expert_block_n}, {max(cfg.expert_prefill_n, cfg.expert_block_n)}, "
-                     f"{cfg.expert_block_k}, {_pow2(c.get('NUM_EXPERTS_MAX', 1))}, {dot_f32}, {cfg.expert_stages}, "
+                     f"{cfg.expert_prefill_rows}, {cfg.expert_block_n}, "
+                     f"{max(cfg.expert_prefill_n, cfg.expert_block_n)}, {cfg.expert_block_k}, {_pow2(c.get('NUM_EXPERTS_MAX', 1))}, {dot_f32}, {cfg.expert_stages}, "
                      f"{min(cfg.expert_stages, 3)}, {cfg.expert_gemv}, {cfg.target_programs})",
         # a prefill's combine in [64, 64] blocks over every task (`combine_task`)
         Kind.COMBINE: f"combine_task(desc, tile, ACT, F32, num_tokens, {bm}, {bn}, 64, 64, {c.get('TOP_K_MAX', 1)})",

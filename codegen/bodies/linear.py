@@ -29,7 +29,7 @@ from codegen.bodies.common import word, word8, word_f32
 
 LINEAR_FIELDS = ("x_off", "x_stride", "k", "w_off", "n", "out_off", "out_stride", "out_kind", "gated",
                  "stats_off", "eps", "res_off", "res_stride", "bias_off", "out_stats_off", "rows_kind", "splits",
-                 "part_off", "ticket_off", "prefill_part_off", "prefill_ticket_off")
+                 "part_off", "ticket_off", "prefill_part_off", "prefill_ticket_off", "prefill_tasks")
 # out_kind: activation rows 16-byte aligned (a width that is a multiple of 8), the fp32 logits, activation
 # rows of another width (a router's logits over 6 or 60 experts)
 OUT_ALIGNED, OUT_F32, OUT_NARROW = 0, 1, 2
@@ -375,7 +375,7 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
                 ROWS_GEMV: tl.constexpr, ROWS_STAGES: tl.constexpr, ROWS_MAX: tl.constexpr, PREFILL_BK: tl.constexpr,
                 STREAM_OUT: tl.constexpr, STREAM_PARTS: tl.constexpr, STREAM_TICKETS: tl.constexpr,
                 STREAM_BK: tl.constexpr, STREAM_STAGES: tl.constexpr, STREAM_TILES: tl.constexpr,
-                CLAIMED: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+                CLAIMED: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PREFILL_ONLY: tl.constexpr):
     """BK, BKM, BKD, PREFILL_BK: the K chunk of the GEMV, of the dots over up to BM rows, of the [BMW, BNB]
     batched blocks (BNBW columns where they run whole), of the [BMP, BNW] prefill tiles; STAGES, BATCH_STAGES,
     PREFILL_STAGES: their pipelining depths;
@@ -387,15 +387,30 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
     results, partials and tickets are the F32 regions at STREAM_OUT, STREAM_PARTS and STREAM_TICKETS, whose K
     chunk is STREAM_BK (0: no group streams), pipelined STREAM_STAGES deep, and whose epilogue takes STREAM_TILES
     tiles at a time; CLAIMED: one in this many rounds of a prefill step's tiles (a tile a program) is claimed;
-    EVEN_K, EVEN_N: every K chunk, every column tile of the pointer tiles is whole (`tile_product`)."""
+    EVEN_K, EVEN_N: every K chunk, every column tile of the pointer tiles is whole (`tile_product`);
+    PREFILL_ONLY: some projection has tasks past its column tiles that only prefill steps give work
+    (`codegen.lower._prefill_tasks`)."""
     num_rows = tl.where(word(desc, 15) == 1, num_seqs, num_tokens)
+    # (steps that do not prefill have a task a column tile, `prefill_tasks` past them idle: each branch reads the
+    # count where it used to, so that a kernel without such tasks compiles as before they existed)
     if num_rows <= ROWS_MAX:
-        linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM, BN, BK, BKM, DOT_F32, STAGES, ROWS_GEMV,
-                    ROWS_STAGES, ROWS_MAX, STREAM_OUT, STREAM_PARTS, STREAM_TICKETS, STREAM_BK, STREAM_STAGES,
-                    STREAM_TILES, EVEN_K, EVEN_N)
+        if PREFILL_ONLY:
+            if tile < tl.cdiv(word(desc, 4), BN):
+                linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM, BN, BK, BKM, DOT_F32, STAGES, ROWS_GEMV,
+                            ROWS_STAGES, ROWS_MAX, STREAM_OUT, STREAM_PARTS, STREAM_TICKETS, STREAM_BK,
+                            STREAM_STAGES, STREAM_TILES, EVEN_K, EVEN_N)
+        else:
+            linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM, BN, BK, BKM, DOT_F32, STAGES, ROWS_GEMV,
+                        ROWS_STAGES, ROWS_MAX, STREAM_OUT, STREAM_PARTS, STREAM_TICKETS, STREAM_BK, STREAM_STAGES,
+                        STREAM_TILES, EVEN_K, EVEN_N)
     elif num_rows <= BMW:  # batched decode: BNB (or BNBW) columns a dot, so that inputs are read no more than weights
-        split_block(desc, tile, tl.cdiv(word(desc, 4), BN), num_rows, W, ACT, F32, BMW, BNB, BNBW, BKD, DOT_F32,
-                    BATCH_STAGES, BATCH_TMA, EVEN_K, EVEN_N)
+        if PREFILL_ONLY:
+            if tile < tl.cdiv(word(desc, 4), BN):
+                split_block(desc, tile, tl.cdiv(word(desc, 4), BN), num_rows, W, ACT, F32, BMW, BNB, BNBW, BKD,
+                            DOT_F32, BATCH_STAGES, BATCH_TMA, EVEN_K, EVEN_N)
+        else:
+            split_block(desc, tile, tl.cdiv(word(desc, 4), BN), num_rows, W, ACT, F32, BMW, BNB, BNBW, BKD, DOT_F32,
+                        BATCH_STAGES, BATCH_TMA, EVEN_K, EVEN_N)
     else:  # prefill: [BMP, BNW] tiles, row blocks innermost (the programs running at once share weights in L2)
         K, N, part_off, ticket_off = word8(desc, 2), word(desc, 4), word(desc, 19), word(desc, 20)
         row_blocks = tl.cdiv(num_rows, BMP)
@@ -405,7 +420,10 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
         # is free first, one of the rest. A task a tile is costly (its fetch, wait and signal: gate/up's 1,792
         # tiles at 512 tokens as a claimed task each, TTFT 19.76 ms against 18.50 a program's share), and claimed
         # tiles balance the tail (codegen.config, `prefill_claimed_part`).
-        tasks = tl.cdiv(N, BN)
+        if PREFILL_ONLY:
+            tasks = word(desc, 21)  # the group's: a narrow projection has tasks past its column tiles
+        else:
+            tasks = tl.cdiv(N, BN)
         P = tl.minimum(tasks, tl.num_programs(0))
         splits = prefill_splits(tiles, P, K, PREFILL_PARTS, ticket_off, PREFILL_SPLITS, PREFILL_BK)
         items = tiles * splits

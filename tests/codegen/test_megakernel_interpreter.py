@@ -290,6 +290,29 @@ def test_experts_in_wider_prefill_columns_match_the_reference_engine(checkpoint,
     check((4, 3), prompts=[[(7 * i + 3) % 1000 for i in range(50)], PROMPTS[2]])
 
 
+def test_narrow_projections_prefill_on_tasks_of_their_own(checkpoint, tmp_path):
+    """A projection with fewer column tiles than half the programs (o_proj and down: 4 of 16 columns; the router:
+    1) gets tasks past them, up to a program each for its prefill tiles, which only prefill steps run: a
+    50-token prompt's [16, 16] tiles spread over 8 tasks, and the decode steps' on the column tiles' 4 as before;
+    so do the steps that prefill too few rows for tiles (two 3-token prompts, then 20 rows of two prompts: the
+    few-row and the batched paths), where the tasks past the column tiles have nothing to do."""
+    config = dataclasses.replace(CONFIG, max_tokens_per_step=64, target_programs=8, block_n=16, prefill_m=16,
+                                 wide_n=16)
+    kernel, check = _tiny_kernel(checkpoint, tmp_path / "narrow.cubin", config, "tiny-qwen3-moe")
+    linear = kernel.tasks[kernel.tasks[:, 0] == Kind.LINEAR]
+    assert ((linear[:, FLAGS] & PREFILL_ONLY) != 0).sum() >= 3 * 3  # at least the router's in each layer
+    check((4, 3), prompts=[[(7 * i + 3) % 1000 for i in range(50)], PROMPTS[2]])
+    check((3, 3), prompts=PROMPTS[1:])
+    check((3, 3), prompts=PROMPTS[:2])
+    # launched group by group (baseline (c)), the tasks past the column tiles run in decode steps too: idle
+    from runtime.host_driven import HostDriven
+
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    prompts = [[(5 * i + 1) % 1000 for i in range(40)], PROMPTS[1]]
+    assert ([c.tokens for c in HostDriven(kernel).generate(prompts, params)]
+            == [c.tokens for c in kernel.generate(prompts, params)])
+
+
 def test_expert_slots_past_a_decode_steps_take_experts_only_in_prefill_steps(checkpoint, tmp_path):
     """A kernel for one sequence has two expert slots a layer (top-2), but for 8 programs gate/up gets 4 (two
     column tiles each) and down 6: the slots past the first two have the PREFILL_ONLY flag, take experts in the
