@@ -282,8 +282,8 @@ def test_experts_in_wider_prefill_blocks_match_the_reference_engine(checkpoint, 
 
 def test_experts_in_wider_prefill_columns_match_the_reference_engine(checkpoint, tmp_path):
     """With `expert_prefill_n`, a prefill step whose experts average more than block_m rows takes blocks two
-    of the decode tiles wide, each pair of a slot's tasks two slots: down's 4 tiles pair up, gate/up's 5 leave
-    a last block of one tile, whose tasks keep one slot each."""
+    of the decode tiles wide, claimed one at a time by the tasks of their columns (`claimed_blocks`): down's 4
+    tiles make 2 column blocks, gate/up's 5 make 3, the last one tile wide, with half its columns masked."""
     config = dataclasses.replace(CONFIG, max_tokens_per_step=64, expert_prefill_m=32, expert_block_n=16,
                                  expert_prefill_n=32)
     kernel, check = _tiny_kernel(checkpoint, tmp_path / "expert_columns.cubin", config, "tiny-qwen3-moe")
