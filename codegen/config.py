@@ -36,10 +36,16 @@ class CompileConfig:
     # After gate/up's gating epilogue, 128 / 64 rows: TTFT 2048 84.84 / 99.03, 512 26.37 / 30.11, TPOT b1 4.06 /
     # 3.92 (spills 56 -> 102), b8 11.25 / 11.01 (268 -> 284)
     expert_prefill_m: int = 0
-    # output columns of those blocks in a prefill step whose experts average more than block_m rows, each block
-    # claimed by whichever task of its columns is free (`codegen.bodies.moe.claimed_blocks`). H200,
-    # Qwen3-30B-A3B, 128 / 64 columns in one call: TTFT 2048 65.13 / 66.84 ms, 512 22.55 / 24.67; TPOT b1 ctx512
-    # 4.16 / 4.18. (As static slots' shares, 128 columns lost: TTFT 2048 88.76 against 84.43 at 64.)
+    # a prefill step whose experts average more than block_m rows takes its expert blocks claimed one at a time
+    # by whichever task of their columns is free (`codegen.bodies.moe.claimed_blocks`), instead of each slot's
+    # share of the experts. H200, Qwen3-30B-A3B, on / off in one call: TTFT 2048 65.13 / 85.60 ms, 512 22.55 /
+    # 30.74; but TPOT b1 ctx512 4.15 / 3.93, b8 11.64 / 11.35, though decode steps never run the claims (the code
+    # costs the decode bodies registers: benchmarks/explore/NOTES.md, session 40). Off, the kernel is the one
+    # before the claims existed: for decode-heavy serving, `--set expert_claims=0`
+    expert_claims: bool = True
+    # output columns of those claimed blocks (a multiple of expert_block_n). H200, Qwen3-30B-A3B, 128 / 64
+    # columns in one call: TTFT 2048 65.13 / 66.84 ms, 512 22.55 / 24.67; TPOT b1 ctx512 4.16 / 4.18. (As static
+    # slots' shares, 128 columns lost: TTFT 2048 88.76 against 84.43 at 64.)
     expert_prefill_n: int = 128
     # an expert of one token takes it as a GEMV where the step's expert tiles fit in one wave (few tokens).
     # H200, Qwen3-30B-A3B ctx512, on / off: b1 4.95 / 5.09 ms, b8 14.43 / 14.51 (a GEMV for every expert of

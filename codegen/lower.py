@@ -268,7 +268,7 @@ def _allocate(lw: Lowering) -> None:
     for node in lw.graph.nodes:
         if node.op == "moe_route":  # each expert's count of pairs, then the number of experts with any
             lw.layout.alloc(f"tickets:v{node.outputs[1].id}.counts", "F32", node.inputs[0].shape[1] + 1)
-        if node.op == "moe_experts":  # a claim counter for each column block of gate/up's, then of down's
+        if node.op == "moe_experts" and cfg.expert_claims:  # a claim counter a column block: gate/up's, down's
             gate_up = dict(zip(moe_experts_inputs(node.attrs), node.inputs))["gate_up"]
             lw.layout.alloc(f"tickets:moe.v{node.output.id}.claims", "F32",
                             sum(_expert_tiles(cfg, n) for n in gate_up.shape[1:]))
@@ -715,7 +715,7 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
     h_off = lw.act_buffer(f"{name}.h", T * top_k * (two_i // 2))  # silu(gate) * up of each pair
     y_off = lw.act_buffer(f"{name}.y", T * top_k * hidden)
 
-    claims = lw.layout.offset(f"tickets:{name}.claims")
+    claims = lw.layout.offset(f"tickets:{name}.claims") if cfg.expert_claims else -1
 
     def experts(x_off, k, w_off, n, out_off, gated, waits, part, stats_off=-1):
         tiles = _expert_tiles(cfg, n)
@@ -730,7 +730,7 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
             x_off=x_off, k=k, w_off=w_off, n=n, out_off=out_off, top_k=top_k, num_experts=num_experts,
             num_slots=step_slots, num_tiles=tiles, gated=gated, stats_off=stats_off, eps=float(node.attrs["eps"]),
             wide=max(1, cfg.expert_prefill_n // cfg.expert_block_n),  # a prefill block's tiles
-            claims_off=claims + (0 if gated else _expert_tiles(cfg, two_i)), **routing))
+            claims_off=claims + (0 if gated else _expert_tiles(cfg, two_i)) if claims >= 0 else -1, **routing))
         return lw.tasks.add_group(Kind.EXPERT, desc, step_slots * tiles, f"{name}.{part}", waits,
                                   prefill_only_from=slots * tiles if step_slots > slots else None)
 

@@ -83,8 +83,9 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
         # (its total did not move at 64 or 128 rows, H200, Qwen3-30B-A3B)
         Kind.EXPERT: f"expert_task(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, {bm}, "
                      f"{cfg.expert_prefill_rows}, {cfg.expert_block_n}, "
-                     f"{max(cfg.expert_prefill_n, cfg.expert_block_n)}, {cfg.expert_block_k}, {_pow2(c.get('NUM_EXPERTS_MAX', 1))}, {dot_f32}, {cfg.expert_stages}, "
-                     f"{min(cfg.expert_stages, 3)}, {cfg.expert_gemv}, {cfg.target_programs})",
+                     f"{max(cfg.expert_prefill_n, cfg.expert_block_n)}, {cfg.expert_block_k}, "
+                     f"{_pow2(c.get('NUM_EXPERTS_MAX', 1))}, {dot_f32}, {cfg.expert_stages}, "
+                     f"{min(cfg.expert_stages, 3)}, {cfg.expert_gemv}, {cfg.target_programs}, {cfg.expert_claims})",
         # a prefill's combine in [64, 64] blocks over every task (`combine_task`)
         Kind.COMBINE: f"combine_task(desc, tile, ACT, F32, num_tokens, {bm}, {bn}, 64, 64, {c.get('TOP_K_MAX', 1)})",
         Kind.SAMPLE: f"sample_task(desc, tile, I32, F32, num_seqs, step, {lw.layout.offset('control')}, "

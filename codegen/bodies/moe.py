@@ -103,7 +103,8 @@ def append_pairs(desc, F32, I32, expert, entry, mask):
 @triton.jit
 def expert_task(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM: tl.constexpr, PM: tl.constexpr,
                 BN: tl.constexpr, PN: tl.constexpr, BK: tl.constexpr, EP: tl.constexpr, DOT_F32: tl.constexpr,
-                STAGES: tl.constexpr, PM_STAGES: tl.constexpr, GEMV: tl.constexpr, PROGRAMS: tl.constexpr):
+                STAGES: tl.constexpr, PM_STAGES: tl.constexpr, GEMV: tl.constexpr, PROGRAMS: tl.constexpr,
+                CLAIMS: tl.constexpr):
     """out[entry, cols] = x[row of entry] @ W[expert, cols]^T for the entries of this slot's experts.
 
     gate/up (`gated`): x is the hidden state, rows are tokens (entry // top_k); with `stats_off` the layer's
@@ -119,59 +120,72 @@ def expert_task(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM: tl.const
     11.47 ms, and TTFT 2048 in 64-row blocks from 356 to 170 (benchmarks/RESULTS.md, session 39)."""
     if word(desc, 12) == 1:
         expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM, PM, BN, PN, BK, EP, DOT_F32, STAGES,
-                    PM_STAGES, GEMV, PROGRAMS, True)
+                    PM_STAGES, GEMV, PROGRAMS, CLAIMS, True)
     else:
         expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM, PM, BN, PN, BK, EP, DOT_F32, STAGES,
-                    PM_STAGES, GEMV, PROGRAMS, False)
+                    PM_STAGES, GEMV, PROGRAMS, CLAIMS, False)
 
 
 @triton.jit
 def expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM: tl.constexpr, PM: tl.constexpr,
                 BN: tl.constexpr, PN: tl.constexpr, BK: tl.constexpr, EP: tl.constexpr, DOT_F32: tl.constexpr,
                 STAGES: tl.constexpr, PM_STAGES: tl.constexpr, GEMV: tl.constexpr, PROGRAMS: tl.constexpr,
-                GATED: tl.constexpr):
+                CLAIMS: tl.constexpr, GATED: tl.constexpr):
+    """With CLAIMS, a prefill step whose experts average more than BM rows takes [PM, PN] blocks claimed one
+    at a time (`claimed_blocks`); every other step, and every step without CLAIMS, the slot's experts in turn
+    (`slot_experts`)."""
+    if CLAIMS:
+        counts = (F32 + word(desc, 6)).to(tl.pointer_type(tl.int32), bitcast=True)  # route_rows' `append_pairs`
+        num_active = tl.load(counts + word(desc, 9))
+        if (num_tokens > num_seqs) & (num_tokens * word(desc, 5) > BM * num_active):
+            claimed_blocks(desc, tile, W, ACT, F32, I32, counts, num_active, PM, BN, PN, BK, EP, DOT_F32,
+                           PM_STAGES, GATED)
+        else:
+            slot_experts(desc, tile, W, ACT, F32, I32, BM, PM, BN, BK, DOT_F32, STAGES, PM_STAGES, GEMV, PROGRAMS,
+                         GATED)
+    else:
+        slot_experts(desc, tile, W, ACT, F32, I32, BM, PM, BN, BK, DOT_F32, STAGES, PM_STAGES, GEMV, PROGRAMS, GATED)
+
+
+@triton.jit
+def slot_experts(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, PM: tl.constexpr, BN: tl.constexpr,
+                 BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, PM_STAGES: tl.constexpr,
+                 GEMV: tl.constexpr, PROGRAMS: tl.constexpr, GATED: tl.constexpr):
     """An expert task's experts in turn. Where the step's tiles fit in one wave of the PROGRAMS (a few tokens:
     each task's time is the layer's), an expert with one entry takes it as a GEMV (`expert_row`, with GEMV);
     else dots of BM rows, or of PM (where larger, pipelined PM_STAGES deep) for an expert with more than BM
-    rows: each block reads the expert's weight slice whole.
-
-    A prefill step whose experts average more than BM rows takes [PM, PN] blocks instead (`wide` = PN // BN
-    tiles a block), claimed one at a time (`claimed_blocks`)."""
+    rows: each block reads the expert's weight slice whole."""
     x_off, K, w_off, N, out_off = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 3), word8(desc, 4)
     top_k = word(desc, 5)
     counts = (F32 + word(desc, 6)).to(tl.pointer_type(tl.int32), bitcast=True)  # route_rows' `append_pairs`
     entries_off, active_off, capacity = word(desc, 7), word(desc, 8), word(desc, 15)
     num_active, num_slots = tl.load(counts + word(desc, 9)), word(desc, 10)
     num_tiles = word(desc, 11)
-    if (num_tokens > num_seqs) & (num_tokens * top_k > BM * num_active):
-        claimed_blocks(desc, tile, W, ACT, F32, I32, counts, num_active, PM, BN, PN, BK, EP, DOT_F32, PM_STAGES,
-                       GATED)
-    else:
-        slot = tile // num_tiles
-        n0 = (tile % num_tiles) * BN
-        cols = n0 + tl.arange(0, BN)
-        col_ok = cols < N
-        one_wave = num_active * num_tiles <= PROGRAMS
-        for a in range(slot, num_active, num_slots):
-            expert = tl.load(I32 + active_off + a).to(tl.int64)
-            lo = expert * capacity  # its entries' list
-            hi = lo + tl.load(counts + expert)
-            w_rows = W + w_off + expert * N * K + cols[:, None] * K
-            if GEMV and one_wave and hi - lo == 1:
-                entry = tl.load(I32 + entries_off + lo + tl.arange(0, 1)).to(tl.int64)
-                y = expert_row(ACT + x_off + input_row(entry, top_k, GATED) * K, K, w_rows, col_ok, BN, BK, STAGES)
-                y *= _norm_scale(desc, F32, entry // top_k, entry >= 0, K)[:, None]
-                store_expert_rows(ACT, out_off, entry, entry >= 0, N, n0, y, GATED)
-            elif PM > BM:
-                if hi - lo > BM:
-                    expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, n0, col_ok, PM,
-                                BN, BK, DOT_F32, PM_STAGES, GATED)
-                else:
-                    expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, n0, col_ok, BM,
-                                BN, BK, DOT_F32, STAGES, GATED)
+    slot = tile // num_tiles
+    n0 = (tile % num_tiles) * BN
+    cols = n0 + tl.arange(0, BN)
+    col_ok = cols < N
+    one_wave = num_active * num_tiles <= PROGRAMS
+    for a in range(slot, num_active, num_slots):
+        expert = tl.load(I32 + active_off + a).to(tl.int64)
+        lo = expert * capacity  # its entries' list
+        hi = lo + tl.load(counts + expert)
+        w_rows = W + w_off + expert * N * K + cols[:, None] * K
+        if GEMV and one_wave and hi - lo == 1:
+            entry = tl.load(I32 + entries_off + lo + tl.arange(0, 1)).to(tl.int64)
+            y = expert_row(ACT + x_off + input_row(entry, top_k, GATED) * K, K, w_rows, col_ok, BN, BK, STAGES)
+            y *= _norm_scale(desc, F32, entry // top_k, entry >= 0, K)[:, None]
+            store_expert_rows(ACT, out_off, entry, entry >= 0, N, n0, y, GATED)
+        elif PM > BM:
+            if hi - lo > BM:
+                expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, n0, col_ok, PM, BN,
+                            BK, DOT_F32, PM_STAGES, GATED)
             else:
                 expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, n0, col_ok, BM, BN,
                             BK, DOT_F32, STAGES, GATED)
+        else:
+            expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, n0, col_ok, BM, BN, BK,
+                        DOT_F32, STAGES, GATED)
 
 
 @triton.jit
@@ -235,9 +249,9 @@ def expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows
             else:
                 acc += tl.dot(x, tl.trans(w))
         acc *= scale[:, None]
-        if BM * BN > 64 * 64:
-            # a half of the rows at a time, their entries loaded again, as the projections' 128-row epilogues
-            # (`row_halves`): every row's addresses at once spill
+        if BN > 64:
+            # the claims' wide blocks a half of the rows at a time, their entries loaded again, as the
+            # projections' 128-row epilogues (`row_halves`): every row's addresses at once spill
             top, bottom = row_halves(acc)
             half = m0 + tl.arange(0, BM // 2)
             store_expert_rows(ACT, out_off, tl.load(I32 + word(desc, 7) + half, mask=half < hi, other=0).to(tl.int64),

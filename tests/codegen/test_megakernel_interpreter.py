@@ -271,12 +271,13 @@ def test_an_moe_norm_as_a_group_of_its_own_matches_the_reference_engine(checkpoi
     check((7, 12, 4))
 
 
-def test_experts_in_wider_prefill_blocks_match_the_reference_engine(checkpoint, tmp_path):
+@pytest.mark.parametrize("claims", [True, False])
+def test_experts_in_wider_prefill_blocks_match_the_reference_engine(claims, checkpoint, tmp_path):
     """With `expert_prefill_m`, an expert with more than block_m rows in a step takes them in blocks of that
-    many. The 53 prompt tokens prefill in one step: 106 (token, expert) pairs over 6 experts give some expert at
-    least 18 rows."""
-    config = dataclasses.replace(CONFIG, max_tokens_per_step=64, expert_prefill_m=32)
-    kernel, check = _tiny_kernel(checkpoint, tmp_path / "expert_prefill.cubin", config, "tiny-qwen3-moe")
+    many, claimed (`expert_claims`) or a slot's share. The 53 prompt tokens prefill in one step: 106 (token,
+    expert) pairs over 6 experts give some expert at least 18 rows."""
+    config = dataclasses.replace(CONFIG, max_tokens_per_step=64, expert_prefill_m=32, expert_claims=claims)
+    kernel, check = _tiny_kernel(checkpoint, tmp_path / f"expert_prefill{claims}.cubin", config, "tiny-qwen3-moe")
     check((4, 3), prompts=[[(7 * i + 3) % 1000 for i in range(50)], PROMPTS[2]])
 
 
