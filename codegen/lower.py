@@ -729,7 +729,6 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
         desc = lw.tasks.add_desc(EXPERT_FIELDS, dict(
             x_off=x_off, k=k, w_off=w_off, n=n, out_off=out_off, top_k=top_k, num_experts=num_experts,
             num_slots=step_slots, num_tiles=tiles, gated=gated, stats_off=stats_off, eps=float(node.attrs["eps"]),
-            wide=max(1, cfg.expert_prefill_n // cfg.expert_block_n),  # a prefill block's tiles
             claims_off=claims + (0 if gated else _expert_tiles(cfg, two_i)) if claims >= 0 else -1, **routing))
         return lw.tasks.add_group(Kind.EXPERT, desc, step_slots * tiles, f"{name}.{part}", waits,
                                   prefill_only_from=slots * tiles if step_slots > slots else None)

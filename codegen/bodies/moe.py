@@ -17,8 +17,7 @@ from codegen.bodies.rows import store_rows
 ROUTE_FIELDS = ("logits_off", "num_experts", "top_k", "normalize", "weights_off", "ids_off", "counts_off",
                 "entries_off", "active_off", "capacity", "num_tasks")
 EXPERT_FIELDS = ("x_off", "k", "w_off", "n", "out_off", "top_k", "counts_off", "entries_off", "active_off",
-                 "num_experts", "num_slots", "num_tiles", "gated", "stats_off", "eps", "capacity", "wide",
-                 "claims_off")
+                 "num_experts", "num_slots", "num_tiles", "gated", "stats_off", "eps", "capacity", "claims_off")
 COMBINE_FIELDS = ("y_off", "weights_off", "top_k", "hidden", "out_off", "res_off", "out_stats_off")
 
 
@@ -192,7 +191,7 @@ def slot_experts(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, PM: tl.constexp
 def claimed_blocks(desc, tile, W, ACT, F32, I32, counts, num_active, PM: tl.constexpr, BN: tl.constexpr,
                    PN: tl.constexpr, BK: tl.constexpr, EP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
                    GATED: tl.constexpr):
-    """A prefill's expert blocks of PM rows and PN columns (`wide` of the group's BN-wide tiles), each claimed
+    """A prefill's expert blocks of PM rows and PN columns (PN // BN of the group's BN-wide tiles), each claimed
     from its column block's counter (`claims_off`, zeroed every step) by whichever of the tasks on that block
     is free: the block u of a claim is, in the order of the active list, expert a's block u - start[a], start
     being the running sum of the blocks before it. (Each slot took every num_slots-th expert whole before, and
@@ -200,9 +199,10 @@ def claimed_blocks(desc, tile, W, ACT, F32, I32, counts, num_active, PM: tl.cons
     TTFT 2048 85.6 -> 65.1 ms, 512 30.7 -> 22.6; but the decode steps, which never run this, 3-6% slower:
     benchmarks/RESULTS.md, session 40.)"""
     x_off, K, w_off, N, out_off = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 3), word8(desc, 4)
-    top_k, capacity, wide = word(desc, 5), word(desc, 15), word(desc, 16)
+    top_k, capacity = word(desc, 5), word(desc, 15)
+    WIDE: tl.constexpr = PN // BN
     column = tile % word(desc, 11)
-    first = column - column % wide  # the column block's first tile
+    first = column - column % WIDE  # the column block's first tile
     n0 = first * BN
     cols = n0 + tl.arange(0, PN)
     w_cols = W + w_off + cols[:, None] * K
@@ -212,7 +212,7 @@ def claimed_blocks(desc, tile, W, ACT, F32, I32, counts, num_active, PM: tl.cons
     rows = tl.load(counts + experts, mask=listed, other=0)
     blocks = (rows + PM - 1) // PM
     start = tl.cumsum(blocks, 0) - blocks
-    claims = (F32 + word(desc, 17)).to(tl.pointer_type(tl.int32), bitcast=True) + first // wide
+    claims = (F32 + word(desc, 16)).to(tl.pointer_type(tl.int32), bitcast=True) + first // WIDE
     total = tl.sum(blocks, 0)
     u = tl.atomic_add(claims, 1, sem="relaxed")
     while u < total:
