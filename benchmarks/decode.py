@@ -136,7 +136,7 @@ def main() -> None:
     for prompt_len in prompt_lens:
         started = time.perf_counter()
         kernel = load_kernel(args.preset, ttft_config(prompt_len, **overrides), artifact_path("ttft"))
-        ours = ttft_ms(kernel, prompt_len)
+        ours, _ = ttft_ms(kernel, prompt_len)
         del kernel
         baselines.release_memory(device)
         torch_ms = baselines.torch_prefill_ms(cfg, prompt_len, device, experts=torch_experts)

@@ -78,11 +78,12 @@ def ttft_config(prompt_len: int, **fields) -> CompileConfig:
                          max_new_tokens=40, **fields)
 
 
-def ttft_ms(kernel: Megakernel, prompt_len: int) -> float:
-    """Best of three launches that prefill one prompt and sample its first token, host to host."""
-    prompt = [torch.randint(0, 1000, (prompt_len,)).tolist()]
+def ttft_ms(kernel: Megakernel, prompt_len: int) -> tuple[float, int]:
+    """Best of three launches that prefill one prompt and sample its first token, host to host; and that token
+    (greedy, the prompt the same for every kernel of a length: variants of one model should agree on it)."""
+    prompt = [torch.randint(0, 1000, (prompt_len,), generator=torch.Generator().manual_seed(prompt_len)).tolist()]
     once = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-    kernel.generate(prompt, once)
+    first = kernel.generate(prompt, once)[0].tokens[0]
     times = []
     for _ in range(3):
         torch.cuda.synchronize()
@@ -90,7 +91,7 @@ def ttft_ms(kernel: Megakernel, prompt_len: int) -> float:
         kernel.generate(prompt, once)
         torch.cuda.synchronize()
         times.append((time.perf_counter() - start) * 1e3)
-    return min(times)
+    return min(times), first
 
 
 def parse_field(value: str) -> int | str:
@@ -164,7 +165,8 @@ def run(preset: str, model, variant: Variant, num_tokens: int, bandwidth: float,
     resources = (f"grid {launcher.grid[0]}, {launcher.n_regs} registers, {launcher.n_spills} spilled, "
                  f"{launcher.shared} B shared")
     if variant.is_ttft:
-        print(f"{preset} {variant.spec}: TTFT {ttft_ms(kernel, variant.context):.2f} ms | {resources}", flush=True)
+        ms, first = ttft_ms(kernel, variant.context)
+        print(f"{preset} {variant.spec}: TTFT {ms:.2f} ms (first token {first}) | {resources}", flush=True)
     else:
         read = decode_bytes(build_graph(model, config), variant.batch, variant.context).total
         roofline = read / (bandwidth * 1e12) * 1e3

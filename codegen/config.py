@@ -47,6 +47,10 @@ class CompileConfig:
     # columns in one call: TTFT 2048 65.13 / 66.84 ms, 512 22.55 / 24.67; TPOT b1 ctx512 4.16 / 4.18. (As static
     # slots' shares, 128 columns lost: TTFT 2048 88.76 against 84.43 at 64.)
     expert_prefill_n: int = 128
+    # rows of a claimed block that holds an expert's last rows where they fit in it (a power of two, at least
+    # block_m): a [128, N] block computes every row, valid or not, and at 2,048 tokens Qwen3-30B-A3B's experts
+    # average 128 rows, so about half of them had a second block of a few rows. 0 or expert_prefill_m: off.
+    expert_tail_m: int = 64
     # an expert of one token takes it as a GEMV where the step's expert tiles fit in one wave (few tokens).
     # H200, Qwen3-30B-A3B ctx512, on / off: b1 4.95 / 5.09 ms, b8 14.43 / 14.51 (a GEMV for every expert of
     # up to 2 tokens, whatever the wave: b1 5.02, b8 15.71 against 14.49: at b8 the dots' throughput wins)
@@ -166,7 +170,8 @@ class CompileConfig:
     # a projection with fewer column tiles (tasks) than half the programs gets tasks past them that only prefill
     # steps run, up to a program each for its prefill tiles and their K splits (`codegen.lower._prefill_tasks`):
     # Qwen3-30B-A3B's router (8 tasks) and o_proj (128). None in Llama-3-8B, Phi-4 or Qwen3-32B, whose narrowest
-    # projection has 256 or more. Not yet timed (session 40)
+    # projection has 256 or more. H200, Qwen3-30B-A3B, on / off in one call: TTFT 2048 59.36 / 62.46 ms, 512
+    # 21.31 / 21.51; TPOT b1 ctx512 4.12 / 4.07, b8 11.63 / 11.51 (the decode steps skip the extra tasks)
     narrow_prefill_tasks: bool = True
     moe_slots: int = 0  # expert slots per MoE layer; 0: min(experts, max_batch * top_k)
     # an MoE layer's RMSNorm folded into its experts' gate/up (their weights' columns scaled by the norm's, each
@@ -260,11 +265,11 @@ class CompileConfig:
                      "block_m", "qkv_block_m", "attention_block_m", "wide_m", "prefill_m", "wide_n", "batch_n",
                      "whole_batch_n", "block_kv", "decode_block_kv", "page_size", "stream_tiles", "stream_block_k",
                      "qkv_batch_k", "decode_window_keys", "prefill_window_keys", "expert_prefill_m",
-                     "expert_prefill_n"):
+                     "expert_prefill_n", "expert_tail_m"):
             value = getattr(self, name)
             # 0: another field's value, or a choice of the lowering's
             zero_ok = name in ("prefill_block_k", "wide_m", "prefill_m", "whole_batch_n", "decode_block_kv",
-                               "expert_prefill_m")
+                               "expert_prefill_m", "expert_tail_m")
             if (value <= 0 or value & (value - 1)) and not (zero_ok and value == 0):
                 raise ValueError(f"{name} must be a power of two, got {value}")
         if min(self.block_m, self.qkv_block_m, self.attention_block_m) < 16:
@@ -279,6 +284,12 @@ class CompileConfig:
     def expert_prefill_rows(self) -> int:
         """Rows of an expert's prefill blocks (`expert_prefill_m`, or its default for max_tokens_per_step)."""
         return self.expert_prefill_m or (128 if self.max_tokens_per_step >= 1024 else 64)
+
+    @property
+    def expert_tail_rows(self) -> int:
+        """Rows of the claimed expert blocks that hold an expert's last rows (`expert_tail_m`), where they fit."""
+        rows = self.expert_prefill_rows
+        return self.expert_tail_m if self.block_m <= self.expert_tail_m < rows else rows
 
     @property
     def wide_rows(self) -> int:

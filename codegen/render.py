@@ -82,7 +82,7 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
         # an expert's prefill blocks at most 3 stages deep: within the shared memory a kernel's prefill tiles take
         # (its total did not move at 64 or 128 rows, H200, Qwen3-30B-A3B)
         Kind.EXPERT: f"expert_task(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, {bm}, "
-                     f"{cfg.expert_prefill_rows}, {cfg.expert_block_n}, "
+                     f"{cfg.expert_prefill_rows}, {cfg.expert_tail_rows}, {cfg.expert_block_n}, "
                      f"{max(cfg.expert_prefill_n, cfg.expert_block_n)}, {cfg.expert_block_k}, "
                      f"{_pow2(c.get('NUM_EXPERTS_MAX', 1))}, {dot_f32}, {cfg.expert_stages}, "
                      f"{min(cfg.expert_stages, 3)}, {cfg.expert_gemv}, {cfg.target_programs}, {cfg.expert_claims})",

@@ -82,7 +82,7 @@ def main() -> None:
     for prompt_len in map(int, args.prompts.split(",")):
         path = compile_model(model, ttft_config(prompt_len), artifact_path("ttft"), WeightsSource(seed=0)).path
         kernel = Megakernel.load(path, device="cuda", timeout_s=120)
-        print(f"{args.preset} TTFT {prompt_len}: benchmark (best of 3) {ttft_ms(kernel, prompt_len):.2f} ms",
+        print(f"{args.preset} TTFT {prompt_len}: benchmark (best of 3) {ttft_ms(kernel, prompt_len)[0]:.2f} ms",
               flush=True)
         for wait in args.waits.split() * 2:
             medians = parts(kernel, prompt_len, args.reps, wait)

@@ -101,7 +101,7 @@ def append_pairs(desc, F32, I32, expert, entry, mask):
 
 @triton.jit
 def expert_task(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM: tl.constexpr, PM: tl.constexpr,
-                BN: tl.constexpr, PN: tl.constexpr, BK: tl.constexpr, EP: tl.constexpr, DOT_F32: tl.constexpr,
+                TM: tl.constexpr, BN: tl.constexpr, PN: tl.constexpr, BK: tl.constexpr, EP: tl.constexpr, DOT_F32: tl.constexpr,
                 STAGES: tl.constexpr, PM_STAGES: tl.constexpr, GEMV: tl.constexpr, PROGRAMS: tl.constexpr,
                 CLAIMS: tl.constexpr):
     """out[entry, cols] = x[row of entry] @ W[expert, cols]^T for the entries of this slot's experts.
@@ -118,16 +118,16 @@ def expert_task(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM: tl.const
     select between the two paths: with the gating still in down, gate/up's own body alone took b8 from 12.78 to
     11.47 ms, and TTFT 2048 in 64-row blocks from 356 to 170 (benchmarks/RESULTS.md, session 39)."""
     if word(desc, 12) == 1:
-        expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM, PM, BN, PN, BK, EP, DOT_F32, STAGES,
-                    PM_STAGES, GEMV, PROGRAMS, CLAIMS, True)
+        expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM, PM, TM, BN, PN, BK, EP, DOT_F32,
+                    STAGES, PM_STAGES, GEMV, PROGRAMS, CLAIMS, True)
     else:
-        expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM, PM, BN, PN, BK, EP, DOT_F32, STAGES,
-                    PM_STAGES, GEMV, PROGRAMS, CLAIMS, False)
+        expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM, PM, TM, BN, PN, BK, EP, DOT_F32,
+                    STAGES, PM_STAGES, GEMV, PROGRAMS, CLAIMS, False)
 
 
 @triton.jit
 def expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM: tl.constexpr, PM: tl.constexpr,
-                BN: tl.constexpr, PN: tl.constexpr, BK: tl.constexpr, EP: tl.constexpr, DOT_F32: tl.constexpr,
+                TM: tl.constexpr, BN: tl.constexpr, PN: tl.constexpr, BK: tl.constexpr, EP: tl.constexpr, DOT_F32: tl.constexpr,
                 STAGES: tl.constexpr, PM_STAGES: tl.constexpr, GEMV: tl.constexpr, PROGRAMS: tl.constexpr,
                 CLAIMS: tl.constexpr, GATED: tl.constexpr):
     """With CLAIMS, a prefill step whose experts average more than BM rows takes [PM, PN] blocks claimed one
@@ -137,7 +137,7 @@ def expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM: tl.const
         counts = (F32 + word(desc, 6)).to(tl.pointer_type(tl.int32), bitcast=True)  # route_rows' `append_pairs`
         num_active = tl.load(counts + word(desc, 9))
         if (num_tokens > num_seqs) & (num_tokens * word(desc, 5) > BM * num_active):
-            claimed_blocks(desc, tile, W, ACT, F32, I32, counts, num_active, PM, BN, PN, BK, EP, DOT_F32,
+            claimed_blocks(desc, tile, W, ACT, F32, I32, counts, num_active, PM, TM, BN, PN, BK, EP, DOT_F32,
                            PM_STAGES, GATED)
         else:
             slot_experts(desc, tile, W, ACT, F32, I32, BM, PM, BN, BK, DOT_F32, STAGES, PM_STAGES, GEMV, PROGRAMS,
@@ -188,16 +188,17 @@ def slot_experts(desc, tile, W, ACT, F32, I32, BM: tl.constexpr, PM: tl.constexp
 
 
 @triton.jit
-def claimed_blocks(desc, tile, W, ACT, F32, I32, counts, num_active, PM: tl.constexpr, BN: tl.constexpr,
-                   PN: tl.constexpr, BK: tl.constexpr, EP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
-                   GATED: tl.constexpr):
+def claimed_blocks(desc, tile, W, ACT, F32, I32, counts, num_active, PM: tl.constexpr, TM: tl.constexpr,
+                   BN: tl.constexpr, PN: tl.constexpr, BK: tl.constexpr, EP: tl.constexpr, DOT_F32: tl.constexpr,
+                   STAGES: tl.constexpr, GATED: tl.constexpr):
     """A prefill's expert blocks of PM rows and PN columns (PN // BN of the group's BN-wide tiles), each claimed
     from its column block's counter (`claims_off`, zeroed every step) by whichever of the tasks on that block
     is free: the block u of a claim is, in the order of the active list, expert a's block u - start[a], start
     being the running sum of the blocks before it. (Each slot took every num_slots-th expert whole before, and
     the busiest took 24% longer than the mean: H200, Qwen3-30B-A3B, a 2,048-token prefill's gate/up. Claimed,
     TTFT 2048 85.6 -> 65.1 ms, 512 30.7 -> 22.6; but the decode steps, which never run this, 3-6% slower:
-    benchmarks/RESULTS.md, session 40.)"""
+    benchmarks/RESULTS.md, session 40.) An expert's last block, where its rows fit in TM (< PM), takes [TM, PN]
+    dots: a block's dots compute all of its rows, valid or not."""
     x_off, K, w_off, N, out_off = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 3), word8(desc, 4)
     top_k, capacity = word(desc, 5), word(desc, 15)
     WIDE: tl.constexpr = PN // BN
@@ -220,8 +221,17 @@ def claimed_blocks(desc, tile, W, ACT, F32, I32, counts, num_active, PM: tl.cons
         e = tl.sum(tl.where(at, experts, 0), 0).to(tl.int64)
         lo = e * capacity + (u - tl.sum(tl.where(at, start, 0), 0)) * PM
         hi = tl.minimum(lo + PM, e * capacity + tl.sum(tl.where(at, rows, 0), 0))
-        expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_cols + e * N * K, n0, cols < N,
-                    PM, PN, BK, DOT_F32, STAGES, GATED)
+        w_rows = w_cols + e * N * K
+        if TM < PM:
+            if hi - lo <= TM:  # an expert's last rows, few enough for the shorter dots
+                expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, n0, cols < N, TM,
+                            PN, BK, DOT_F32, STAGES, GATED)
+            else:
+                expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, n0, cols < N, PM,
+                            PN, BK, DOT_F32, STAGES, GATED)
+        else:
+            expert_dots(desc, F32, ACT, I32, lo, hi, x_off, top_k, K, N, out_off, w_rows, n0, cols < N, PM, PN,
+                        BK, DOT_F32, STAGES, GATED)
         u = tl.atomic_add(claims, 1, sem="relaxed")
 
 

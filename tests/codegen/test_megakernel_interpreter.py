@@ -291,6 +291,16 @@ def test_experts_in_wider_prefill_columns_match_the_reference_engine(checkpoint,
     check((4, 3), prompts=[[(7 * i + 3) % 1000 for i in range(50)], PROMPTS[2]])
 
 
+def test_an_experts_last_rows_take_shorter_claimed_blocks(checkpoint, tmp_path):
+    """With `expert_tail_m` below the claimed blocks' rows, an expert's last block takes dots of that many rows
+    where its rows fit, and the tokens still match. The 53 tokens' 106 pairs over 6 experts make blocks of 5 to 13
+    rows (short: experts of so few rows, and the last 5 or 7 of those with 32 more) and of 18 to 32 (full)."""
+    config = dataclasses.replace(CONFIG, max_tokens_per_step=64, expert_prefill_m=32, expert_tail_m=16)
+    assert config.expert_tail_rows == 16
+    kernel, check = _tiny_kernel(checkpoint, tmp_path / "expert_tail.cubin", config, "tiny-qwen3-moe")
+    check((4, 3), prompts=[[(7 * i + 3) % 1000 for i in range(50)], PROMPTS[2]])
+
+
 def test_narrow_projections_prefill_on_tasks_of_their_own(checkpoint, tmp_path):
     """A projection with fewer column tiles than half the programs (o_proj and down: 4 of 16 columns; the router:
     1) gets tasks past them, up to a program each for its prefill tiles, which only prefill steps run: a
