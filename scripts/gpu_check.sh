@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|verify|matrix|stalls|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|all]
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=/tmp/blink-cache
 OUT=${OUT:-/tmp/blink-out}; mkdir -p "$OUT"
@@ -31,6 +31,10 @@ if [[ $mode == final ]]; then
 fi
 if [[ $mode == variants ]]; then  # [PRESET=qwen3-30b-a3b] VARIANTS="1x512 1x512:attention_stages=3 ttft512", compiled side by side
   step "${VARIANT_LIMIT:-500}" python -m benchmarks.megakernel_tpot --preset "${PRESET:-llama3-8b}" ${VARIANTS:-1x512}
+fi
+if [[ $mode == repeat ]]; then  # [PRESET=.. PROMPT=2048 RUNS=20 SET="--set f=v"]: one kernel's logits launch after launch
+  step "${REPEAT_LIMIT:-400}" python -m benchmarks.explore.repeat --preset "${PRESET:-qwen3-30b-a3b}" \
+    --prompt-len "${PROMPT:-2048}" --runs "${RUNS:-20}" ${SET:-}
 fi
 
 if [[ $mode == matrix ]]; then  # the whole decode table, one model per call: MATRIX=llama or MATRIX=moe
