@@ -32,6 +32,7 @@ fi
 if [[ $mode == variants ]]; then  # [PRESET=qwen3-30b-a3b] VARIANTS="1x512 1x512:attention_stages=3 ttft512", compiled side by side
   step "${VARIANT_LIMIT:-500}" python -m benchmarks.megakernel_tpot --preset "${PRESET:-llama3-8b}" ${VARIANTS:-1x512}
 fi
+
 if [[ $mode == repeat ]]; then  # [PRESET=.. PROMPT=2048 RUNS=20 SET="--set f=v"]: one kernel's logits launch after launch
   step "${REPEAT_LIMIT:-400}" python -m benchmarks.explore.repeat --preset "${PRESET:-qwen3-30b-a3b}" \
     --prompt-len "${PROMPT:-2048}" --runs "${RUNS:-20}" ${SET:-}
