@@ -240,6 +240,14 @@ class CompileConfig:
     # activation buffers share regions where one's groups all follow the last users of another
     # (`codegen.lower.shared_activations`); off: every buffer a region of its own, as the first pass lays them out
     share_activations: bool = True
+    # the norms' sums of squares in fp64 (`codegen.bodies.common.norm_sums`): every column tile of a value adds its
+    # rows' partial sums by atomics, whose order varies from launch to launch, so in fp32 a sum's last bits vary,
+    # and with them now and then a bf16 rounding downstream. fp64 sums 256 fp32 partials exactly where they lie
+    # within a factor 2^21 of each other; where not, it rounds in the 53rd bit, which seldom moves the sum
+    # rounded to fp32. (One launch of a 2,048-token Qwen3-30B-A3B kernel sampled another first token than four
+    # others: benchmarks/explore/NOTES.md, session 41.) Not yet timed; `benchmarks/explore/repeat.py` compares one
+    # kernel's logits launch after launch
+    exact_norm_sums: bool = False
     spin_limit: int = 1 << 26  # spins before a wait is reported as a hang
     profile: bool = False  # record each task's start, end of waits and end in step `profile_step` (GPU only)
     profile_step: int = 2

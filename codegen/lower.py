@@ -258,7 +258,8 @@ def _allocate(lw: Lowering) -> None:
     # Everything the planner zeroes each step, contiguous: the norms' sums of squares, the split tasks' tickets.
     lw.constants["STATS_OFF"] = lw.layout.sizes["F32"]
     for value in _values_read_by_norms(lw.graph):
-        lw.stats[value.id] = lw.layout.alloc(f"stats:v{value.id}", "F32", lw.rows(value))
+        lw.stats[value.id] = lw.layout.alloc(f"stats:v{value.id}", "F32",
+                                             lw.rows(value) * (2 if cfg.exact_norm_sums else 1))  # `norm_sums`
     qkv_nodes = [n for n in lw.graph.nodes if n.op == "qkv_rope_store"]
     for node in qkv_nodes:
         lw.layout.alloc(f"tickets:v{node.outputs[0].id}", "F32", _qkv_heads(node))

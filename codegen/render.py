@@ -163,6 +163,7 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
         stats_size=lw.constants["STATS_SIZE"], chunk=128, task_words=TASK_WORDS, desc_words=DESC_WORDS,
         max_waits=MAX_WAITS, profile=cfg.profile and not cfg.interpret, profile_step=cfg.profile_step,
         prefetch=not cfg.interpret,  # inline PTX: the interpreter cannot run it
+        exact_norm_sums=cfg.exact_norm_sums,
         timer=not cfg.interpret,  # the global timer is inline PTX too: GPU builds log each step's start
         step_log=STEP_LOG, dynamic=cfg.dynamic_tasks, tickets_word=CONTROL_FIELDS.index("task_tickets"),
         words=SimpleNamespace(next=NEXT, claim=CLAIM, group_start=GROUP_START, group_size=GROUP_SIZE,

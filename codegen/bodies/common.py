@@ -2,6 +2,11 @@
 import triton
 import triton.language as tl
 
+# The norms' sums of squares in fp64 (`CompileConfig.exact_norm_sums`; the generated kernel sets this after the
+# bodies, codegen/templates/megakernel.py.j2), else fp32. Every column tile of a value adds its rows' partial sums by
+# atomics, in an order that varies from launch to launch: in fp32 the sum's last bits vary with it.
+NORM_SUMS_F64 = tl.constexpr(False)
+
 
 @triton.jit
 def word(desc, index: tl.constexpr):
@@ -104,3 +109,19 @@ def sum_of_splits(F32, part_off, ticket_off, block, split, splits, acc, rows, RO
         for s in range(0, splits):
             total += tl.load(parts + s * (ROWS * C))
     return last, total
+
+
+@triton.jit
+def norm_sums(F32, off):
+    """The rows' sums of squares at F32 word `off` (`NORM_SUMS_F64`: two words a row)."""
+    if NORM_SUMS_F64:
+        return (F32 + off).to(tl.pointer_type(tl.float64), bitcast=True)
+    else:
+        return F32 + off
+
+
+@triton.jit
+def add_norm_sums(F32, off, rows, row_ok, part):
+    """Adds the fp32 partial sums `part` into rows' sums of squares at F32 word `off` (`norm_sums`)."""
+    sums = norm_sums(F32, off)
+    tl.atomic_add(sums + rows, part.to(sums.dtype.element_ty), mask=row_ok)

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from codegen.bodies.common import arrives_last, prefill_splits, round_to, row_halves, store_split, sum_of_splits
 from codegen.bodies.common import sum_split_rows
-from codegen.bodies.common import word, word8, word_f32
+from codegen.bodies.common import add_norm_sums, norm_sums, word, word8, word_f32
 
 LINEAR_FIELDS = ("x_off", "x_stride", "k", "w_off", "n", "out_off", "out_stride", "out_kind", "gated",
                  "stats_off", "eps", "res_off", "res_stride", "bias_off", "out_stats_off", "rows_kind", "splits",
@@ -38,7 +38,7 @@ OUT_ALIGNED, OUT_F32, OUT_NARROW = 0, 1, 2
 @triton.jit
 def row_inv_rms(F32, stats_off, rows, row_ok, K, eps):
     """1/rms of each row from the sum of squares its producer accumulated (1 where no norm applies)."""
-    sumsq = tl.load(F32 + stats_off + rows, mask=row_ok & (stats_off >= 0), other=1.0)
+    sumsq = tl.load(norm_sums(F32, stats_off) + rows, mask=row_ok & (stats_off >= 0), other=1.0).to(tl.float32)
     return tl.where(stats_off >= 0, tl.rsqrt(sumsq / K.to(tl.float32) + eps), 1.0)
 
 
@@ -63,7 +63,7 @@ def store_outputs(desc, y, rows, row_ok, cols, col_ok, ACT, F32):
         else:
             tl.store(ACT + out_off + rows[:, None] * out_stride + cols[None, :], out, mask=mask)
     if out_stats_off >= 0:
-        tl.atomic_add(F32 + out_stats_off + rows, tl.sum(tl.where(mask, y * y, 0.0), 1), mask=row_ok)
+        add_norm_sums(F32, out_stats_off, rows, row_ok, tl.sum(tl.where(mask, y * y, 0.0), 1))
 
 
 @triton.jit

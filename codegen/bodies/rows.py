@@ -4,7 +4,7 @@ of squares (of the stored values) into its statistics buffer."""
 import triton
 import triton.language as tl
 
-from codegen.bodies.common import round_to, word, word8, word_f32
+from codegen.bodies.common import add_norm_sums, norm_sums, round_to, word, word8, word_f32
 
 EMBED_FIELDS = ("table_off", "hidden", "out_off", "out_stats_off")  # both copy_rows: (source offset, ...)
 GATHER_FIELDS = ("x_off", "hidden", "out_off", "out_stats_off")
@@ -17,7 +17,7 @@ def store_rows(ACT, F32, out_off, hidden, rows, row_ok, cols, col_ok, y, out_sta
     mask = row_ok[:, None] & col_ok[None, :]
     tl.store(ACT + out_off + rows[:, None] * hidden + cols[None, :], y.to(dt), mask=mask)
     if out_stats_off >= 0:
-        tl.atomic_add(F32 + out_stats_off + rows, tl.sum(tl.where(mask, y * y, 0.0), 1), mask=row_ok)
+        add_norm_sums(F32, out_stats_off, rows, row_ok, tl.sum(tl.where(mask, y * y, 0.0), 1))
 
 
 @triton.jit
@@ -61,7 +61,8 @@ def rms_norm_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexp
     for m0 in range(0, num_rows, BM):
         rows = m0 + tl.arange(0, BM)
         row_ok = rows < num_rows
-        inv = tl.rsqrt(tl.load(F32 + stats_off + rows, mask=row_ok, other=1.0) / hidden.to(tl.float32) + eps)
+        sumsq = tl.load(norm_sums(F32, stats_off) + rows, mask=row_ok, other=1.0).to(tl.float32)
+        inv = tl.rsqrt(sumsq / hidden.to(tl.float32) + eps)
         x = tl.load(ACT + x_off + rows[:, None] * hidden + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
                     other=0.0).to(tl.float32)
         y = round_to(round_to(x * inv[:, None], dt) * w[None, :], dt)
