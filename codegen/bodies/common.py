@@ -121,7 +121,8 @@ def norm_sums(F32, off):
 
 
 @triton.jit
-def add_norm_sums(F32, off, rows, row_ok, part):
-    """Adds the fp32 partial sums `part` into rows' sums of squares at F32 word `off` (`norm_sums`)."""
+def add_norm_sums(F32, off, rows, row_ok, y, mask):
+    """Adds the sums of squares of y's rows (of its elements where `mask`) into the rows' sums at F32 word `off`
+    (`norm_sums`)."""
     sums = norm_sums(F32, off)
-    tl.atomic_add(sums + rows, part.to(sums.dtype.element_ty), mask=row_ok)
+    tl.atomic_add(sums + rows, tl.sum(tl.where(mask, y * y, 0.0), 1).to(sums.dtype.element_ty), mask=row_ok)

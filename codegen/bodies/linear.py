@@ -63,7 +63,7 @@ def store_outputs(desc, y, rows, row_ok, cols, col_ok, ACT, F32):
         else:
             tl.store(ACT + out_off + rows[:, None] * out_stride + cols[None, :], out, mask=mask)
     if out_stats_off >= 0:
-        add_norm_sums(F32, out_stats_off, rows, row_ok, tl.sum(tl.where(mask, y * y, 0.0), 1))
+        add_norm_sums(F32, out_stats_off, rows, row_ok, y, mask)
 
 
 @triton.jit

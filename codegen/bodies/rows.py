@@ -17,7 +17,7 @@ def store_rows(ACT, F32, out_off, hidden, rows, row_ok, cols, col_ok, y, out_sta
     mask = row_ok[:, None] & col_ok[None, :]
     tl.store(ACT + out_off + rows[:, None] * hidden + cols[None, :], y.to(dt), mask=mask)
     if out_stats_off >= 0:
-        add_norm_sums(F32, out_stats_off, rows, row_ok, tl.sum(tl.where(mask, y * y, 0.0), 1))
+        add_norm_sums(F32, out_stats_off, rows, row_ok, y, mask)
 
 
 @triton.jit
