@@ -101,9 +101,9 @@ def append_pairs(desc, F32, I32, expert, entry, mask):
 
 @triton.jit
 def expert_task(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM: tl.constexpr, PM: tl.constexpr,
-                TM: tl.constexpr, BN: tl.constexpr, PN: tl.constexpr, BK: tl.constexpr, EP: tl.constexpr, DOT_F32: tl.constexpr,
-                STAGES: tl.constexpr, PM_STAGES: tl.constexpr, GEMV: tl.constexpr, PROGRAMS: tl.constexpr,
-                CLAIMS: tl.constexpr):
+                TM: tl.constexpr, BN: tl.constexpr, PN: tl.constexpr, BK: tl.constexpr, EP: tl.constexpr,
+                DOT_F32: tl.constexpr, STAGES: tl.constexpr, PM_STAGES: tl.constexpr, GEMV: tl.constexpr,
+                PROGRAMS: tl.constexpr, CLAIMS: tl.constexpr):
     """out[entry, cols] = x[row of entry] @ W[expert, cols]^T for the entries of this slot's experts.
 
     gate/up (`gated`): x is the hidden state, rows are tokens (entry // top_k); with `stats_off` the layer's
@@ -127,9 +127,9 @@ def expert_task(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM: tl.const
 
 @triton.jit
 def expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM: tl.constexpr, PM: tl.constexpr,
-                TM: tl.constexpr, BN: tl.constexpr, PN: tl.constexpr, BK: tl.constexpr, EP: tl.constexpr, DOT_F32: tl.constexpr,
-                STAGES: tl.constexpr, PM_STAGES: tl.constexpr, GEMV: tl.constexpr, PROGRAMS: tl.constexpr,
-                CLAIMS: tl.constexpr, GATED: tl.constexpr):
+                TM: tl.constexpr, BN: tl.constexpr, PN: tl.constexpr, BK: tl.constexpr, EP: tl.constexpr,
+                DOT_F32: tl.constexpr, STAGES: tl.constexpr, PM_STAGES: tl.constexpr, GEMV: tl.constexpr,
+                PROGRAMS: tl.constexpr, CLAIMS: tl.constexpr, GATED: tl.constexpr):
     """With CLAIMS, a prefill step whose experts average more than BM rows takes [PM, PN] blocks claimed one
     at a time (`claimed_blocks`); every other step, and every step without CLAIMS, the slot's experts in turn
     (`slot_experts`)."""
