@@ -182,6 +182,7 @@ def test_lowering_without_the_lowering_prep_passes_names_the_unsupported_ops():
     (dict(max_model_len=0), "max_model_len must be positive, got 0"),
     (dict(block_n=0), "block_n must be a power of two, got 0"),
     (dict(outline="rows,gemv"), r"outline: unknown groups \['gemv'\]"),
+    (dict(expert_tail_m=48), "expert_tail_m must be a power of two, got 48"),
 ])
 def test_compile_config_rejects(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -192,6 +193,17 @@ def test_compile_config_accepts_the_edges():
     config = CompileConfig(max_batch=8, max_tokens_per_step=8, max_model_len=33, page_size=16, block_m=16)
     assert config.max_pages_per_seq == 3
     assert config.to_dict()["max_pages_per_seq"] == 3
+
+
+@pytest.mark.parametrize("fields, tail", [
+    (dict(max_tokens_per_step=2048), 64),  # 128-row claimed blocks, 64-row tails
+    (dict(max_tokens_per_step=512), 64),  # 64-row blocks: no tails (the blocks' own rows)
+    (dict(max_tokens_per_step=2048, expert_tail_m=0), 128),
+    (dict(max_tokens_per_step=2048, expert_tail_m=8), 128),  # below block_m: none
+    (dict(max_tokens_per_step=512, expert_prefill_m=32, expert_tail_m=16), 16),
+])
+def test_expert_tails_only_below_the_claimed_blocks_rows(fields, tail):
+    assert CompileConfig(**fields).expert_tail_rows == tail
 
 
 # -- Layout ------------------------------------------------------------------------------------------------
