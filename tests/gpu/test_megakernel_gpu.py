@@ -105,11 +105,13 @@ def test_the_loads_off_by_default_on_gpu(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("rows", [64, 128])
-def test_experts_in_wider_prefill_blocks_on_gpu(rows, tmp_path):
+@pytest.mark.parametrize("rows, tail", [(64, 64), (128, 0), (128, 64)])
+def test_experts_in_wider_prefill_blocks_on_gpu(rows, tail, tmp_path):
     """`expert_prefill_m`: an expert with more than block_m rows in the first step (a 512-token prompt: ~32 rows an
-    expert) takes them in blocks of 64 or 128 rows, and the combine takes [64, 64] blocks over every task."""
-    config = dataclasses.replace(case_config(1), max_tokens_per_step=512, max_model_len=600, expert_prefill_m=rows)
+    expert) takes them in blocks of 64 or 128 rows, and the combine takes [64, 64] blocks over every task; with
+    128-row blocks and `expert_tail_m` 64 (the default), those ~32 rows take the 64-row tail blocks instead."""
+    config = dataclasses.replace(case_config(1), max_tokens_per_step=512, max_model_len=600, expert_prefill_m=rows,
+                                 expert_tail_m=tail)
     check_against_reference("qwen3-30b-a3b", 1, config, tmp_path, lengths=[512])
 
 
