@@ -78,10 +78,15 @@ def ttft_config(prompt_len: int, **fields) -> CompileConfig:
                          max_new_tokens=40, **fields)
 
 
+def seeded_prompt(prompt_len: int) -> list[int]:
+    """A prompt of token ids below 1,000, the same for every run of a length."""
+    return torch.randint(0, 1000, (prompt_len,), generator=torch.Generator().manual_seed(prompt_len)).tolist()
+
+
 def ttft_ms(kernel: Megakernel, prompt_len: int) -> tuple[float, int]:
     """Best of three launches that prefill one prompt and sample its first token, host to host; and that token
     (greedy, the prompt the same for every kernel of a length: variants of one model should agree on it)."""
-    prompt = [torch.randint(0, 1000, (prompt_len,), generator=torch.Generator().manual_seed(prompt_len)).tolist()]
+    prompt = [seeded_prompt(prompt_len)]
     once = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     first = kernel.generate(prompt, once)[0].tokens[0]
     times = []

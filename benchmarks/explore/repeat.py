@@ -15,7 +15,7 @@ import argparse
 
 import torch
 
-from benchmarks.megakernel_tpot import artifact_path, parse_field, ttft_config
+from benchmarks.megakernel_tpot import artifact_path, parse_field, seeded_prompt, ttft_config
 from blinkc.compile_model import WeightsSource, compile_model
 from models.registry import resolve_model
 from runtime.megakernel import Megakernel
@@ -36,8 +36,7 @@ def main() -> None:
     path = compile_model(resolve_model(args.preset), config, artifact_path("repeat"), WeightsSource(seed=0)).path
     kernel = Megakernel.load(path, device="cuda" if gpu else "cpu", timeout_s=120)
     vocab = kernel.manifest["model"]["vocab_size"]
-    prompt = torch.randint(0, min(vocab, 1000), (args.prompt_len,),
-                           generator=torch.Generator().manual_seed(args.prompt_len)).tolist()
+    prompt = seeded_prompt(args.prompt_len)
     greedy = SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
     first = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     base_logits = base_tokens = None
