@@ -242,12 +242,14 @@ class CompileConfig:
     share_activations: bool = True
     # the norms' sums of squares in fp64 (`codegen.bodies.common.norm_sums`): every column tile of a value adds its
     # rows' partial sums by atomics, whose order varies from launch to launch, so in fp32 a sum's last bits vary,
-    # and with them now and then a bf16 rounding downstream. fp64 sums 256 fp32 partials exactly where they lie
-    # within a factor 2^21 of each other; where not, it rounds in the 53rd bit, which seldom moves the sum
-    # rounded to fp32. (One launch of a 2,048-token Qwen3-30B-A3B kernel sampled another first token than four
-    # others: benchmarks/explore/NOTES.md, session 41.) Not yet timed; `benchmarks/explore/repeat.py` compares one
-    # kernel's logits launch after launch
-    exact_norm_sums: bool = False
+    # and with them now and then a bf16 rounding downstream and a greedy token where two logits tie. fp64 sums 256
+    # fp32 partials exactly where they lie within a factor 2^21 of each other; where not, it rounds in the 53rd
+    # bit, which seldom moves the sum rounded to fp32. H200, one 2,048-token prompt launched again and again
+    # (`benchmarks/explore/repeat.py`), Qwen3-30B-A3B: fp32, every launch's logits differ from the first's (up to
+    # 0.07, 130k of 152k entries) and the first token flips between two tied logits; fp64, 7 of 7 launches
+    # bit-identical. Cost in one call, fp64 / fp32: Llama-3-8B b1 ctx512 4.64 / 4.62 ms, b64 7.10 / 7.12, TTFT
+    # 2048 61.88 / 61.43; Qwen3-30B-A3B b1 4.19 / 4.12, TTFT 2048 58.21 / 58.66
+    exact_norm_sums: bool = True
     spin_limit: int = 1 << 26  # spins before a wait is reported as a hang
     profile: bool = False  # record each task's start, end of waits and end in step `profile_step` (GPU only)
     profile_step: int = 2

@@ -301,17 +301,18 @@ def test_an_experts_last_rows_take_shorter_claimed_blocks(checkpoint, tmp_path):
     check((4, 3), prompts=[[(7 * i + 3) % 1000 for i in range(50)], PROMPTS[2]])
 
 
-@pytest.mark.parametrize("fold", [True, False])
-def test_norm_sums_in_fp64_match_the_reference_engine(fold, checkpoint, tmp_path):
-    """With `exact_norm_sums`, the norms' sums of squares are fp64, two words a row, and the tokens still match.
-    Their producers: the embedding, the gathered final rows, o_proj's residual epilogue and the MoE combine; their
-    readers: the norms folded into the projections, QKV, the experts and lm_head, and without `moe_fold_norm` the
-    MoE norm's own group."""
-    config = dataclasses.replace(CONFIG, exact_norm_sums=True, moe_fold_norm=fold)
-    kernel, check = _tiny_kernel(checkpoint, tmp_path / f"exact_sums{fold}.cubin", config, "tiny-qwen3-moe")
-    assert "NORM_SUMS_F64 = tl.constexpr(True)" in kernel.artifact.source_path.read_text()
+@pytest.mark.parametrize("exact", [True, False])
+def test_norm_sums_in_either_width_match_the_reference_engine(exact, checkpoint, tmp_path):
+    """The norms' sums of squares in fp64 (`exact_norm_sums`, the default), two words a row, or fp32, one, and the
+    tokens match either way. Their producers: the embedding, the gathered final rows, o_proj's residual epilogue
+    and the MoE combine; their readers: the norms folded into the projections, QKV, the experts and lm_head, and
+    without `moe_fold_norm` (this test) the MoE norm's own group."""
+    config = dataclasses.replace(CONFIG, exact_norm_sums=exact, moe_fold_norm=False)
+    kernel, check = _tiny_kernel(checkpoint, tmp_path / f"exact_sums{exact}.cubin", config, "tiny-qwen3-moe")
+    assert f"NORM_SUMS_F64 = tl.constexpr({exact})" in kernel.artifact.source_path.read_text()
     sizes = {size for name, (_, _, size) in kernel.layout["regions"].items() if name.startswith("stats:")}
-    assert sizes == {2 * config.max_tokens_per_step, 2 * config.max_batch}  # the final norm's: a row a sequence
+    words = 2 if exact else 1
+    assert sizes == {words * config.max_tokens_per_step, words * config.max_batch}  # the final norm's: a row a sequence
     check((7, 12, 4))
 
 
