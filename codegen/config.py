@@ -212,6 +212,12 @@ class CompileConfig:
     # (`outline=rows`): b1 4.69, b8 5.34, b64 7.36. The H100 loses: b1 6.12 / 6.01 and 6.12 / 5.99 (session 30),
     # so a kernel for one there wants `blinkc compile --set stream_gemv=0`.
     stream_gemv: int = -1
+    # a one-token step's MoE experts share out the (tile, K chunk) units of the active experts' gate/up tiles
+    # evenly, a range a program, as `stream_gemv` does a projection's (codegen/bodies/moe.py, `expert_stream`),
+    # where those units give every program one at least; with `stream_expert_down`, down's too. 1: on, 0: off,
+    # -1: on where max_batch is 1
+    stream_experts: int = -1
+    stream_expert_down: bool = False
     stream_waves: int = 4
     stream_block_k: int = 256
     stream_stages: int = 5
@@ -263,9 +269,10 @@ class CompileConfig:
                      "prefill_claimed_part"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.stream_gemv not in (-1, 0, 1):
-            raise ValueError(f"stream_gemv must be 1 (on), 0 (off) or -1 (on where max_batch is 1), "
-                             f"got {self.stream_gemv}")
+        for name in ("stream_gemv", "stream_experts"):
+            if getattr(self, name) not in (-1, 0, 1):
+                raise ValueError(f"{name} must be 1 (on), 0 (off) or -1 (on where max_batch is 1), "
+                                 f"got {getattr(self, name)}")
         if self.rows_gemv < 0 or self.rows_gemv & (self.rows_gemv - 1):
             raise ValueError(f"rows_gemv must be 0 or a power of two, got {self.rows_gemv}")
         if not 1 <= self.rows_max <= self.block_m:
@@ -318,6 +325,13 @@ class CompileConfig:
         """Whether one-row steps may stream their projections (`stream_gemv`, -1 read as max_batch 1;
         `codegen.lower.Lowering.streamed_widths` says which do)."""
         return self.stream_gemv == 1 or (self.stream_gemv == -1 and self.max_batch == 1)
+
+    @property
+    def streams_experts(self) -> bool:
+        """Whether one-token steps may stream their experts (`stream_experts`, -1 read as max_batch 1;
+        `codegen.lower.Lowering.streamed_experts` says which do)."""
+        return (self.stream_experts == 1 or (self.stream_experts == -1 and self.max_batch == 1)) and \
+            not self.dynamic_tasks
 
     @property
     def max_pages_per_seq(self) -> int:
