@@ -218,6 +218,10 @@ class CompileConfig:
     # -1: on where max_batch is 1
     stream_experts: int = -1
     stream_expert_down: bool = False
+    # their K chunks, pipelined expert_stages deep: a [expert_block_n, 128] bf16 chunk is 16 KB of shared memory
+    # a stage (256-column chunks 5 deep, as the projections stream, took 128 KB, where the rest of a b1 MoE
+    # kernel takes 72: two programs an SM would no longer fit)
+    expert_stream_block_k: int = 128
     stream_waves: int = 4
     stream_block_k: int = 256
     stream_stages: int = 5
@@ -284,7 +288,7 @@ class CompileConfig:
                      "block_m", "qkv_block_m", "attention_block_m", "wide_m", "prefill_m", "wide_n", "batch_n",
                      "whole_batch_n", "block_kv", "decode_block_kv", "page_size", "stream_tiles", "stream_block_k",
                      "qkv_batch_k", "decode_window_keys", "prefill_window_keys", "expert_prefill_m",
-                     "expert_prefill_n", "expert_tail_m"):
+                     "expert_prefill_n", "expert_tail_m", "expert_stream_block_k"):
             value = getattr(self, name)
             # 0: another field's value, or a choice of the lowering's
             zero_ok = name in ("prefill_block_k", "wide_m", "prefill_m", "whole_batch_n", "decode_block_kv",

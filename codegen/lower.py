@@ -92,7 +92,7 @@ class Lowering:
                 _, two_i, hidden = named["gate_up"].shape
                 top_k = named["weights"].shape[1]
                 for n, k in ((two_i, hidden), (hidden, two_i // 2))[: 2 if cfg.stream_expert_down else 1]:
-                    if top_k * _expert_tiles(cfg, n) * -(-k // cfg.stream_block_k) >= launch_programs(cfg):
+                    if top_k * _expert_tiles(cfg, n) * -(-k // cfg.expert_stream_block_k) >= launch_programs(cfg):
                         shapes.add((n, k))
         return frozenset(shapes)
 

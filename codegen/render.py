@@ -43,7 +43,7 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     even_n = even_columns(lw, max(cfg.block_n, cfg.batch_n, cfg.whole_batch_n, cfg.wide_n))
     streamed = "tickets:stream" in lw.layout.regions
     linear_bk = cfg.stream_block_k if lw.streamed_widths else 0  # the stream bodies compiled only where they run
-    expert_bk = cfg.stream_block_k if c.get("EXPERT_STREAMS") else 0
+    expert_bk = cfg.expert_stream_block_k if c.get("EXPERT_STREAMS") else 0
     stream_out = lw.layout.offset("stream_out") if streamed else -1
     stream_parts = lw.layout.offset("stream_parts") if streamed else -1
     stream_tickets = lw.layout.offset("tickets:stream") if streamed else -1
@@ -88,7 +88,7 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
                      f"{max(cfg.expert_prefill_n, cfg.expert_block_n)}, {cfg.expert_block_k}, "
                      f"{_pow2(c.get('NUM_EXPERTS_MAX', 1))}, {dot_f32}, {cfg.expert_stages}, "
                      f"{min(cfg.expert_stages, 3)}, {cfg.expert_gemv}, {cfg.target_programs}, {cfg.expert_claims}, "
-                     f"{stream_out}, {stream_parts}, {stream_tickets}, {expert_bk}, {cfg.stream_stages})",
+                     f"{stream_out}, {stream_parts}, {stream_tickets}, {expert_bk}, {cfg.expert_stages})",
         # a prefill's combine in [64, 64] blocks over every task (`combine_task`)
         Kind.COMBINE: f"combine_task(desc, tile, ACT, F32, num_tokens, {bm}, {bn}, 64, 64, {c.get('TOP_K_MAX', 1)})",
         Kind.SAMPLE: f"sample_task(desc, tile, I32, F32, num_seqs, step, {lw.layout.offset('control')}, "

@@ -177,7 +177,11 @@ def expert_stream(desc, part, parts, W, ACT, F32, I32, out_off, part_off, ticket
     j_last = (u1 - 1) // chunks
     lanes = tl.arange(0, BN)
     ks = tl.arange(0, BK)
-    acc = tl.zeros((BN,), tl.float32)
+    ACC2D: tl.constexpr = BN * BK <= 8192  # as in `gemv_row`
+    if ACC2D:
+        acc = tl.zeros((BN, BK), tl.float32)
+    else:
+        acc = tl.zeros((BN,), tl.float32)
     for a in range(u0 // per_expert, (u1 - 1) // per_expert + 1):
         expert = tl.load(I32 + word(desc, 8) + a).to(tl.int64)
         entry = tl.load(I32 + word(desc, 7) + expert * capacity).to(tl.int64)
@@ -191,11 +195,18 @@ def expert_stream(desc, part, parts, W, ACT, F32, I32, out_off, part_off, ticket
             w = tl.load(w_expert + (t.to(tl.int64) * BN * K + k0) + lanes[:, None] * K32 + ks[None, :],
                         mask=(t * BN + lanes < N)[:, None] & k_ok[None, :], other=0.0)
             x = tl.load(x_row + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)
-            acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
+            if ACC2D:
+                acc += w.to(tl.float32) * x[None, :]
+            else:
+                acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
             if (u - j * chunks == chunks - 1) | (u == u1 - 1):  # the tile's last chunk in this range
+                if ACC2D:
+                    y = tl.sum(acc, 1)
+                else:
+                    y = acc
                 whole = (j * chunks >= u0) & ((j + 1) * chunks <= u1)
                 tl.store(F32 + tl.where(whole, out_off + j * BN, part_off + (part * 2 + (j != j_first)) * BN) + lanes,
-                         acc)
+                         y)
                 acc = acc * 0.0  # (as in `gemv_stream`)
     tl.debug_barrier()  # every thread's results stored
     last, total = shared_tile_sum(j_first, part, parts, units, chunks, u0, u1, part_off, ticket_off, F32, BN)

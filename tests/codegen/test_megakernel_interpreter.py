@@ -403,7 +403,7 @@ def test_streamed_experts_match_the_reference_engine(down, checkpoint, tmp_path)
     from runtime.host_driven import HostDriven
 
     config = dataclasses.replace(CONFIG, stream_experts=1, stream_expert_down=down, expert_block_n=32,
-                                 stream_block_k=16)
+                                 expert_stream_block_k=16)
     kernel, check = _tiny_kernel(checkpoint, tmp_path / f"stream_experts{down}.cubin", config, "tiny-qwen3-moe")
     streamed = kernel.tasks[:, FLAGS] & STREAMS != 0
     # the two MoE layers' groups, a task a tile of each of the 6 slots: gate/up's 3 tiles, down's 2

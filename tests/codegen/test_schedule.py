@@ -568,9 +568,10 @@ def test_projections_of_many_tiles_a_program_stream_their_one_row_steps():
 def test_streaming_by_default_only_where_a_layer_streams_at_batch_1(preset, max_batch, streams):
     """`stream_gemv` -1 (the default) streams a kernel of max_batch 1, whose batched steps are only prefills, and
     only where some layer's projection streams: an MoE model's experts leave it the LM head alone (with 15
-    tiles needed, tiny-qwen3-moe's one dense layer has 14; tiny-llama's gate/up 25)."""
+    tiles needed, tiny-qwen3-moe's one dense layer has 14; tiny-llama's gate/up 25). (The experts' own streams,
+    `stream_experts`, are off here: test_a_one_token_steps_experts_stream_at_batch_1.)"""
     config = dataclasses.replace(CONFIG, interpret=False, target_programs=3, stream_waves=5, stream_gemv=-1,
-                                 max_batch=max_batch)
+                                 max_batch=max_batch, stream_experts=0)
     lw = lower(build_graph(resolve_model(preset), config), config)
     streamed = {lw.tasks.event_names[t.signal] for t in lw.tasks.tasks if t.streams}
     assert bool(streamed) == streams
