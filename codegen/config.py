@@ -215,8 +215,11 @@ class CompileConfig:
     # a one-token step's MoE experts share out the (tile, K chunk) units of the active experts' gate/up tiles
     # evenly, a range a program, as `stream_gemv` does a projection's (codegen/bodies/moe.py, `expert_stream`),
     # where those units give every program one at least; with `stream_expert_down`, down's too. 1: on, 0: off,
-    # -1: on where max_batch is 1
-    stream_experts: int = -1
+    # -1: on where max_batch is 1. Off: correct on the GPU, but slower, as o_proj streamed was (`streamable`):
+    # gate/up's 192 tiles are 0.73 a program, so nearly every part shares both its tiles. H200, Qwen3-30B-A3B
+    # b1 ctx512, one call: 4.83 ms streamed, 5.38 with down too, 4.20 a task an expert tile; TTFT 2048 58.34 /
+    # 58.43 (benchmarks/RESULTS.md, session 42)
+    stream_experts: int = 0
     stream_expert_down: bool = False
     # their K chunks, pipelined expert_stages deep: a [expert_block_n, 128] bf16 chunk is 16 KB of shared memory
     # a stage (256-column chunks 5 deep, as the projections stream, took 128 KB, where the rest of a b1 MoE

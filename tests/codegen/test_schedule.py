@@ -568,10 +568,9 @@ def test_projections_of_many_tiles_a_program_stream_their_one_row_steps():
 def test_streaming_by_default_only_where_a_layer_streams_at_batch_1(preset, max_batch, streams):
     """`stream_gemv` -1 (the default) streams a kernel of max_batch 1, whose batched steps are only prefills, and
     only where some layer's projection streams: an MoE model's experts leave it the LM head alone (with 15
-    tiles needed, tiny-qwen3-moe's one dense layer has 14; tiny-llama's gate/up 25). (The experts' own streams,
-    `stream_experts`, are off here: test_a_one_token_steps_experts_stream_at_batch_1.)"""
+    tiles needed, tiny-qwen3-moe's one dense layer has 14; tiny-llama's gate/up 25)."""
     config = dataclasses.replace(CONFIG, interpret=False, target_programs=3, stream_waves=5, stream_gemv=-1,
-                                 max_batch=max_batch, stream_experts=0)
+                                 max_batch=max_batch)
     lw = lower(build_graph(resolve_model(preset), config), config)
     streamed = {lw.tasks.event_names[t.signal] for t in lw.tasks.tasks if t.streams}
     assert bool(streamed) == streams
@@ -584,11 +583,12 @@ def test_streaming_by_default_only_where_a_layer_streams_at_batch_1(preset, max_
 
 @pytest.mark.parametrize("down", [False, True])
 def test_a_one_token_steps_experts_stream_at_batch_1(down):
-    """Qwen3-30B-A3B at batch 1 on 264 programs: gate/up's group (11 slots of 24 tiles, the 3 past the 8 a
-    decode step fills only for prefills) streams one-token steps, a part a program; with `stream_expert_down`,
-    down's too (8 slots of 32 tiles and 8 tasks past them for the streamed steps only). At batch 8 none does."""
+    """Qwen3-30B-A3B at batch 1 on 264 programs with `stream_experts` -1: gate/up's group (11 slots of 24 tiles,
+    the 3 past the 8 a decode step fills only for prefills) streams one-token steps, a part a program; with
+    `stream_expert_down`, down's too (8 slots of 32 tiles and 8 tasks past them for the streamed steps only).
+    At batch 8 none does, nor by default (off: slower on the GPU)."""
     config = CompileConfig(max_batch=1, max_tokens_per_step=512, max_model_len=1024, max_new_tokens=64,
-                           target_programs=264, stream_expert_down=down)
+                           target_programs=264, stream_experts=-1, stream_expert_down=down)
     lw = _lowered("qwen3-30b-a3b", config)
     groups: dict[str, list[Task]] = {}
     for task in lw.tasks.tasks:
@@ -605,5 +605,5 @@ def test_a_one_token_steps_experts_stream_at_batch_1(down):
     # the top 8 experts' outputs: gate/up's 8 x 1,536, down's 8 x 2,048; two 64-column partials a program
     assert lw.layout.regions["stream_out"].size == 8 * (2048 if down else 1536)
     assert lw.layout.regions["stream_parts"].size == 264 * 2 * 64
-    batched = _lowered("qwen3-30b-a3b", dataclasses.replace(config, max_batch=8))
-    assert not any(t.streams for t in batched.tasks.tasks)
+    for other in (dataclasses.replace(config, max_batch=8), CompileConfig(max_batch=1, target_programs=264)):
+        assert not any(t.streams for t in _lowered("qwen3-30b-a3b", other).tasks.tasks)
