@@ -118,6 +118,33 @@ def test_experts_in_wider_prefill_blocks_on_gpu(rows, tail, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+def test_launches_repeat_bit_for_bit_on_gpu(tmp_path):
+    """One kernel given the same two prompts (512 and 37 tokens) again and again gives the same logits bit for
+    bit, after the prefill and after 4 decode steps: the norms' sums of squares, atomics in no fixed order, are
+    fp64 (`exact_norm_sums`). In fp32 they made every launch's logits differ (H200, Qwen3-30B-A3B, a 2,048-token
+    prompt: benchmarks/RESULTS.md, session 42)."""
+    config = dataclasses.replace(case_config(2), max_tokens_per_step=576, max_model_len=640)  # both in one step
+    model = resolve_model("llama3-8b")
+    kernel = Megakernel.load(compile_model(model, config, tmp_path / "model.cubin", WeightsSource(seed=1)).path,
+                             device="cuda", timeout_s=300)
+    g = torch.Generator().manual_seed(42)
+    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in (512, 37)]
+    first, more = (SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (1, 5))
+    runs = []
+    for _ in range(4):
+        kernel.generate(prompts, first)
+        prefill = kernel.last_logits(2).clone()
+        tokens = [c.tokens for c in kernel.generate(prompts, more)]
+        runs.append((prefill, kernel.last_logits(2).clone(), tokens))
+    for launch, (prefill, decoded, tokens) in enumerate(runs[1:], 1):
+        assert torch.equal(prefill, runs[0][0]), f"launch {launch}: the prefill's logits differ from launch 0's"
+        assert torch.equal(decoded, runs[0][1]), f"launch {launch}: the last decode step's logits differ"
+        assert tokens == runs[0][2]
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_eager_attention_scores_on_gpu(tmp_path):
     """Attention's scores rounded to bf16 before and after their scaling (`attention_bf16_scores`, off by
     default), as eager attention stores them, at batch 8."""
