@@ -212,19 +212,6 @@ class CompileConfig:
     # (`outline=rows`): b1 4.69, b8 5.34, b64 7.36. The H100 loses: b1 6.12 / 6.01 and 6.12 / 5.99 (session 30),
     # so a kernel for one there wants `blinkc compile --set stream_gemv=0`.
     stream_gemv: int = -1
-    # a one-token step's MoE experts share out the (tile, K chunk) units of the active experts' gate/up tiles
-    # evenly, a range a program, as `stream_gemv` does a projection's (codegen/bodies/moe.py, `expert_stream`),
-    # where those units give every program one at least; with `stream_expert_down`, down's too. 1: on, 0: off,
-    # -1: on where max_batch is 1. Off: correct on the GPU, but slower, as o_proj streamed was (`streamable`):
-    # gate/up's 192 tiles are 0.73 a program, so nearly every part shares both its tiles. H200, Qwen3-30B-A3B
-    # b1 ctx512, one call: 4.83 ms streamed, 5.38 with down too, 4.20 a task an expert tile; TTFT 2048 58.34 /
-    # 58.43 (benchmarks/RESULTS.md, session 42)
-    stream_experts: int = 0
-    stream_expert_down: bool = False
-    # their K chunks, pipelined expert_stages deep: a [expert_block_n, 128] bf16 chunk is 16 KB of shared memory
-    # a stage (256-column chunks 5 deep, as the projections stream, took 128 KB, where the rest of a b1 MoE
-    # kernel takes 72: two programs an SM would no longer fit)
-    expert_stream_block_k: int = 128
     stream_waves: int = 4
     stream_block_k: int = 256
     stream_stages: int = 5
@@ -276,10 +263,9 @@ class CompileConfig:
                      "prefill_claimed_part"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("stream_gemv", "stream_experts"):
-            if getattr(self, name) not in (-1, 0, 1):
-                raise ValueError(f"{name} must be 1 (on), 0 (off) or -1 (on where max_batch is 1), "
-                                 f"got {getattr(self, name)}")
+        if self.stream_gemv not in (-1, 0, 1):
+            raise ValueError(f"stream_gemv must be 1 (on), 0 (off) or -1 (on where max_batch is 1), "
+                             f"got {self.stream_gemv}")
         if self.rows_gemv < 0 or self.rows_gemv & (self.rows_gemv - 1):
             raise ValueError(f"rows_gemv must be 0 or a power of two, got {self.rows_gemv}")
         if not 1 <= self.rows_max <= self.block_m:
@@ -291,7 +277,7 @@ class CompileConfig:
                      "block_m", "qkv_block_m", "attention_block_m", "wide_m", "prefill_m", "wide_n", "batch_n",
                      "whole_batch_n", "block_kv", "decode_block_kv", "page_size", "stream_tiles", "stream_block_k",
                      "qkv_batch_k", "decode_window_keys", "prefill_window_keys", "expert_prefill_m",
-                     "expert_prefill_n", "expert_tail_m", "expert_stream_block_k"):
+                     "expert_prefill_n", "expert_tail_m"):
             value = getattr(self, name)
             # 0: another field's value, or a choice of the lowering's
             zero_ok = name in ("prefill_block_k", "wide_m", "prefill_m", "whole_batch_n", "decode_block_kv",
@@ -332,13 +318,6 @@ class CompileConfig:
         """Whether one-row steps may stream their projections (`stream_gemv`, -1 read as max_batch 1;
         `codegen.lower.Lowering.streamed_widths` says which do)."""
         return self.stream_gemv == 1 or (self.stream_gemv == -1 and self.max_batch == 1)
-
-    @property
-    def streams_experts(self) -> bool:
-        """Whether one-token steps may stream their experts (`stream_experts`, -1 read as max_batch 1;
-        `codegen.lower.Lowering.streamed_experts` says which do)."""
-        return (self.stream_experts == 1 or (self.stream_experts == -1 and self.max_batch == 1)) and \
-            not self.dynamic_tasks
 
     @property
     def max_pages_per_seq(self) -> int:

@@ -79,24 +79,6 @@ class Lowering:
         return frozenset(streamed.values())
 
     @cached_property
-    def streamed_experts(self) -> frozenset[tuple[int, int]]:
-        """The (n, k) shapes of the expert projections whose one-token steps stream (`expert_stream`): gate/up's,
-        and with `stream_expert_down` down's, where `stream_experts` is on and the top-k experts' (tile, K chunk)
-        units give every program the launch may run one at least."""
-        cfg, shapes = self.config, set()
-        if not cfg.streams_experts:
-            return frozenset()
-        for node in self.graph.nodes:
-            if node.op == "moe_experts":
-                named = dict(zip(moe_experts_inputs(node.attrs), node.inputs))
-                _, two_i, hidden = named["gate_up"].shape
-                top_k = named["weights"].shape[1]
-                for n, k in ((two_i, hidden), (hidden, two_i // 2))[: 2 if cfg.stream_expert_down else 1]:
-                    if top_k * _expert_tiles(cfg, n) * -(-k // cfg.expert_stream_block_k) >= launch_programs(cfg):
-                        shapes.add((n, k))
-        return frozenset(shapes)
-
-    @cached_property
     def attention_outputs(self) -> frozenset[int]:
         """Ids of the values paged attention writes."""
         return frozenset(node.output.id for node in self.graph.nodes if node.op == "paged_attention")
@@ -306,18 +288,13 @@ def _allocate(lw: Lowering) -> None:
     # the projections that stream their one-row steps: a ticket a part, two [block_n] partials a part and the
     # fp32 results of the whole tiles (one set for every such group: each starts after the one before; the
     # last to arrive at a ticket zeroes it again)
-    # (and the experts that stream: a one-token step's top-k experts' tiles, `expert_stream`)
     streamed = [n for _, n in linears if n in lw.streamed_widths]
-    top_k = max((n.attrs["top_k"] for n in lw.graph.nodes if n.op == "moe_route"), default=0)
-    streamed_experts = [top_k * _expert_tiles(cfg, n) * cfg.expert_block_n for n, _ in lw.streamed_experts]
-    if streamed or streamed_experts:
+    if streamed:
         lw.layout.alloc("tickets:stream", "F32", cfg.target_programs)
     lw.constants["STATS_SIZE"] = lw.layout.sizes["F32"] - lw.constants["STATS_OFF"]
-    if streamed or streamed_experts:
-        block = max(cfg.block_n, cfg.expert_block_n if streamed_experts else 0)
-        lw.layout.alloc("stream_parts", "F32", cfg.target_programs * 2 * block)
-        lw.layout.alloc("stream_out", "F32", max([-(-n // cfg.block_n) * cfg.block_n for n in streamed] +
-                                                  streamed_experts))
+    if streamed:
+        lw.layout.alloc("stream_parts", "F32", cfg.target_programs * 2 * cfg.block_n)
+        lw.layout.alloc("stream_out", "F32", -(-max(streamed) // cfg.block_n) * cfg.block_n)
     lw.layout.alloc("sample_parts", "F32", cfg.max_batch * sample_splits(lw) * 2)
     if attention_nodes:  # one scratch for every layer, as for the QKV parts
         head_dim = _pow2(max(16, max(n.attrs["head_dim"] for n in attention_nodes)))
@@ -754,17 +731,8 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
             x_off=x_off, k=k, w_off=w_off, n=n, out_off=out_off, top_k=top_k, num_experts=num_experts,
             num_slots=step_slots, num_tiles=tiles, gated=gated, stats_off=stats_off, eps=float(node.attrs["eps"]),
             claims_off=claims + (0 if gated else _expert_tiles(cfg, two_i)) if claims >= 0 else -1, **routing))
-        # a streamed group (`expert_stream`) has a task a program at least, those past the slots' only for the
-        # streamed steps; it shares one scratch with the other streamed groups, so it must follow the one before
-        streams = (n, k) in lw.streamed_experts and (lw.stream_event < 0 or lw.tasks.follows(waits, lw.stream_event))
-        num_tasks = max(step_slots * tiles, launch_programs(cfg)) if streams else step_slots * tiles
-        done = lw.tasks.add_group(Kind.EXPERT, desc, num_tasks, f"{name}.{part}", waits,
-                                  prefill_only_from=slots * tiles if step_slots > slots else None, streams=streams,
-                                  stream_only_from=step_slots * tiles if num_tasks > step_slots * tiles else None)
-        if streams:
-            lw.stream_event = done.event
-            lw.constants["EXPERT_STREAMS"] = 1
-        return done
+        return lw.tasks.add_group(Kind.EXPERT, desc, step_slots * tiles, f"{name}.{part}", waits,
+                                  prefill_only_from=slots * tiles if step_slots > slots else None)
 
     # an RMSNorm of x folded in: its weight scales gate/up's columns, and the tiles scale their rows by 1/rms;
     # or, where the config keeps it apart, a group of its own writes the normed rows that gate/up reads

@@ -42,8 +42,6 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     even_k = even_chunks(lw, max(bk_small, bk_rows, cfg.block_k_dot, prefill_bk, cfg.qkv_batch_k))
     even_n = even_columns(lw, max(cfg.block_n, cfg.batch_n, cfg.whole_batch_n, cfg.wide_n))
     streamed = "tickets:stream" in lw.layout.regions
-    linear_bk = cfg.stream_block_k if lw.streamed_widths else 0  # the stream bodies compiled only where they run
-    expert_bk = cfg.expert_stream_block_k if c.get("EXPERT_STREAMS") else 0
     stream_out = lw.layout.offset("stream_out") if streamed else -1
     stream_parts = lw.layout.offset("stream_parts") if streamed else -1
     stream_tickets = lw.layout.offset("tickets:stream") if streamed else -1
@@ -58,7 +56,7 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
                      f"{cfg.num_stages}, {cfg.batch_stages}, {cfg.prefill_stages}, {cfg.batch_tma}, {cfg.prefill_tma}, "
                      f"{c.get('PREFILL_PARTS', 0)}, {cfg.prefill_splits}, {cfg.rows_gemv}, "
                      f"{cfg.rows_stages or cfg.num_stages}, {cfg.rows_max}, {prefill_bk}, {stream_out}, "
-                     f"{stream_parts}, {stream_tickets}, {linear_bk}, "
+                     f"{stream_parts}, {stream_tickets}, {cfg.stream_block_k if streamed else 0}, "
                      f"{cfg.stream_stages}, {cfg.stream_tiles}, {cfg.prefill_claimed_part}, {even_k}, {even_n}, "
                      f"{bool(c.get('PREFILL_ONLY_LINEARS'))})",
         Kind.QKV: f"qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, {r.positions}, {r.slots}, "
@@ -83,12 +81,11 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
                     f"{_pow2(c.get('TOP_K_MAX', 1))}, {cfg.route_loop_rows})",
         # an expert's prefill blocks at most 3 stages deep: within the shared memory a kernel's prefill tiles take
         # (its total did not move at 64 or 128 rows, H200, Qwen3-30B-A3B)
-        Kind.EXPERT: f"expert_task(desc, tile, parts, W, ACT, F32, I32, num_tokens, num_seqs, {bm}, "
+        Kind.EXPERT: f"expert_task(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, {bm}, "
                      f"{cfg.expert_prefill_rows}, {cfg.expert_tail_rows}, {cfg.expert_block_n}, "
                      f"{max(cfg.expert_prefill_n, cfg.expert_block_n)}, {cfg.expert_block_k}, "
                      f"{_pow2(c.get('NUM_EXPERTS_MAX', 1))}, {dot_f32}, {cfg.expert_stages}, "
-                     f"{min(cfg.expert_stages, 3)}, {cfg.expert_gemv}, {cfg.target_programs}, {cfg.expert_claims}, "
-                     f"{stream_out}, {stream_parts}, {stream_tickets}, {expert_bk}, {cfg.expert_stages})",
+                     f"{min(cfg.expert_stages, 3)}, {cfg.expert_gemv}, {cfg.target_programs}, {cfg.expert_claims})",
         # a prefill's combine in [64, 64] blocks over every task (`combine_task`)
         Kind.COMBINE: f"combine_task(desc, tile, ACT, F32, num_tokens, {bm}, {bn}, 64, 64, {c.get('TOP_K_MAX', 1)})",
         Kind.SAMPLE: f"sample_task(desc, tile, I32, F32, num_seqs, step, {lw.layout.offset('control')}, "
@@ -174,6 +171,5 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
                               stream_only=STREAM_ONLY),
         park=cfg.park_state and not cfg.dynamic_tasks, park_off=lw.layout.offset("park"), park_words=PARK_WORDS,
         parked=PARKED + (PARKED_STREAMS if streams else ()), streams=streams,
-        expert_streams=bool(lw.constants.get("EXPERT_STREAMS")),
     )
     return kernel_template().render(**context)

@@ -126,32 +126,20 @@ def gemv_row(desc, tile, W, ACT, F32, BN: tl.constexpr, BK: tl.constexpr, STAGES
 
 
 @triton.jit
-def shared_tile_sum(j, part, parts, units, chunks, u0, u1, part_off, ticket_off, F32, BN: tl.constexpr):
-    """A streamed tile j (`gemv_stream`) whose units other parts hold too: takes the tile's ticket (this part's
-    partial is stored), and returns whether this part arrived last, and then every part's partials summed in
-    part order ([BN] fp32). A tile whole in the range: (False, zeros)."""
-    lanes = tl.arange(0, BN)
-    total = tl.zeros((BN,), tl.float32)
-    last = False
+def settle_tile(desc, j, part, parts, units, chunks, u0, u1, part_off, ticket_off, W, ACT, F32, BN: tl.constexpr):
+    """`gemv_stream`'s tile j, if other parts hold units of it too: takes the tile's ticket (this part's partial
+    is stored), and the last part to arrive sums every part's partial in part order and runs the epilogue."""
     if (j * chunks < u0) | ((j + 1) * chunks > u1):
         first = ((j * chunks + 1) * parts - 1) // units  # the parts that hold units of tile j
-        final = ((j + 1) * chunks * parts - 1) // units
-        if arrives_last(F32 + ticket_off + first, final - first + 1):
-            last = True
+        last = ((j + 1) * chunks * parts - 1) // units
+        if arrives_last(F32 + ticket_off + first, last - first + 1):
             tl.store(F32 + ticket_off + first, 0.0)  # for the next group that streams
-            for q in range(first, final + 1):  # slot 0 holds a part's first tile, 1 its last
+            lanes = tl.arange(0, BN)
+            total = tl.zeros((BN,), tl.float32)
+            for q in range(first, last + 1):  # slot 0 holds a part's first tile, 1 its last
                 total += tl.load(F32 + part_off + (q * 2 + (j != q * units // parts // chunks)) * BN + lanes)
-    return last, total
-
-
-@triton.jit
-def settle_tile(desc, j, part, parts, units, chunks, u0, u1, part_off, ticket_off, W, ACT, F32, BN: tl.constexpr):
-    """`gemv_stream`'s tile j, if other parts hold units of it too: the last part to arrive sums every part's
-    partial and runs the tile's epilogue (`shared_tile_sum`)."""
-    last, total = shared_tile_sum(j, part, parts, units, chunks, u0, u1, part_off, ticket_off, F32, BN)
-    if last:
-        row = tl.arange(0, 1)
-        linear_epilogue(desc, total[None, :], row, row < 1, j * BN, W, ACT, F32)
+            row = tl.arange(0, 1)
+            linear_epilogue(desc, total[None, :], row, row < 1, j * BN, W, ACT, F32)
 
 
 @triton.jit

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from codegen.bodies.common import round_to, row_halves, word, word8, word_f32
-from codegen.bodies.linear import row_inv_rms, shared_tile_sum
+from codegen.bodies.linear import row_inv_rms
 from codegen.bodies.rows import store_rows
 
 ROUTE_FIELDS = ("logits_off", "num_experts", "top_k", "normalize", "weights_off", "ids_off", "counts_off",
@@ -100,11 +100,10 @@ def append_pairs(desc, F32, I32, expert, entry, mask):
 
 
 @triton.jit
-def expert_task(desc, tile, parts, W, ACT, F32, I32, num_tokens, num_seqs, BM: tl.constexpr, PM: tl.constexpr,
+def expert_task(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM: tl.constexpr, PM: tl.constexpr,
                 TM: tl.constexpr, BN: tl.constexpr, PN: tl.constexpr, BK: tl.constexpr, EP: tl.constexpr,
                 DOT_F32: tl.constexpr, STAGES: tl.constexpr, PM_STAGES: tl.constexpr, GEMV: tl.constexpr,
-                PROGRAMS: tl.constexpr, CLAIMS: tl.constexpr, STREAM_OUT: tl.constexpr, STREAM_PARTS: tl.constexpr,
-                STREAM_TICKETS: tl.constexpr, STREAM_BK: tl.constexpr, STREAM_STAGES: tl.constexpr):
+                PROGRAMS: tl.constexpr, CLAIMS: tl.constexpr):
     """out[entry, cols] = x[row of entry] @ W[expert, cols]^T for the entries of this slot's experts.
 
     gate/up (`gated`): x is the hidden state, rows are tokens (entry // top_k); with `stats_off` the layer's
@@ -117,121 +116,13 @@ def expert_task(desc, tile, parts, W, ACT, F32, I32, num_tokens, num_seqs, BM: t
 
     The two are compiled apart (GATED), so that each block loads its inputs as the dots take them, with no
     select between the two paths: with the gating still in down, gate/up's own body alone took b8 from 12.78 to
-    11.47 ms, and TTFT 2048 in 64-row blocks from 356 to 170 (benchmarks/RESULTS.md, session 39).
-
-    `parts` > 0 (a one-token step of a group that streams, STREAM_BK > 0): the task is part `tile` of
-    `expert_stream`, whose results, partials and tickets are the F32 regions at STREAM_OUT, STREAM_PARTS and
-    STREAM_TICKETS, its K chunk STREAM_BK, pipelined STREAM_STAGES deep."""
-    if STREAM_BK > 0:
-        if parts > 0:
-            if word(desc, 12) == 1:
-                expert_stream(desc, tile, parts, W, ACT, F32, I32, STREAM_OUT, STREAM_PARTS, STREAM_TICKETS, BN,
-                              STREAM_BK, STREAM_STAGES, True)
-            else:
-                expert_stream(desc, tile, parts, W, ACT, F32, I32, STREAM_OUT, STREAM_PARTS, STREAM_TICKETS, BN,
-                              STREAM_BK, STREAM_STAGES, False)
-        else:
-            expert_gated(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM, PM, TM, BN, PN, BK, EP, DOT_F32,
-                         STAGES, PM_STAGES, GEMV, PROGRAMS, CLAIMS)
-    else:
-        expert_gated(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM, PM, TM, BN, PN, BK, EP, DOT_F32, STAGES,
-                     PM_STAGES, GEMV, PROGRAMS, CLAIMS)
-
-
-@triton.jit
-def expert_gated(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM: tl.constexpr, PM: tl.constexpr,
-                 TM: tl.constexpr, BN: tl.constexpr, PN: tl.constexpr, BK: tl.constexpr, EP: tl.constexpr,
-                 DOT_F32: tl.constexpr, STAGES: tl.constexpr, PM_STAGES: tl.constexpr, GEMV: tl.constexpr,
-                 PROGRAMS: tl.constexpr, CLAIMS: tl.constexpr):
-    """`expert_slot` compiled for gate/up's descriptors and for down's apart (`expert_task`)."""
+    11.47 ms, and TTFT 2048 in 64-row blocks from 356 to 170 (benchmarks/RESULTS.md, session 39)."""
     if word(desc, 12) == 1:
         expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM, PM, TM, BN, PN, BK, EP, DOT_F32,
                     STAGES, PM_STAGES, GEMV, PROGRAMS, CLAIMS, True)
     else:
         expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM, PM, TM, BN, PN, BK, EP, DOT_F32,
                     STAGES, PM_STAGES, GEMV, PROGRAMS, CLAIMS, False)
-
-
-@triton.jit
-def expert_stream(desc, part, parts, W, ACT, F32, I32, out_off, part_off, ticket_off, BN: tl.constexpr,
-                  BK: tl.constexpr, STAGES: tl.constexpr, GATED: tl.constexpr):
-    """A one-token step's experts with their work shared out evenly, as `gemv_stream` shares a projection's:
-    the (tile, K chunk) units of the active experts' BN-column tiles, expert after expert in the order of the
-    active list, cut into `parts` ranges, one a program. (A task an expert tile leaves programs idle: Qwen3-30B-
-    A3B's gate/up is 8 experts' 24 tiles, 192 tasks of 256 KB on 264 programs.) A range takes its experts one
-    at a time (most hold one), each in one pipelined loop over its units; a tile whole in the range stores its
-    fp32 products at its place in the F32 region at `out_off` and takes its epilogue after the loops, a tile
-    shared with the neighbouring ranges its partial at `part_off`, the last part to arrive running its epilogue
-    (`shared_tile_sum`). A token chooses an expert once, so each active expert has one entry, the token's."""
-    x_off, K, w_off, N = word8(desc, 0), word8(desc, 1), word8(desc, 2), word8(desc, 3)
-    top_k, capacity = word(desc, 5), word(desc, 15)
-    counts = (F32 + word(desc, 6)).to(tl.pointer_type(tl.int32), bitcast=True)  # route_rows' `append_pairs`
-    K32 = K.to(tl.int32)
-    chunks = tl.cdiv(K32, BK)
-    tiles = tl.cdiv(N.to(tl.int32), BN)  # an expert's
-    per_expert = tiles * chunks
-    units = tl.load(counts + word(desc, 9)) * per_expert
-    u0 = (part * units // parts).to(tl.int32)
-    u1 = ((part + 1) * units // parts).to(tl.int32)
-    j_first = u0 // chunks
-    j_last = (u1 - 1) // chunks
-    lanes = tl.arange(0, BN)
-    ks = tl.arange(0, BK)
-    ACC2D: tl.constexpr = BN * BK <= 8192  # as in `gemv_row`
-    if ACC2D:
-        acc = tl.zeros((BN, BK), tl.float32)
-    else:
-        acc = tl.zeros((BN,), tl.float32)
-    for a in range(u0 // per_expert, (u1 - 1) // per_expert + 1):
-        expert = tl.load(I32 + word(desc, 8) + a).to(tl.int64)
-        entry = tl.load(I32 + word(desc, 7) + expert * capacity).to(tl.int64)
-        x_row = ACT + x_off + input_row(entry, top_k, GATED) * K
-        w_expert = W + w_off + expert * N * K
-        for u in tl.range(tl.maximum(u0, a * per_expert), tl.minimum(u1, (a + 1) * per_expert), num_stages=STAGES):
-            j = u // chunks  # the tile, counted over the active experts
-            t = j - a * tiles
-            k0 = (u - j * chunks) * BK
-            k_ok = ks < K32 - k0
-            w = tl.load(w_expert + (t.to(tl.int64) * BN * K + k0) + lanes[:, None] * K32 + ks[None, :],
-                        mask=(t * BN + lanes < N)[:, None] & k_ok[None, :], other=0.0)
-            x = tl.load(x_row + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)
-            if ACC2D:
-                acc += w.to(tl.float32) * x[None, :]
-            else:
-                acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
-            if (u - j * chunks == chunks - 1) | (u == u1 - 1):  # the tile's last chunk in this range
-                if ACC2D:
-                    y = tl.sum(acc, 1)
-                else:
-                    y = acc
-                whole = (j * chunks >= u0) & ((j + 1) * chunks <= u1)
-                tl.store(F32 + tl.where(whole, out_off + j * BN, part_off + (part * 2 + (j != j_first)) * BN) + lanes,
-                         y)
-                acc = acc * 0.0  # (as in `gemv_stream`)
-    tl.debug_barrier()  # every thread's results stored
-    last, total = shared_tile_sum(j_first, part, parts, units, chunks, u0, u1, part_off, ticket_off, F32, BN)
-    if last:
-        stream_epilogue(desc, j_first, tiles, total, W, ACT, F32, I32, GATED)
-    if j_last != j_first:
-        last, total = shared_tile_sum(j_last, part, parts, units, chunks, u0, u1, part_off, ticket_off, F32, BN)
-        if last:
-            stream_epilogue(desc, j_last, tiles, total, W, ACT, F32, I32, GATED)
-    for j in range(j_first, j_last + 1):
-        if (j * chunks >= u0) & ((j + 1) * chunks <= u1):
-            stream_epilogue(desc, j, tiles, tl.load(F32 + out_off + j * BN + lanes), W, ACT, F32, I32, GATED)
-
-
-@triton.jit
-def stream_epilogue(desc, j, tiles, y, W, ACT, F32, I32, GATED: tl.constexpr):
-    """`expert_stream`'s tile j (of `tiles` an expert, counted over the active experts): its fp32 products y
-    ([BN]) scaled by the token's 1/rms where gate/up folds the norm in, stored at the expert's entry."""
-    BN: tl.constexpr = y.shape[0]
-    a = j // tiles
-    expert = tl.load(I32 + word(desc, 8) + a).to(tl.int64)
-    entry = tl.load(I32 + word(desc, 7) + expert * word(desc, 15) + tl.arange(0, 1)).to(tl.int64)
-    top_k = word(desc, 5)
-    scaled = y[None, :] * _norm_scale(desc, F32, entry // top_k, entry >= 0, word8(desc, 1))[:, None]
-    store_expert_rows(ACT, word8(desc, 4), entry, entry >= 0, word8(desc, 3), (j - a * tiles) * BN, scaled, GATED)
 
 
 @triton.jit

@@ -390,25 +390,3 @@ def test_baseline_c_is_timed_on_a_step_that_decodes_every_sequence(compiled):
     next_step = steps_until_all_decode(HostDriven(kernel), len(PROMPTS), num_steps)
     assert kernel.last_step_size() == (3, 3)
     assert next_step == 3  # steps 0 and 1 carry the 25 prompt tokens (at most 16 a step), step 2 decodes all
-
-
-@pytest.mark.parametrize("down", [False, True])
-def test_streamed_experts_match_the_reference_engine(down, checkpoint, tmp_path):
-    """With `stream_experts`, a one-token step's gate/up (and with `stream_expert_down` down) shares out the
-    active experts' (tile, K chunk) units as one part a program (here the grid's one: the parts' shared tiles are
-    tests/codegen/test_moe_bodies.py's), its slots that otherwise run only in steps that prefill among the parts;
-    tiles of 32 columns (gate/up's last one half full) and K chunks of 16 (down's last one half full). The
-    tokens match with batch 1 (every decode step streams) and with three prompts (steps of one row once two
-    are done), launched from the host too."""
-    from runtime.host_driven import HostDriven
-
-    config = dataclasses.replace(CONFIG, stream_experts=1, stream_expert_down=down, expert_block_n=32,
-                                 expert_stream_block_k=16)
-    kernel, check = _tiny_kernel(checkpoint, tmp_path / f"stream_experts{down}.cubin", config, "tiny-qwen3-moe")
-    streamed = kernel.tasks[:, FLAGS] & STREAMS != 0
-    # the two MoE layers' groups, a task a tile of each of the 6 slots: gate/up's 3 tiles, down's 2
-    assert int(streamed.sum()) == 2 * 6 * (3 + (2 if down else 0))
-    check((9, 3, 6))
-    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (9, 3, 6)]
-    host_driven = HostDriven(kernel).generate(PROMPTS, params)
-    assert [c.tokens for c in host_driven] == [c.tokens for c in kernel.generate(PROMPTS, params)]

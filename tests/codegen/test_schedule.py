@@ -579,31 +579,3 @@ def test_streaming_by_default_only_where_a_layer_streams_at_batch_1(preset, max_
         assert "lm_head" in streamed and len(streamed) > 1
     with pytest.raises(ValueError, match="stream_gemv"):
         dataclasses.replace(config, stream_gemv=2)
-
-
-@pytest.mark.parametrize("down", [False, True])
-def test_a_one_token_steps_experts_stream_at_batch_1(down):
-    """Qwen3-30B-A3B at batch 1 on 264 programs with `stream_experts` -1: gate/up's group (11 slots of 24 tiles,
-    the 3 past the 8 a decode step fills only for prefills) streams one-token steps, a part a program; with
-    `stream_expert_down`, down's too (8 slots of 32 tiles and 8 tasks past them for the streamed steps only).
-    At batch 8 none does, nor by default (off: slower on the GPU)."""
-    config = CompileConfig(max_batch=1, max_tokens_per_step=512, max_model_len=1024, max_new_tokens=64,
-                           target_programs=264, stream_experts=-1, stream_expert_down=down)
-    lw = _lowered("qwen3-30b-a3b", config)
-    groups: dict[str, list[Task]] = {}
-    for task in lw.tasks.tasks:
-        if task.kind == Kind.EXPERT:
-            groups.setdefault(lw.tasks.event_names[task.signal].rsplit(".", 1)[1], []).append(task)
-    gate_up, down_tasks = groups["gate_up"], groups["down"]
-    assert len(gate_up) == 48 * 264 and all(t.streams for t in gate_up)
-    assert [t.prefill_only for t in gate_up[:264]] == [t >= 192 for t in range(264)]
-    assert not any(t.stream_only for t in gate_up)
-    assert len(down_tasks) == 48 * (264 if down else 256)
-    assert all(t.streams == down for t in down_tasks)
-    if down:
-        assert [t.stream_only for t in down_tasks[:264]] == [t >= 256 for t in range(264)]
-    # the top 8 experts' outputs: gate/up's 8 x 1,536, down's 8 x 2,048; two 64-column partials a program
-    assert lw.layout.regions["stream_out"].size == 8 * (2048 if down else 1536)
-    assert lw.layout.regions["stream_parts"].size == 264 * 2 * 64
-    for other in (dataclasses.replace(config, max_batch=8), CompileConfig(max_batch=1, target_programs=264)):
-        assert not any(t.streams for t in _lowered("qwen3-30b-a3b", other).tasks.tasks)
