@@ -57,6 +57,11 @@ class CompileConfig:
     # H200, Qwen3-30B-A3B ctx512, on / off: b1 4.95 / 5.09 ms, b8 14.43 / 14.51 (a GEMV for every expert of
     # up to 2 tokens, whatever the wave: b1 5.02, b8 15.71 against 14.49: at b8 the dots' throughput wins)
     expert_gemv: bool = True
+    # a step that only decodes combines each MoE layer's experts (the weighted sum onto the residual) in down's
+    # tasks: the last of a column tile's slot tasks to finish combines that tile's columns (a ticket a tile), and
+    # the combine group, kept for steps that prefill, idles. One hand-off a layer fewer at decode (the norm group
+    # that session 37 folded away was worth ~4 us a layer at b1, H200). Not yet timed
+    moe_combine_in_down: bool = False
     # a routing task with at most this many tokens routes them one at a time: a 16-row block's code is ten
     # times one row's, and a layer's one routing program fetches it cold (codegen/bodies/moe.py, route_task).
     # H200, Qwen3-30B-A3B ctx512, one build, 8 / 0: b1 4.96 / 5.96 ms, b8 14.28 / 14.30 (16: 14.35), b64 30.70 / 30.97

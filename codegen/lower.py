@@ -22,7 +22,7 @@ from codegen.bodies.schedule import SAMPLE_FIELDS
 from codegen.check import check_shared_activations
 from codegen.config import CompileConfig
 from codegen.layout import PARK_WORDS, Layout, add_step_regions, aligned
-from codegen.tasks import Kind, Prefetch, TaskGraph, Wait
+from codegen.tasks import DESC_WORDS, Kind, Prefetch, TaskGraph, Wait
 from ir.graph import Graph, Node, Value
 from ir.ops.fused import fused_linear_inputs, qkv_rope_store_inputs
 from ir.ops.moe import moe_experts_inputs
@@ -36,7 +36,8 @@ class Lowering:
     config: CompileConfig
     layout: Layout = field(default_factory=Layout)
     tasks: TaskGraph = field(default_factory=TaskGraph)
-    ready: dict[int, Wait] = field(default_factory=dict)  # value id -> wait for its producer
+    # value id -> the wait for its producer (or the waits: a MoE output combined in down's tasks at decode)
+    ready: dict[int, Wait | tuple[Wait, ...]] = field(default_factory=dict)
     stats: dict[int, int] = field(default_factory=dict)  # value id -> F32 offset of its rows' sum of squares
     constants: dict[str, int] = field(default_factory=dict)  # compile-time numbers the template needs
     # F32 region -> (rotary_dim, theta, scaling): each position's cos and sin, [max_model_len, rotary_dim]
@@ -131,9 +132,10 @@ class Lowering:
     def waits(self, *values: Value) -> tuple[Wait, ...]:
         found = []
         for v in values:
-            wait = self.ready.get(v.id)
-            if wait is not None and wait not in found:
-                found.append(wait)
+            wait = self.ready.get(v.id, ())
+            for w in wait if isinstance(wait, tuple) else (wait,):
+                if w not in found:
+                    found.append(w)
         return tuple(found)
 
     def out_stats(self, value: Value) -> int:
@@ -273,6 +275,8 @@ def _allocate(lw: Lowering) -> None:
             gate_up = dict(zip(moe_experts_inputs(node.attrs), node.inputs))["gate_up"]
             lw.layout.alloc(f"tickets:moe.v{node.output.id}.claims", "F32",
                             sum(_expert_tiles(cfg, n) for n in gate_up.shape[1:]))
+        if node.op == "moe_experts" and cfg.moe_combine_in_down:  # a ticket a column tile of down's
+            lw.layout.alloc(f"tickets:moe.v{node.output.id}.combine", "F32", _expert_tiles(cfg, node.output.shape[1]))
     lw.layout.alloc("tickets:sample", "F32", cfg.max_batch)
     linears = [(n.output, n.inputs[fused_linear_inputs(n.attrs).index("w")].shape[0])  # (output, its width)
                for n in lw.graph.nodes if n.op == "fused_linear"]
@@ -718,7 +722,7 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
 
     claims = lw.layout.offset(f"tickets:{name}.claims") if cfg.expert_claims else -1
 
-    def experts(x_off, k, w_off, n, out_off, gated, waits, part, stats_off=-1):
+    def experts(x_off, k, w_off, n, out_off, gated, waits, part, stats_off=-1, combine=-1):
         tiles = _expert_tiles(cfg, n)
         # where a decode step's experts fill fewer tasks than there are programs, slots past them take experts
         # only in steps that prefill (which have more experts than slots): a slot serves every num_slots-th
@@ -730,7 +734,11 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
         desc = lw.tasks.add_desc(EXPERT_FIELDS, dict(
             x_off=x_off, k=k, w_off=w_off, n=n, out_off=out_off, top_k=top_k, num_experts=num_experts,
             num_slots=step_slots, num_tiles=tiles, gated=gated, stats_off=stats_off, eps=float(node.attrs["eps"]),
-            claims_off=claims + (0 if gated else _expert_tiles(cfg, two_i)) if claims >= 0 else -1, **routing))
+            claims_off=claims + (0 if gated else _expert_tiles(cfg, two_i)) if claims >= 0 else -1,
+            combine_rel=0, combine_tickets=-1, decode_slots=slots, **routing))
+        if combine >= 0:  # the combine's descriptor, relative to this one (`expert_task`)
+            lw.tasks.descs[desc][EXPERT_FIELDS.index("combine_rel")] = (combine - desc) * DESC_WORDS
+            lw.tasks.descs[desc][EXPERT_FIELDS.index("combine_tickets")] = lw.layout.offset(f"tickets:{name}.combine")
         return lw.tasks.add_group(Kind.EXPERT, desc, step_slots * tiles, f"{name}.{part}", waits,
                                   prefill_only_from=slots * tiles if step_slots > slots else None)
 
@@ -748,12 +756,23 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
     else:
         up = experts(lw.act(x), hidden, lw.placed_weight(gate_up, scale_columns=norm, interleave_rows=True), two_i,
                      h_off, 1, lw.waits(ids, x), "gate_up", lw.stats[x.id] if norm is not None else -1)
-    down_done = experts(h_off, two_i // 2, lw.weight(down), hidden, y_off, 0, (up,), "down")
-    desc = lw.tasks.add_desc(COMBINE_FIELDS, dict(
+    combine = lw.tasks.add_desc(COMBINE_FIELDS, dict(
         y_off=y_off, weights_off=lw.act(weights), top_k=top_k, hidden=hidden, out_off=lw.act(node.output),
         res_off=lw.act(residual[0]) if residual else -1, out_stats_off=lw.out_stats(node.output)))
-    lw.ready[node.output.id] = lw.tasks.add_group(Kind.COMBINE, desc, lw.column_tiles(hidden), f"{name}.combine",
-                                                  (down_done, *lw.waits(weights, *residual)))
+    in_down = cfg.moe_combine_in_down
+    down_done = experts(h_off, two_i // 2, lw.weight(down), hidden, y_off, 0, (up,), "down",
+                        combine=combine if in_down else -1)
+    if in_down:  # down's tasks read what the combine group would wait for: they must follow it
+        missing = [w for w in lw.waits(weights, *residual) if not lw.tasks.follows((down_done,), w.event)]
+        if missing:
+            raise ValueError(f"{name}: down does not follow {lw.tasks.event_names[missing[0].event]}, which its "
+                             f"combine reads")
+    # (combined in down's tasks where a step only decodes: the group's tasks then idle, and its readers wait
+    # for down too)
+    combine_done = lw.tasks.add_group(Kind.COMBINE, combine, lw.column_tiles(hidden), f"{name}.combine",
+                                      (down_done, *lw.waits(weights, *residual)),
+                                      prefill_only_from=0 if in_down else None)
+    lw.ready[node.output.id] = (combine_done, down_done) if in_down else combine_done
 
 
 def _expert_tiles(cfg: CompileConfig, n: int) -> int:

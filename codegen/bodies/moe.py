@@ -10,14 +10,15 @@ experts have many rows each: there a column block's tasks claim its row blocks o
 import triton
 import triton.language as tl
 
-from codegen.bodies.common import round_to, row_halves, word, word8, word_f32
+from codegen.bodies.common import arrives_last, round_to, row_halves, word, word8, word_f32
 from codegen.bodies.linear import row_inv_rms
 from codegen.bodies.rows import store_rows
 
 ROUTE_FIELDS = ("logits_off", "num_experts", "top_k", "normalize", "weights_off", "ids_off", "counts_off",
                 "entries_off", "active_off", "capacity", "num_tasks")
 EXPERT_FIELDS = ("x_off", "k", "w_off", "n", "out_off", "top_k", "counts_off", "entries_off", "active_off",
-                 "num_experts", "num_slots", "num_tiles", "gated", "stats_off", "eps", "capacity", "claims_off")
+                 "num_experts", "num_slots", "num_tiles", "gated", "stats_off", "eps", "capacity", "claims_off",
+                 "combine_rel", "combine_tickets", "decode_slots")
 COMBINE_FIELDS = ("y_off", "weights_off", "top_k", "hidden", "out_off", "res_off", "out_stats_off")
 
 
@@ -103,7 +104,7 @@ def append_pairs(desc, F32, I32, expert, entry, mask):
 def expert_task(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM: tl.constexpr, PM: tl.constexpr,
                 TM: tl.constexpr, BN: tl.constexpr, PN: tl.constexpr, BK: tl.constexpr, EP: tl.constexpr,
                 DOT_F32: tl.constexpr, STAGES: tl.constexpr, PM_STAGES: tl.constexpr, GEMV: tl.constexpr,
-                PROGRAMS: tl.constexpr, CLAIMS: tl.constexpr):
+                PROGRAMS: tl.constexpr, CLAIMS: tl.constexpr, COMBINES: tl.constexpr, TOPK: tl.constexpr):
     """out[entry, cols] = x[row of entry] @ W[expert, cols]^T for the entries of this slot's experts.
 
     gate/up (`gated`): x is the hidden state, rows are tokens (entry // top_k); with `stats_off` the layer's
@@ -116,13 +117,27 @@ def expert_task(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM: tl.const
 
     The two are compiled apart (GATED), so that each block loads its inputs as the dots take them, with no
     select between the two paths: with the gating still in down, gate/up's own body alone took b8 from 12.78 to
-    11.47 ms, and TTFT 2048 in 64-row blocks from 356 to 170 (benchmarks/RESULTS.md, session 39)."""
+    11.47 ms, and TTFT 2048 in 64-row blocks from 356 to 170 (benchmarks/RESULTS.md, session 39).
+
+    COMBINES (some layer's down has `combine_rel`): in a step that only decodes, down's slot tasks of a column
+    tile each take the tile's ticket, and the last combines the tile's columns (`combine_block`, with the
+    combine's descriptor `combine_rel` words from this one); TOPK: the most experts a token takes."""
     if word(desc, 12) == 1:
         expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM, PM, TM, BN, PN, BK, EP, DOT_F32,
                     STAGES, PM_STAGES, GEMV, PROGRAMS, CLAIMS, True)
     else:
         expert_slot(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, BM, PM, TM, BN, PN, BK, EP, DOT_F32,
                     STAGES, PM_STAGES, GEMV, PROGRAMS, CLAIMS, False)
+        if COMBINES:
+            rel = word(desc, 17)
+            num_tiles = word(desc, 11)
+            # (every slot task of a decode step arrives, the prefill-only slots past them excepted: the
+            # host-driven baseline runs those too)
+            if (rel != 0) & (num_tokens <= num_seqs) & (tile < word(desc, 19) * num_tiles):
+                column = tile % num_tiles
+                if arrives_last(F32 + word(desc, 18) + column, word(desc, 19)):
+                    for m0 in range(0, num_tokens, BM):
+                        combine_block(desc + rel, ACT, F32, num_tokens, m0, column * BN, BM, BN, TOPK)
 
 
 @triton.jit
@@ -322,14 +337,28 @@ def expert_row(x_ptr, K, w_rows, col_ok, BN: tl.constexpr, BK: tl.constexpr, STA
 
 
 @triton.jit
-def combine_task(desc, tile, ACT, F32, num_tokens, BM: tl.constexpr, BN: tl.constexpr, WM: tl.constexpr,
-                 WN: tl.constexpr, TOPK: tl.constexpr):
+def combine_task(desc, tile, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr, WM: tl.constexpr,
+                 WN: tl.constexpr, TOPK: tl.constexpr, IN_DOWN: tl.constexpr):
     """out[t] = residual[t] + sum over slots j of weight[t, j] * y[t * top_k + j] (each product and the sum
     rounded, as HF; without a residual, the sum), and out's sums of squares when a norm reads it.
 
     A task a BN-column tile over every row, BM rows at a time, where that gives each task the most work; a
     prefill's rows in [WM, WN] blocks spread over the group's tasks instead (at 2,048 tokens a task's 128
-    [16, 16] blocks took 190 us a layer, H200, Qwen3-30B-A3B: each load of y a 32-byte piece of a row)."""
+    [16, 16] blocks took 190 us a layer, H200, Qwen3-30B-A3B: each load of y a 32-byte piece of a row).
+    IN_DOWN (`moe_combine_in_down`): a step that only decodes is combined by down's tasks (`expert_task`); the
+    host-driven baseline runs this group's tasks in such a step too, and they do nothing."""
+    if IN_DOWN:
+        if num_tokens > num_seqs:
+            combine_columns(desc, tile, ACT, F32, num_tokens, BM, BN, WM, WN, TOPK)
+    else:
+        combine_columns(desc, tile, ACT, F32, num_tokens, BM, BN, WM, WN, TOPK)
+
+
+@triton.jit
+def combine_columns(desc, tile, ACT, F32, num_tokens, BM: tl.constexpr, BN: tl.constexpr, WM: tl.constexpr,
+                    WN: tl.constexpr, TOPK: tl.constexpr):
+    """`combine_task`'s blocks: a BN-column tile over every row, or the step's [WM, WN] blocks spread over the
+    group's tasks."""
     hidden = word8(desc, 3)
     tasks = tl.cdiv(hidden, BN)
     wide_cols = tl.cdiv(hidden, WN)

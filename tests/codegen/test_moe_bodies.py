@@ -58,7 +58,7 @@ def test_routing_matches_the_reference_and_lists_every_pair_under_its_expert(nor
 @triton.jit
 def _combine_kernel(desc, ACT, F32, num_tokens, BM: tl.constexpr, BN: tl.constexpr, WM: tl.constexpr,
                     WN: tl.constexpr, TOPK: tl.constexpr):
-    combine_task(desc, tl.program_id(0), ACT, F32, num_tokens, BM, BN, WM, WN, TOPK)
+    combine_task(desc, tl.program_id(0), ACT, F32, num_tokens, num_tokens, BM, BN, WM, WN, TOPK, False)
 
 
 @pytest.mark.parametrize("num_tokens", [

@@ -12,13 +12,13 @@ import torch
 from blinkc.compile_model import build_graph
 from codegen.check import ScheduleError, check_schedule, check_shared_activations
 from codegen.bodies.linear import LINEAR_FIELDS
-from codegen.bodies.moe import ROUTE_FIELDS
+from codegen.bodies.moe import COMBINE_FIELDS, EXPERT_FIELDS, ROUTE_FIELDS
 from codegen.config import CompileConfig
 from codegen.layout import ALIGN, Layout
 from codegen.lower import lower
 from codegen.render import BODY_MODULES, KERNEL_NAME, render_kernel
-from codegen.tasks import (CLAIM, FLAGS, GROUP_SIZE, GROUP_START, NEXT, PREFILL_ONLY, STREAM_ONLY, STREAMS, TASK_WORDS,
-                           Kind, Task, TaskGraph, Wait, schedule)
+from codegen.tasks import (CLAIM, DESC_WORDS, FLAGS, GROUP_SIZE, GROUP_START, NEXT, PREFILL_ONLY, STREAM_ONLY, STREAMS,
+                           TASK_WORDS, Kind, Task, TaskGraph, Wait, schedule)
 from ir.passes.pipeline import PIPELINE, run_pipeline
 from models.registry import resolve_model
 from models.trace import trace_model
@@ -579,3 +579,27 @@ def test_streaming_by_default_only_where_a_layer_streams_at_batch_1(preset, max_
         assert "lm_head" in streamed and len(streamed) > 1
     with pytest.raises(ValueError, match="stream_gemv"):
         dataclasses.replace(config, stream_gemv=2)
+
+
+@pytest.mark.parametrize("max_batch", [1, 8])
+def test_moe_combined_in_down_leaves_the_group_to_prefills(max_batch):
+    """`moe_combine_in_down` on Qwen3-30B-A3B: every combine task is prefill-only, down's descriptor points at
+    the combine's and at a ticket a column tile (among the words the planner zeroes), counting the slots a
+    decode step runs (8 at batch 1, of 11; 64 at batch 8), and the next layer's QKV waits for down as well as
+    for the combine."""
+    config = CompileConfig(max_batch=max_batch, max_tokens_per_step=512, max_model_len=1024, max_new_tokens=64,
+                           target_programs=264, moe_combine_in_down=True)
+    lw = _lowered("qwen3-30b-a3b", config)
+    check_schedule(lw.tasks, lw.sample)
+    names = lw.tasks.event_names
+    assert all(t.prefill_only for t in lw.tasks.tasks if t.kind == Kind.COMBINE)
+    down = next(t for t in lw.tasks.tasks if names[t.signal].endswith(".down"))
+    desc = dict(zip(EXPERT_FIELDS, lw.tasks.descs[down.desc]))
+    combine = lw.tasks.descs[down.desc + desc["combine_rel"] // DESC_WORDS]
+    assert combine[:len(COMBINE_FIELDS)] == lw.tasks.descs[next(t.desc for t in lw.tasks.tasks
+                                                                if t.kind == Kind.COMBINE)][:len(COMBINE_FIELDS)]
+    assert desc["decode_slots"] == 8 * max_batch
+    zeroed = range(lw.constants["STATS_OFF"], lw.constants["STATS_OFF"] + lw.constants["STATS_SIZE"])
+    assert desc["combine_tickets"] in zeroed
+    qkv1 = next(t for t in lw.tasks.tasks if names[t.signal] == "qkv.1")
+    assert {names[w.event] for w in qkv1.waits} == {names[down.signal], names[down.signal][:-5] + ".combine"}
