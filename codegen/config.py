@@ -62,6 +62,10 @@ class CompileConfig:
     # the combine group, kept for steps that prefill, idles. One hand-off a layer fewer at decode (the norm group
     # that session 37 folded away was worth ~4 us a layer at b1, H200). Not yet timed
     moe_combine_in_down: bool = False
+    # ... and routes its tokens in the router's tasks: the last of them to finish routes them one after another
+    # (`router_routes`), the routing group kept for steps that prefill. Only where max_batch is at most
+    # route_loop_rows (a decode step's tokens are routed in turn on one program, not a token a task). Not yet timed
+    moe_route_in_router: bool = False
     # a routing task with at most this many tokens routes them one at a time: a 16-row block's code is ten
     # times one row's, and a layer's one routing program fetches it cold (codegen/bodies/moe.py, route_task).
     # H200, Qwen3-30B-A3B ctx512, one build, 8 / 0: b1 4.96 / 5.96 ms, b8 14.28 / 14.30 (16: 14.35), b64 30.70 / 30.97

@@ -39,6 +39,7 @@ class Lowering:
     # value id -> the wait for its producer (or the waits: a MoE output combined in down's tasks at decode)
     ready: dict[int, Wait | tuple[Wait, ...]] = field(default_factory=dict)
     stats: dict[int, int] = field(default_factory=dict)  # value id -> F32 offset of its rows' sum of squares
+    linear_descs: dict[int, int] = field(default_factory=dict)  # a projection's output id -> its descriptor
     constants: dict[str, int] = field(default_factory=dict)  # compile-time numbers the template needs
     # F32 region -> (rotary_dim, theta, scaling): each position's cos and sin, [max_model_len, rotary_dim]
     rope_tables: dict[str, tuple] = field(default_factory=dict)
@@ -137,6 +138,11 @@ class Lowering:
                 if w not in found:
                     found.append(w)
         return tuple(found)
+
+    def pruned(self, waits: tuple[Wait, ...]) -> tuple[Wait, ...]:
+        """`waits` without those another of them already implies (a group that waits for an event waits, through
+        it, for everything that event's group waited for in the same step)."""
+        return tuple(w for w in waits if not any(o != w and self.tasks.follows((o,), w.event) for o in waits))
 
     def out_stats(self, value: Value) -> int:
         return self.stats.get(value.id, -1)
@@ -271,6 +277,8 @@ def _allocate(lw: Lowering) -> None:
     for node in lw.graph.nodes:
         if node.op == "moe_route":  # each expert's count of pairs, then the number of experts with any
             lw.layout.alloc(f"tickets:v{node.outputs[1].id}.counts", "F32", node.inputs[0].shape[1] + 1)
+            if _routes_in_router(cfg):  # the router's tasks' ticket
+                lw.layout.alloc(f"tickets:v{node.outputs[1].id}.router", "F32", 1)
         if node.op == "moe_experts" and cfg.expert_claims:  # a claim counter a column block: gate/up's, down's
             gate_up = dict(zip(moe_experts_inputs(node.attrs), node.inputs))["gate_up"]
             lw.layout.alloc(f"tickets:moe.v{node.output.id}.claims", "F32",
@@ -546,7 +554,9 @@ def _fused_linear(lw: Lowering, node: Node) -> None:
         part_off=lw.layout.offset("linear_parts") if splits > 1 else -1,
         ticket_off=lw.layout.offset(f"tickets:v{out.id}") if splits > 1 else -1,
         prefill_part_off=lw.layout.offset("prefill_parts") if split_prefill else -1,
-        prefill_ticket_off=lw.layout.offset("tickets:prefill") if split_prefill else -1, prefill_tasks=num_tasks))
+        prefill_ticket_off=lw.layout.offset("tickets:prefill") if split_prefill else -1, prefill_tasks=num_tasks,
+        route_rel=0, route_ticket=-1))  # (set by `_moe_route` for a router that routes: `router_routes`)
+    lw.linear_descs[out.id] = desc
     name = "lm_head" if is_f32 else w.name
     if splits > 1 and lw.split_linear_event >= 0 and not lw.tasks.follows(waits, lw.split_linear_event):
         raise ValueError(f"{name} may run beside {lw.tasks.event_names[lw.split_linear_event]}: they would share "
@@ -687,12 +697,25 @@ def _moe_route(lw: Lowering, node: Node) -> None:
         logits_off=lw.act(logits), num_experts=num_experts, top_k=top_k, normalize=int(node.attrs["normalize"]),
         weights_off=lw.act(weights), ids_off=lw.layout.alloc(f"v{ids.id}", "I32", T * top_k),
         **_routing_regions(lw, ids, num_experts), num_tasks=num_tasks))
-    # past the decode tokens' tasks, a task only routes in steps that prefill
+    # past the decode tokens' tasks, a task only routes in steps that prefill; where the router routes a step
+    # that only decodes (`router_routes`), every task, and the routing's readers wait for the router too
+    in_router = _routes_in_router(lw.config) and logits.id in lw.linear_descs
     done = lw.tasks.add_group(Kind.ROUTE, desc, num_tasks, "moe_route", lw.waits(logits),
-                              prefill_only_from=lw.config.max_batch)
-    lw.ready[weights.id] = lw.ready[ids.id] = done
+                              prefill_only_from=0 if in_router else lw.config.max_batch)
+    lw.ready[weights.id] = lw.ready[ids.id] = (done, *lw.waits(logits)) if in_router else done
+    if in_router:
+        router = lw.tasks.descs[lw.linear_descs[logits.id]]
+        router[LINEAR_FIELDS.index("route_rel")] = (desc - lw.linear_descs[logits.id]) * DESC_WORDS
+        router[LINEAR_FIELDS.index("route_ticket")] = lw.layout.offset(f"tickets:v{ids.id}.router")
+        lw.constants["ROUTE_IN_ROUTER"] = 1
     lw.constants["NUM_EXPERTS_MAX"] = max(lw.constants.get("NUM_EXPERTS_MAX", 1), num_experts)
     lw.constants["TOP_K_MAX"] = max(lw.constants.get("TOP_K_MAX", 1), top_k)
+
+
+def _routes_in_router(config: CompileConfig) -> bool:
+    """Whether a router routes a step that only decodes (`moe_route_in_router`, where max_batch is at most
+    route_loop_rows)."""
+    return config.moe_route_in_router and config.max_batch <= config.route_loop_rows
 
 
 def _routing_regions(lw: Lowering, ids: Value, num_experts: int) -> dict[str, int]:
@@ -769,8 +792,11 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
                              f"combine reads")
     # (combined in down's tasks where a step only decodes: the group's tasks then idle, and its readers wait
     # for down too)
+    combine_waits = (down_done, *lw.waits(weights, *residual))
+    if _routes_in_router(cfg):  # (the routing's two waits would make four)
+        combine_waits = lw.pruned(combine_waits)
     combine_done = lw.tasks.add_group(Kind.COMBINE, combine, lw.column_tiles(hidden), f"{name}.combine",
-                                      (down_done, *lw.waits(weights, *residual)),
+                                      combine_waits,
                                       prefill_only_from=0 if in_down else None)
     lw.ready[node.output.id] = (combine_done, down_done) if in_down else combine_done
 

@@ -58,7 +58,11 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
                      f"{cfg.rows_stages or cfg.num_stages}, {cfg.rows_max}, {prefill_bk}, {stream_out}, "
                      f"{stream_parts}, {stream_tickets}, {cfg.stream_block_k if streamed else 0}, "
                      f"{cfg.stream_stages}, {cfg.stream_tiles}, {cfg.prefill_claimed_part}, {even_k}, {even_n}, "
-                     f"{bool(c.get('PREFILL_ONLY_LINEARS'))})",
+                     f"{bool(c.get('PREFILL_ONLY_LINEARS'))})" + (
+                         # (a router that routes a decode step itself: `router_routes`, after its task)
+                         f"; router_routes(desc, tile, ACT, F32, I32, num_tokens, num_seqs, {bn}, "
+                         f"{_pow2(c.get('NUM_EXPERTS_MAX', 1))}, {_pow2(c.get('TOP_K_MAX', 1))})"
+                         if c.get("ROUTE_IN_ROUTER") else ""),
         Kind.QKV: f"qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, {r.positions}, {r.slots}, "
                   f"{bm}, {cfg.wide_rows}, {cfg.qkv_block_m}, {bk_small}, {cfg.qkv_batch_k}, {hdp}, {dot_f32}, "
                   f"{cfg.num_stages}, {full_rotary}, {prefill_bk}, {cfg.prefill_stages}, {cfg.prefill_tma}, {even_k}, "
@@ -77,8 +81,9 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
         Kind.GATHER: f"gather_task(desc, tile, ACT, F32, I32, num_seqs, {r.logits_rows}, {bm}, {bn})",
         Kind.RMS_NORM: f"rms_norm_task(desc, tile, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn})",
         Kind.ADD: f"add_task(desc, tile, ACT, F32, num_tokens, num_seqs, {bm}, {bn})",
-        Kind.ROUTE: f"route_task(desc, tile, ACT, F32, I32, num_tokens, {bm}, {_pow2(c.get('NUM_EXPERTS_MAX', 1))}, "
-                    f"{_pow2(c.get('TOP_K_MAX', 1))}, {cfg.route_loop_rows})",
+        Kind.ROUTE: f"route_task(desc, tile, ACT, F32, I32, num_tokens, num_seqs, {bm}, "
+                    f"{_pow2(c.get('NUM_EXPERTS_MAX', 1))}, {_pow2(c.get('TOP_K_MAX', 1))}, {cfg.route_loop_rows}, "
+                    f"{bool(c.get('ROUTE_IN_ROUTER'))})",
         # an expert's prefill blocks at most 3 stages deep: within the shared memory a kernel's prefill tiles take
         # (its total did not move at 64 or 128 rows, H200, Qwen3-30B-A3B)
         Kind.EXPERT: f"expert_task(desc, tile, W, ACT, F32, I32, num_tokens, num_seqs, {bm}, "

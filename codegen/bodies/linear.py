@@ -29,7 +29,8 @@ from codegen.bodies.common import add_norm_sums, norm_sums, word, word8, word_f3
 
 LINEAR_FIELDS = ("x_off", "x_stride", "k", "w_off", "n", "out_off", "out_stride", "out_kind", "gated",
                  "stats_off", "eps", "res_off", "res_stride", "bias_off", "out_stats_off", "rows_kind", "splits",
-                 "part_off", "ticket_off", "prefill_part_off", "prefill_ticket_off", "prefill_tasks")
+                 "part_off", "ticket_off", "prefill_part_off", "prefill_ticket_off", "prefill_tasks", "route_rel",
+                 "route_ticket")
 # out_kind: activation rows 16-byte aligned (a width that is a multiple of 8), the fp32 logits, activation
 # rows of another width (a router's logits over 6 or 60 experts)
 OUT_ALIGNED, OUT_F32, OUT_NARROW = 0, 1, 2

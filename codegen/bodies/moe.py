@@ -23,8 +23,24 @@ COMBINE_FIELDS = ("y_off", "weights_off", "top_k", "hidden", "out_off", "res_off
 
 
 @triton.jit
-def route_task(desc, tile, ACT, F32, I32, num_tokens, BM: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr,
-               LOOP_ROWS: tl.constexpr):
+def router_routes(desc, tile, ACT, F32, I32, num_tokens, num_seqs, BN: tl.constexpr, EP: tl.constexpr,
+                  TOPK: tl.constexpr):
+    """After a router's task (a projection whose descriptor has `route_rel`, `moe_route_in_router`), in a step
+    that only decodes: each of its column tiles' tasks takes the router's ticket, and the last routes the step's
+    tokens one after another (`route_rows`, with the routing's descriptor `route_rel` words from the router's),
+    so that the experts wait for the router, not for a routing group after it. (The tasks past the column
+    tiles, which only prefill steps give work, do not arrive: the host-driven baseline runs them too.)"""
+    route_rel = word(desc, 22)  # LINEAR_FIELDS' route_rel, route_ticket
+    tiles = tl.cdiv(word(desc, 4), BN)
+    if (route_rel != 0) & (num_tokens <= num_seqs) & (tile < tiles):
+        if arrives_last(F32 + word(desc, 23), tiles):
+            for row in range(0, num_tokens):
+                route_rows(desc + route_rel, row, ACT, F32, I32, num_tokens, 1, EP, TOPK)
+
+
+@triton.jit
+def route_task(desc, tile, ACT, F32, I32, num_tokens, num_seqs, BM: tl.constexpr, EP: tl.constexpr,
+               TOPK: tl.constexpr, LOOP_ROWS: tl.constexpr, IN_ROUTER: tl.constexpr):
     """Routes a token where the step has no more tokens than the group has tasks (every decode step: a token
     routed on each of as many programs), else BM tokens from tile * BM.
 
@@ -32,7 +48,21 @@ def route_task(desc, tile, ACT, F32, I32, num_tokens, BM: tl.constexpr, EP: tl.c
     row over all the threads, so each of its top-k reductions shuffles every row (~6,300 instructions, 1,476
     shuffles, sm_90, with the top-k unrolled); one row took ~630. A layer's routing runs on few programs, its
     code is never in the instruction cache, and fetching the block's took ~20 us a layer at b1 (ncu:
-    `no_instructions`, H200)."""
+    `no_instructions`, H200).
+
+    IN_ROUTER (`moe_route_in_router`): the router's tasks route a step that only decodes (`router_routes`); the
+    host-driven baseline runs this group's tasks in such a step too, and they do nothing."""
+    if IN_ROUTER:
+        if num_tokens > num_seqs:
+            route_step(desc, tile, ACT, F32, I32, num_tokens, BM, EP, TOPK, LOOP_ROWS)
+    else:
+        route_step(desc, tile, ACT, F32, I32, num_tokens, BM, EP, TOPK, LOOP_ROWS)
+
+
+@triton.jit
+def route_step(desc, tile, ACT, F32, I32, num_tokens, BM: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr,
+               LOOP_ROWS: tl.constexpr):
+    """`route_task`'s tokens: one, or BM from tile * BM."""
     one = num_tokens <= word(desc, 10)
     first = tl.where(one, tile, tile * BM)
     rows = tl.where(one, (tile < num_tokens).to(tl.int64), tl.minimum(num_tokens - first, BM))

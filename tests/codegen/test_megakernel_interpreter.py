@@ -410,3 +410,24 @@ def test_moe_combined_in_down_matches_the_reference_engine(max_batch, checkpoint
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lengths]
     host_driven = HostDriven(kernel).generate(PROMPTS[:max_batch], params)
     assert [c.tokens for c in host_driven] == [c.tokens for c in kernel.generate(PROMPTS[:max_batch], params)]
+
+
+@pytest.mark.parametrize("max_batch, in_down", [(1, False), (3, True)])
+def test_moe_routed_in_the_router_matches_the_reference_engine(max_batch, in_down, checkpoint, tmp_path):
+    """With `moe_route_in_router`, a step that only decodes is routed by the router's tasks (the last of its
+    column tiles' tasks to finish routes the step's tokens in turn), its routing group idle and the experts
+    waiting for the router too; steps that prefill route in the group as before. With `moe_combine_in_down` too,
+    a decode step's MoE layer is three groups (router, gate/up, down) instead of five. The host-driven baseline,
+    which runs the idle tasks too, agrees."""
+    from runtime.host_driven import HostDriven
+
+    config = dataclasses.replace(CONFIG, max_batch=max_batch, moe_route_in_router=True, moe_combine_in_down=in_down)
+    kernel, check = _tiny_kernel(checkpoint, tmp_path / f"route_in_router{max_batch}.cubin", config,
+                                 "tiny-qwen3-moe")
+    routes = kernel.tasks[kernel.tasks[:, 0] == int(Kind.ROUTE)]
+    assert (routes[:, FLAGS] & PREFILL_ONLY != 0).all()
+    lengths = (9, 3, 6)[:max_batch]
+    check(lengths, prompts=PROMPTS[:max_batch])
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lengths]
+    host_driven = HostDriven(kernel).generate(PROMPTS[:max_batch], params)
+    assert [c.tokens for c in host_driven] == [c.tokens for c in kernel.generate(PROMPTS[:max_batch], params)]

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reaso
 @triton.jit
 def _route_kernel(desc, ACT, F32, I32, num_tokens, BM: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr,
                   LOOP_ROWS: tl.constexpr):
-    route_task(desc, tl.program_id(0), ACT, F32, I32, num_tokens, BM, EP, TOPK, LOOP_ROWS)
+    route_task(desc, tl.program_id(0), ACT, F32, I32, num_tokens, num_tokens, BM, EP, TOPK, LOOP_ROWS, False)
 
 
 @pytest.mark.parametrize("loop_rows", [0, 8])  # 8: tasks of up to 8 tokens route them one at a time

@@ -603,3 +603,30 @@ def test_moe_combined_in_down_leaves_the_group_to_prefills(max_batch):
     assert desc["combine_tickets"] in zeroed
     qkv1 = next(t for t in lw.tasks.tasks if names[t.signal] == "qkv.1")
     assert {names[w.event] for w in qkv1.waits} == {names[down.signal], names[down.signal][:-5] + ".combine"}
+
+
+@pytest.mark.parametrize("max_batch", [1, 8, 64])
+def test_moe_routed_in_the_router_up_to_route_loop_rows(max_batch):
+    """`moe_route_in_router` (with `moe_combine_in_down`) on Qwen3-30B-A3B: up to route_loop_rows (8) sequences,
+    every routing task is prefill-only, the router's descriptor points at the routing's and at a ticket the
+    planner zeroes, and gate/up waits for the router as well as the routing; at 64 the routing stays a group of
+    its own for decode steps too."""
+    config = CompileConfig(max_batch=max_batch, max_tokens_per_step=512, max_model_len=1024, max_new_tokens=64,
+                           target_programs=264, moe_route_in_router=True, moe_combine_in_down=True)
+    lw = _lowered("qwen3-30b-a3b", config)
+    check_schedule(lw.tasks, lw.sample)
+    names = lw.tasks.event_names
+    routes = [t for t in lw.tasks.tasks if t.kind == Kind.ROUTE]
+    router = next(t for t in lw.tasks.tasks if names[t.signal] == "model.layers.0.mlp.gate.weight")
+    desc = dict(zip(LINEAR_FIELDS, lw.tasks.descs[router.desc]))
+    gate_up = next(t for t in lw.tasks.tasks if names[t.signal].endswith(".gate_up"))
+    if max_batch > 8:
+        assert (desc["route_rel"], desc["route_ticket"]) == (0, -1) and not all(t.prefill_only for t in routes)
+        return
+    assert all(t.prefill_only for t in routes)
+    assert lw.tasks.descs[router.desc + desc["route_rel"] // DESC_WORDS][:len(ROUTE_FIELDS)] == \
+        lw.tasks.descs[routes[0].desc][:len(ROUTE_FIELDS)]
+    zeroed = range(lw.constants["STATS_OFF"], lw.constants["STATS_OFF"] + lw.constants["STATS_SIZE"])
+    assert desc["route_ticket"] in zeroed
+    assert {names[w.event] for w in gate_up.waits} == {"moe_route", names[router.signal],
+                                                       "model.layers.0.self_attn.o_proj.weight"}
