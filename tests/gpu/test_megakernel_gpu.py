@@ -118,6 +118,18 @@ def test_experts_in_wider_prefill_blocks_on_gpu(rows, tail, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("batch", [1, 8])
+def test_moe_decode_in_three_groups_a_layer_on_gpu(batch, tmp_path):
+    """`moe_route_in_router` and `moe_combine_in_down`: a decode step's MoE layer routed by the router's last
+    task and combined by down's last task of each column tile (router, gate/up, down: three groups, not five);
+    the prefill still routes and combines in their groups."""
+    config = dataclasses.replace(case_config(batch), moe_route_in_router=True, moe_combine_in_down=True)
+    check_against_reference("qwen3-30b-a3b", batch, config, tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_launches_repeat_bit_for_bit_on_gpu(tmp_path):
     """One kernel given the same two prompts (512 and 37 tokens) again and again gives the same logits bit for
     bit, after the prefill and after 4 decode steps: the norms' sums of squares, atomics in no fixed order, are
