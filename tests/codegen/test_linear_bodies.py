@@ -49,7 +49,7 @@ def _case(n: int, k: int, gated: bool, out_f32: bool):
                   out_kind=OUT_F32 if out_f32 else OUT_ALIGNED, gated=int(gated), stats_off=-1, eps=0.0,
                   res_off=-1 if out_f32 else res_off, res_stride=width, bias_off=-1,
                   out_stats_off=-1 if out_f32 else 3000, rows_kind=0, splits=1, part_off=-1, ticket_off=-1,
-                  prefill_part_off=-1, prefill_ticket_off=-1, prefill_tasks=-(-n // BN))
+                  prefill_part_off=-1, prefill_ticket_off=-1, prefill_tasks=-(-n // BN), route_rel=0, route_ticket=-1)
     desc = torch.tensor([fields[name] for name in LINEAR_FIELDS], dtype=torch.int64)
     if not out_f32:
         y = y + residual
@@ -102,7 +102,7 @@ def test_batched_blocks_match_torch(splits, even_k, even_n):
     fields = dict(x_off=0, x_stride=k, k=k, w_off=0, n=n, out_off=out_off, out_stride=n, out_kind=OUT_ALIGNED,
                   gated=0, stats_off=-1, eps=0.0, res_off=res_off, res_stride=n, bias_off=-1, out_stats_off=0,
                   rows_kind=0, splits=splits, part_off=64, ticket_off=32, prefill_part_off=-1, prefill_ticket_off=-1,
-                  prefill_tasks=-(-n // BN))
+                  prefill_tasks=-(-n // BN), route_rel=0, route_ticket=-1)
     desc = torch.tensor([fields[name] for name in LINEAR_FIELDS], dtype=torch.int64)
     _batched_kernel[(1,)](desc, w.flatten().clone(), act, f32, n // BN, rows, 16, bnb, 2 * bnb, even_k, even_n)
     torch.testing.assert_close(act[out_off:].view(rows, n), y, rtol=1e-4, atol=1e-4)
