@@ -392,25 +392,28 @@ def test_baseline_c_is_timed_on_a_step_that_decodes_every_sequence(compiled):
     assert next_step == 3  # steps 0 and 1 carry the 25 prompt tokens (at most 16 a step), step 2 decodes all
 
 
+def _decode_and_host_driven_match(kernel, check, max_batch):
+    """`check`'s tokens for the first max_batch prompts (9, 3 and 6 tokens), and the host-driven baseline's the
+    same as the persistent kernel's: it runs a decode step's idle prefill-only tasks too, which must do nothing."""
+    from runtime.host_driven import HostDriven
+
+    lengths, prompts = (9, 3, 6)[:max_batch], PROMPTS[:max_batch]
+    check(lengths, prompts=prompts)
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lengths]
+    host_driven = HostDriven(kernel).generate(prompts, params)
+    assert [c.tokens for c in host_driven] == [c.tokens for c in kernel.generate(prompts, params)]
+
+
 def test_moe_combined_in_down_matches_the_reference_engine(checkpoint, tmp_path):
     """With `moe_combine_in_down`, a step that only decodes combines each MoE layer in down's tasks (the last of
     a column tile's slot tasks to finish, by a ticket), its combine group idle and the next layer waiting for
     down too; steps that prefill combine in the group as before. At batch 1 down has prefill-only slots that do
-    not arrive (at 3, where every slot's task does: the next test). The host-driven baseline, which runs the idle
-    tasks too, agrees."""
-    from runtime.host_driven import HostDriven
-
-    max_batch = 1
-    config = dataclasses.replace(CONFIG, max_batch=max_batch, moe_combine_in_down=True)
-    kernel, check = _tiny_kernel(checkpoint, tmp_path / f"combine_in_down{max_batch}.cubin", config,
-                                 "tiny-qwen3-moe")
+    not arrive (at 3, where every slot's task does: the next test)."""
+    config = dataclasses.replace(CONFIG, max_batch=1, moe_combine_in_down=True)
+    kernel, check = _tiny_kernel(checkpoint, tmp_path / "combine_in_down.cubin", config, "tiny-qwen3-moe")
     combines = kernel.tasks[kernel.tasks[:, 0] == int(Kind.COMBINE)]
     assert (combines[:, FLAGS] & PREFILL_ONLY != 0).all()
-    lengths = (9, 3, 6)[:max_batch]
-    check(lengths, prompts=PROMPTS[:max_batch])
-    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lengths]
-    host_driven = HostDriven(kernel).generate(PROMPTS[:max_batch], params)
-    assert [c.tokens for c in host_driven] == [c.tokens for c in kernel.generate(PROMPTS[:max_batch], params)]
+    _decode_and_host_driven_match(kernel, check, 1)
 
 
 @pytest.mark.parametrize("max_batch, in_down", [(1, False), (3, True)])
@@ -418,17 +421,10 @@ def test_moe_routed_in_the_router_matches_the_reference_engine(max_batch, in_dow
     """With `moe_route_in_router`, a step that only decodes is routed by the router's tasks (the last of its
     column tiles' tasks to finish routes the step's tokens in turn), its routing group idle and the experts
     waiting for the router too; steps that prefill route in the group as before. With `moe_combine_in_down` too,
-    a decode step's MoE layer is three groups (router, gate/up, down) instead of five. The host-driven baseline,
-    which runs the idle tasks too, agrees."""
-    from runtime.host_driven import HostDriven
-
+    a decode step's MoE layer is three groups (router, gate/up, down) instead of five."""
     config = dataclasses.replace(CONFIG, max_batch=max_batch, moe_route_in_router=True, moe_combine_in_down=in_down)
     kernel, check = _tiny_kernel(checkpoint, tmp_path / f"route_in_router{max_batch}.cubin", config,
                                  "tiny-qwen3-moe")
     routes = kernel.tasks[kernel.tasks[:, 0] == int(Kind.ROUTE)]
     assert (routes[:, FLAGS] & PREFILL_ONLY != 0).all()
-    lengths = (9, 3, 6)[:max_batch]
-    check(lengths, prompts=PROMPTS[:max_batch])
-    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lengths]
-    host_driven = HostDriven(kernel).generate(PROMPTS[:max_batch], params)
-    assert [c.tokens for c in host_driven] == [c.tokens for c in kernel.generate(PROMPTS[:max_batch], params)]
+    _decode_and_host_driven_match(kernel, check, max_batch)
