@@ -59,13 +59,17 @@ class CompileConfig:
     expert_gemv: bool = True
     # a step that only decodes combines each MoE layer's experts (the weighted sum onto the residual) in down's
     # tasks: the last of a column tile's slot tasks to finish combines that tile's columns (a ticket a tile), and
-    # the combine group, kept for steps that prefill, idles. One hand-off a layer fewer at decode (the norm group
-    # that session 37 folded away was worth ~4 us a layer at b1, H200). Not yet timed
-    moe_combine_in_down: bool = False
+    # the combine group, kept for steps that prefill, idles. One hand-off a layer fewer at decode. 1 on, 0 off,
+    # -1 on where max_batch is 1. H200, Qwen3-30B-A3B ctx512, one call, on / off: b1 4.16 / 4.19 ms (with
+    # routing in the router too: 4.15), b8 11.98 / 11.74 (the last slot task of a tile waits out the others)
+    moe_combine_in_down: int = -1
     # ... and routes its tokens in the router's tasks: the last of them to finish routes them one after another
     # (`router_routes`), the routing group kept for steps that prefill. Only where max_batch is at most
-    # route_loop_rows (a decode step's tokens are routed in turn on one program, not a token a task). Not yet timed
-    moe_route_in_router: bool = False
+    # route_loop_rows (a decode step's tokens are routed in turn on one program, not a token a task). 1 on, 0 off,
+    # -1 on where max_batch is 1. H200, one call, on / off: b1 4.16 / 4.19 ms, b4 9.05 / 8.68, b8 12.89 / 11.74
+    # (the one program routing every token serially is on the critical path). Both on / both off, b1: 4.15 / 4.19
+    # and 4.17 / 4.20 (two calls); TTFT 2048 58.44 / 58.36, 512 21.30 / 21.50 (their kernels are max_batch 1)
+    moe_route_in_router: int = -1
     # a routing task with at most this many tokens routes them one at a time: a 16-row block's code is ten
     # times one row's, and a layer's one routing program fetches it cold (codegen/bodies/moe.py, route_task).
     # H200, Qwen3-30B-A3B ctx512, one build, 8 / 0: b1 4.96 / 5.96 ms, b8 14.28 / 14.30 (16: 14.35), b64 30.70 / 30.97
@@ -272,9 +276,10 @@ class CompileConfig:
                      "prefill_claimed_part"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.stream_gemv not in (-1, 0, 1):
-            raise ValueError(f"stream_gemv must be 1 (on), 0 (off) or -1 (on where max_batch is 1), "
-                             f"got {self.stream_gemv}")
+        for name in ("stream_gemv", "moe_combine_in_down", "moe_route_in_router"):
+            if getattr(self, name) not in (-1, 0, 1):
+                raise ValueError(f"{name} must be 1 (on), 0 (off) or -1 (on where max_batch is 1), "
+                                 f"got {getattr(self, name)}")
         if self.rows_gemv < 0 or self.rows_gemv & (self.rows_gemv - 1):
             raise ValueError(f"rows_gemv must be 0 or a power of two, got {self.rows_gemv}")
         if not 1 <= self.rows_max <= self.block_m:
@@ -326,7 +331,22 @@ class CompileConfig:
     def streams_gemv(self) -> bool:
         """Whether one-row steps may stream their projections (`stream_gemv`, -1 read as max_batch 1;
         `codegen.lower.Lowering.streamed_widths` says which do)."""
-        return self.stream_gemv == 1 or (self.stream_gemv == -1 and self.max_batch == 1)
+        return self._switch(self.stream_gemv)
+
+    @property
+    def combines_in_down(self) -> bool:
+        """Whether a step that only decodes combines its MoE layers in down's tasks (`moe_combine_in_down`)."""
+        return self._switch(self.moe_combine_in_down)
+
+    @property
+    def routes_in_router(self) -> bool:
+        """Whether a step that only decodes routes its MoE layers in the router's tasks (`moe_route_in_router`,
+        and only where max_batch is at most route_loop_rows)."""
+        return self._switch(self.moe_route_in_router) and self.max_batch <= self.route_loop_rows
+
+    def _switch(self, value: int) -> bool:
+        """A switch of 1 (on), 0 (off) or -1 (on where max_batch is 1)."""
+        return value == 1 or (value == -1 and self.max_batch == 1)
 
     @property
     def max_pages_per_seq(self) -> int:

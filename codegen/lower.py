@@ -277,13 +277,13 @@ def _allocate(lw: Lowering) -> None:
     for node in lw.graph.nodes:
         if node.op == "moe_route":  # each expert's count of pairs, then the number of experts with any
             lw.layout.alloc(f"tickets:v{node.outputs[1].id}.counts", "F32", node.inputs[0].shape[1] + 1)
-            if _routes_in_router(cfg):  # the router's tasks' ticket
+            if cfg.routes_in_router:  # the router's tasks' ticket
                 lw.layout.alloc(f"tickets:v{node.outputs[1].id}.router", "F32", 1)
         if node.op == "moe_experts" and cfg.expert_claims:  # a claim counter a column block: gate/up's, down's
             gate_up = dict(zip(moe_experts_inputs(node.attrs), node.inputs))["gate_up"]
             lw.layout.alloc(f"tickets:moe.v{node.output.id}.claims", "F32",
                             sum(_expert_tiles(cfg, n) for n in gate_up.shape[1:]))
-        if node.op == "moe_experts" and cfg.moe_combine_in_down:  # a ticket a column tile of down's
+        if node.op == "moe_experts" and cfg.combines_in_down:  # a ticket a column tile of down's
             lw.layout.alloc(f"tickets:moe.v{node.output.id}.combine", "F32", _expert_tiles(cfg, node.output.shape[1]))
     lw.layout.alloc("tickets:sample", "F32", cfg.max_batch)
     linears = [(n.output, n.inputs[fused_linear_inputs(n.attrs).index("w")].shape[0])  # (output, its width)
@@ -699,7 +699,7 @@ def _moe_route(lw: Lowering, node: Node) -> None:
         **_routing_regions(lw, ids, num_experts), num_tasks=num_tasks))
     # past the decode tokens' tasks, a task only routes in steps that prefill; where the router routes a step
     # that only decodes (`router_routes`), every task, and the routing's readers wait for the router too
-    in_router = _routes_in_router(lw.config) and logits.id in lw.linear_descs
+    in_router = lw.config.routes_in_router and logits.id in lw.linear_descs
     done = lw.tasks.add_group(Kind.ROUTE, desc, num_tasks, "moe_route", lw.waits(logits),
                               prefill_only_from=0 if in_router else lw.config.max_batch)
     lw.ready[weights.id] = lw.ready[ids.id] = (done, *lw.waits(logits)) if in_router else done
@@ -710,12 +710,6 @@ def _moe_route(lw: Lowering, node: Node) -> None:
         lw.constants["ROUTE_IN_ROUTER"] = 1
     lw.constants["NUM_EXPERTS_MAX"] = max(lw.constants.get("NUM_EXPERTS_MAX", 1), num_experts)
     lw.constants["TOP_K_MAX"] = max(lw.constants.get("TOP_K_MAX", 1), top_k)
-
-
-def _routes_in_router(config: CompileConfig) -> bool:
-    """Whether a router routes a step that only decodes (`moe_route_in_router`, where max_batch is at most
-    route_loop_rows)."""
-    return config.moe_route_in_router and config.max_batch <= config.route_loop_rows
 
 
 def _routing_regions(lw: Lowering, ids: Value, num_experts: int) -> dict[str, int]:
@@ -782,7 +776,7 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
     combine = lw.tasks.add_desc(COMBINE_FIELDS, dict(
         y_off=y_off, weights_off=lw.act(weights), top_k=top_k, hidden=hidden, out_off=lw.act(node.output),
         res_off=lw.act(residual[0]) if residual else -1, out_stats_off=lw.out_stats(node.output)))
-    in_down = cfg.moe_combine_in_down
+    in_down = cfg.combines_in_down
     down_done = experts(h_off, two_i // 2, lw.weight(down), hidden, y_off, 0, (up,), "down",
                         combine=combine if in_down else -1)
     if in_down:  # down's tasks read what the combine group would wait for: they must follow it
@@ -793,7 +787,7 @@ def _moe_experts(lw: Lowering, node: Node) -> None:
     # (combined in down's tasks where a step only decodes: the group's tasks then idle, and its readers wait
     # for down too)
     combine_waits = (down_done, *lw.waits(weights, *residual))
-    if _routes_in_router(cfg):  # (the routing's two waits would make four)
+    if cfg.routes_in_router:  # (the routing's two waits would make four)
         combine_waits = lw.pruned(combine_waits)
     combine_done = lw.tasks.add_group(Kind.COMBINE, combine, lw.column_tiles(hidden), f"{name}.combine",
                                       combine_waits,

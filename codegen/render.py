@@ -91,10 +91,10 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
                      f"{max(cfg.expert_prefill_n, cfg.expert_block_n)}, {cfg.expert_block_k}, "
                      f"{_pow2(c.get('NUM_EXPERTS_MAX', 1))}, {dot_f32}, {cfg.expert_stages}, "
                      f"{min(cfg.expert_stages, 3)}, {cfg.expert_gemv}, {cfg.target_programs}, {cfg.expert_claims}, "
-                     f"{cfg.moe_combine_in_down}, {c.get('TOP_K_MAX', 1)})",
+                     f"{cfg.combines_in_down}, {c.get('TOP_K_MAX', 1)})",
         # a prefill's combine in [64, 64] blocks over every task (`combine_task`)
         Kind.COMBINE: f"combine_task(desc, tile, ACT, F32, num_tokens, num_seqs, {bm}, {bn}, 64, 64, "
-                      f"{c.get('TOP_K_MAX', 1)}, {cfg.moe_combine_in_down})",
+                      f"{c.get('TOP_K_MAX', 1)}, {cfg.combines_in_down})",
         Kind.SAMPLE: f"sample_task(desc, tile, I32, F32, num_seqs, step, {lw.layout.offset('control')}, "
                      f"{r.seq_req}, {r.seq_final}, {r.req_num_out}, {r.req_max_tokens}, {r.req_finished}, "
                      f"{r.req_last}, {r.req_seed}, {r.req_top_k}, {r.req_ignore_eos}, "

@@ -409,20 +409,20 @@ def test_moe_combined_in_down_matches_the_reference_engine(checkpoint, tmp_path)
     a column tile's slot tasks to finish, by a ticket), its combine group idle and the next layer waiting for
     down too; steps that prefill combine in the group as before. At batch 1 down has prefill-only slots that do
     not arrive (at 3, where every slot's task does: the next test)."""
-    config = dataclasses.replace(CONFIG, max_batch=1, moe_combine_in_down=True)
+    config = dataclasses.replace(CONFIG, max_batch=1, moe_combine_in_down=1, moe_route_in_router=0)
     kernel, check = _tiny_kernel(checkpoint, tmp_path / "combine_in_down.cubin", config, "tiny-qwen3-moe")
     combines = kernel.tasks[kernel.tasks[:, 0] == int(Kind.COMBINE)]
     assert (combines[:, FLAGS] & PREFILL_ONLY != 0).all()
     _decode_and_host_driven_match(kernel, check, 1)
 
 
-@pytest.mark.parametrize("max_batch, in_down", [(1, False), (3, True)])
+@pytest.mark.parametrize("max_batch, in_down", [(1, 0), (3, 1)])
 def test_moe_routed_in_the_router_matches_the_reference_engine(max_batch, in_down, checkpoint, tmp_path):
     """With `moe_route_in_router`, a step that only decodes is routed by the router's tasks (the last of its
     column tiles' tasks to finish routes the step's tokens in turn), its routing group idle and the experts
     waiting for the router too; steps that prefill route in the group as before. With `moe_combine_in_down` too,
     a decode step's MoE layer is three groups (router, gate/up, down) instead of five."""
-    config = dataclasses.replace(CONFIG, max_batch=max_batch, moe_route_in_router=True, moe_combine_in_down=in_down)
+    config = dataclasses.replace(CONFIG, max_batch=max_batch, moe_route_in_router=1, moe_combine_in_down=in_down)
     kernel, check = _tiny_kernel(checkpoint, tmp_path / f"route_in_router{max_batch}.cubin", config,
                                  "tiny-qwen3-moe")
     routes = kernel.tasks[kernel.tasks[:, 0] == int(Kind.ROUTE)]

@@ -588,7 +588,7 @@ def test_moe_combined_in_down_leaves_the_group_to_prefills(max_batch):
     decode step runs (8 at batch 1, of 11; 64 at batch 8), and the next layer's QKV waits for down as well as
     for the combine."""
     config = CompileConfig(max_batch=max_batch, max_tokens_per_step=512, max_model_len=1024, max_new_tokens=64,
-                           target_programs=264, moe_combine_in_down=True)
+                           target_programs=264, moe_combine_in_down=1)
     lw = _lowered("qwen3-30b-a3b", config)
     check_schedule(lw.tasks, lw.sample)
     names = lw.tasks.event_names
@@ -612,7 +612,7 @@ def test_moe_routed_in_the_router_up_to_route_loop_rows(max_batch):
     planner zeroes, and gate/up waits for the router as well as the routing; at 64 the routing stays a group of
     its own for decode steps too."""
     config = CompileConfig(max_batch=max_batch, max_tokens_per_step=512, max_model_len=1024, max_new_tokens=64,
-                           target_programs=264, moe_route_in_router=True, moe_combine_in_down=True)
+                           target_programs=264, moe_route_in_router=1, moe_combine_in_down=1)
     lw = _lowered("qwen3-30b-a3b", config)
     check_schedule(lw.tasks, lw.sample)
     names = lw.tasks.event_names
