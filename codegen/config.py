@@ -229,6 +229,13 @@ class CompileConfig:
     stream_block_k: int = 256
     stream_stages: int = 5
     stream_tiles: int = 16
+    # ... and its parts take whole tiles, none shared, where the parts of the most tiles then stream at most this
+    # many KB past an even share (0: never): a tile shared by two parts costs each a ticket, and the last of them
+    # the tile's epilogue, at the group's end (`codegen.bodies.linear.gemv_stream`). H200, Llama-3-8B b1 ctx512, 64 /
+    # 0 / 128 in one call: 4.57 / 4.65 / 4.57 ms (gate/up's parts take 7 tiles or 6 where 6.79 is even, 28 KB past
+    # it; the LM head's 31 or 30 for 30.36, 83 KB: the same either way). Without the tail (no settles, no epilogue:
+    # wrong results) 4.42 against 4.59 whole, 4.44 without the settles alone: they were the tail's cost
+    stream_whole_kb: int = 64
     prefetch_kb: int = 32  # weights each projection/QKV task asks L2 for before waiting on its inputs
     # ... and each task of a projection of attention's output (o_proj), which could bring its weights into L2
     # while attention, which reads little, runs. Measured, it does not pay (those requests may delay attention's
@@ -284,7 +291,7 @@ class CompileConfig:
             raise ValueError(f"rows_gemv must be 0 or a power of two, got {self.rows_gemv}")
         if not 1 <= self.rows_max <= self.block_m:
             raise ValueError(f"rows_max must be between 1 and block_m, got {self.rows_max}")
-        for name in ("rows_stages", "route_loop_rows", "batch_splits"):
+        for name in ("rows_stages", "route_loop_rows", "batch_splits", "stream_whole_kb"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be at least 0, got {getattr(self, name)}")
         for name in ("block_n", "expert_block_n", "expert_block_k", "block_k", "block_k_dot", "prefill_block_k",

@@ -402,17 +402,28 @@ def streamable(config: CompileConfig, n: int) -> bool:
     return config.streams_gemv and not config.dynamic_tasks and tiles >= config.stream_waves * launch_programs(config)
 
 
+def stream_range(config: CompileConfig, n: int, k: int, itemsize: int, part: int, parts: int) -> tuple[int, int]:
+    """The units (a tile's [block_n, stream_block_k] chunk, tile by tile) that part `part` of `parts` streams of a
+    projection of `n` outputs and `k` inputs, as `gemv_stream` cuts them: an even share, or whole tiles where the
+    parts of the most tiles stream at most `stream_whole_kb` past an even share."""
+    chunks = -(-k // config.stream_block_k)
+    tiles = -(-n // config.block_n)
+    past = (-(-tiles // parts) * parts - tiles) * chunks * config.block_n * config.stream_block_k * itemsize
+    if config.stream_whole_kb and past <= config.stream_whole_kb * 1024 * parts and parts <= tiles:
+        return part * tiles // parts * chunks, (part + 1) * tiles // parts * chunks
+    return part * tiles * chunks // parts, (part + 1) * tiles * chunks // parts
+
+
 def _stream_prefetch(lw: Lowering, w_off: int, n: int, k: int, itemsize: int, kb: int, parts: int):
     """The prefetch of a streamed group's task `part`: the first `kb` KB of its part's range, where a launch on
     `parts` programs starts it (the same rows serve the group's steps of more rows: they are its weights)."""
     bn, bk = lw.config.block_n, lw.config.stream_block_k
     chunks = -(-k // bk)
-    units = -(-n // bn) * chunks
 
     def prefetch(part: int) -> Prefetch:
         if part >= parts:
             return Prefetch()
-        tile, chunk = divmod(part * units // parts, chunks)
+        tile, chunk = divmod(stream_range(lw.config, n, k, itemsize, part, parts)[0], chunks)
         lo = chunk * bk
         return _prefetch_rows(lw, w_off + tile * bn * k + lo, k, min(bn, n - tile * bn), k - lo, itemsize, kb)
     return prefetch

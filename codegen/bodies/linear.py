@@ -145,7 +145,7 @@ def settle_tile(desc, j, part, parts, units, chunks, u0, u1, part_off, ticket_of
 
 @triton.jit
 def gemv_stream(desc, part, parts, W, ACT, F32, out_off, part_off, ticket_off, BN: tl.constexpr, BK: tl.constexpr,
-                TM: tl.constexpr, STAGES: tl.constexpr):
+                TM: tl.constexpr, STAGES: tl.constexpr, WHOLE: tl.constexpr = 0):
     """Batch-1 decode with the group's work shared out evenly: its (tile, K chunk) units, tile by tile, cut into
     `parts` ranges, one a program. A tile-a-task GEMV leaves programs idle in a group's last wave (gate/up's
     1,792 tasks are 6.8 waves of 264 programs) and drains its pipeline at every task's end; a range streams
@@ -155,16 +155,25 @@ def gemv_stream(desc, part, parts, W, ACT, F32, out_off, part_off, ticket_off, B
     all of them); a tile shared with the neighbouring ranges to this part's slot at `part_off` (two [BN] slots
     a part: its first tile, its last), and the last part to arrive (a ticket counter the planner zeroes every
     step, at `ticket_off` + the tile's first part) sums them and runs the tile's epilogue. Every part has at
-    least one unit (the lowering streams a group only if it has a unit for every program)."""
+    least one unit (the lowering streams a group only if it has a unit for every program).
+    WHOLE > 0: where the parts can take whole tiles, the largest streaming no more than WHOLE bytes past an even
+    share, they do (`stream_range`): no tile is shared, so no part waits at a ticket or settles a tile."""
     x_off, K, w_off, N = word8(desc, 0), word8(desc, 2), word8(desc, 3), word(desc, 4)
     ACC2D: tl.constexpr = BN * BK <= 8192  # as in `gemv_row`
     # units and columns in int32, the weights' row offsets in the scalar base: a [BN, BK] tensor of int64
     # offsets costs ~60 registers a thread
     K32 = K.to(tl.int32)
     chunks = tl.cdiv(K32, BK)
-    units = tl.cdiv(N.to(tl.int32), BN) * chunks
+    tiles = tl.cdiv(N.to(tl.int32), BN)
+    units = tiles * chunks
     u0 = (part * units // parts).to(tl.int32)
     u1 = ((part + 1) * units // parts).to(tl.int32)
+    if WHOLE > 0:
+        # the bytes the parts of the most tiles stream past an even share, times parts
+        past = (tl.cdiv(tiles, parts) * parts - tiles) * chunks * (BN * BK * W.dtype.element_ty.primitive_bitwidth // 8)
+        if (past <= WHOLE * parts) & (parts <= tiles):  # (every part has a tile)
+            u0 = (part * tiles // parts * chunks).to(tl.int32)
+            u1 = ((part + 1) * tiles // parts * chunks).to(tl.int32)
     j_first = u0 // chunks
     lanes = tl.arange(0, BN)
     ks = tl.arange(0, BK)
@@ -346,7 +355,8 @@ def linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM: tl.constexpr, BN: 
                 BKM: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, ROWS_GEMV: tl.constexpr,
                 ROWS_STAGES: tl.constexpr, ROWS_MAX: tl.constexpr, STREAM_OUT: tl.constexpr,
                 STREAM_PARTS: tl.constexpr, STREAM_TICKETS: tl.constexpr, STREAM_BK: tl.constexpr,
-                STREAM_STAGES: tl.constexpr, STREAM_TILES: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+                STREAM_STAGES: tl.constexpr, STREAM_TILES: tl.constexpr, STREAM_WHOLE: tl.constexpr,
+                EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
     """Up to ROWS_MAX rows (at most BM): the GEMV, the few-row GEMV or the 16-row dots (none of them wgmma, so
     `outline` can make this a function of its own; the dots are compiled in only where ROWS_MAX is more rows
     than the few-row GEMV takes). `parts` > 0: the task is part `tile` of the group's streamed GEMV."""
@@ -354,7 +364,7 @@ def linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM: tl.constexpr, BN: 
         if STREAM_BK > 0:  # compiled in only where some group streams: its registers cost the other bodies
             if parts > 0:
                 gemv_stream(desc, tile, parts, W, ACT, F32, STREAM_OUT, STREAM_PARTS, STREAM_TICKETS, BN, STREAM_BK,
-                            STREAM_TILES, STREAM_STAGES)
+                            STREAM_TILES, STREAM_STAGES, STREAM_WHOLE)
             else:
                 gemv_row(desc, tile, W, ACT, F32, BN, BK, STAGES)
         else:
@@ -376,7 +386,8 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
                 ROWS_GEMV: tl.constexpr, ROWS_STAGES: tl.constexpr, ROWS_MAX: tl.constexpr, PREFILL_BK: tl.constexpr,
                 STREAM_OUT: tl.constexpr, STREAM_PARTS: tl.constexpr, STREAM_TICKETS: tl.constexpr,
                 STREAM_BK: tl.constexpr, STREAM_STAGES: tl.constexpr, STREAM_TILES: tl.constexpr,
-                CLAIMED: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PREFILL_ONLY: tl.constexpr):
+                STREAM_WHOLE: tl.constexpr, CLAIMED: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+                PREFILL_ONLY: tl.constexpr):
     """BK, BKM, BKD, PREFILL_BK: the K chunk of the GEMV, of the dots over up to BM rows, of the [BMW, BNB]
     batched blocks (BNBW columns where they run whole), of the [BMP, BNW] prefill tiles; STAGES, BATCH_STAGES,
     PREFILL_STAGES: their pipelining depths;
@@ -386,8 +397,8 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
     ROWS_MAX (at most BM): steps of up to this many rows take `linear_rows`, more the batched blocks;
     `parts` > 0 (a one-row step of a group that streams): the task is part `tile` of `gemv_stream`, whose
     results, partials and tickets are the F32 regions at STREAM_OUT, STREAM_PARTS and STREAM_TICKETS, whose K
-    chunk is STREAM_BK (0: no group streams), pipelined STREAM_STAGES deep, and whose epilogue takes STREAM_TILES
-    tiles at a time; CLAIMED: one in this many rounds of a prefill step's tiles (a tile a program) is claimed;
+    chunk is STREAM_BK (0: no group streams), pipelined STREAM_STAGES deep, whose epilogue takes STREAM_TILES
+    tiles at a time, and whose parts take whole tiles where that costs no more than STREAM_WHOLE bytes; CLAIMED: one in this many rounds of a prefill step's tiles (a tile a program) is claimed;
     EVEN_K, EVEN_N: every K chunk, every column tile of the pointer tiles is whole (`tile_product`);
     PREFILL_ONLY: some projection has tasks past its column tiles that only prefill steps give work
     (`codegen.lower._prefill_tasks`)."""
@@ -399,11 +410,11 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
             if tile < tl.cdiv(word(desc, 4), BN):
                 linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM, BN, BK, BKM, DOT_F32, STAGES, ROWS_GEMV,
                             ROWS_STAGES, ROWS_MAX, STREAM_OUT, STREAM_PARTS, STREAM_TICKETS, STREAM_BK,
-                            STREAM_STAGES, STREAM_TILES, EVEN_K, EVEN_N)
+                            STREAM_STAGES, STREAM_TILES, STREAM_WHOLE, EVEN_K, EVEN_N)
         else:
             linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM, BN, BK, BKM, DOT_F32, STAGES, ROWS_GEMV,
                         ROWS_STAGES, ROWS_MAX, STREAM_OUT, STREAM_PARTS, STREAM_TICKETS, STREAM_BK, STREAM_STAGES,
-                        STREAM_TILES, EVEN_K, EVEN_N)
+                        STREAM_TILES, STREAM_WHOLE, EVEN_K, EVEN_N)
     elif num_rows <= BMW:  # batched decode: BNB (or BNBW) columns a dot, so that inputs are read no more than weights
         if PREFILL_ONLY:
             if tile < tl.cdiv(word(desc, 4), BN):

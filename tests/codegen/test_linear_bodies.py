@@ -1,6 +1,7 @@
 """Projection bodies (codegen/bodies/linear.py) alone under TRITON_INTERPRET=1: the batch-1 GEMV's work streamed
-over any number of parts (`gemv_stream`, its tiles shared between parts finished by the last to arrive) gives
-what a task a tile (`gemv_row`) gives, and both what torch gives; so do a batched step's blocks."""
+over any number of parts (`gemv_stream`, its tiles shared between parts finished by the last to arrive, or whole
+tiles a part) gives what a task a tile (`gemv_row`) gives, and both what torch gives; so do a batched step's
+blocks."""
 from __future__ import annotations
 
 import os
@@ -20,9 +21,9 @@ BN, BK = 16, 64
 
 @triton.jit
 def _stream_kernel(desc, W, ACT, F32, parts, out_off, part_off, ticket_off, BN: tl.constexpr, BK: tl.constexpr,
-                   TM: tl.constexpr):
+                   TM: tl.constexpr, WHOLE: tl.constexpr = 0):
     for part in range(0, parts):  # one program: the parts one after another, as a grid of one runs them
-        gemv_stream(desc, part, parts, W, ACT, F32, out_off, part_off, ticket_off, BN, BK, TM, 2)
+        gemv_stream(desc, part, parts, W, ACT, F32, out_off, part_off, ticket_off, BN, BK, TM, 2, WHOLE)
 
 
 @triton.jit
@@ -60,7 +61,8 @@ def _case(n: int, k: int, gated: bool, out_f32: bool):
 @pytest.mark.parametrize("gated, out_f32", [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("n, k", [(72, 200), (64, 512)])  # a last tile of 8 rows and a last chunk of 8 columns
 @pytest.mark.parametrize("parts", [1, 2, 3, 7, "units"])  # "units": a part a unit, tiles shared by 4 parts
-def test_streamed_gemv_matches_a_task_a_tile(n, k, gated, out_f32, parts):
+@pytest.mark.parametrize("whole", [False, True])  # whole tiles a part where every part has one (parts 2 and 3)
+def test_streamed_gemv_matches_a_task_a_tile(n, k, gated, out_f32, parts, whole):
     tiles, chunks = -(-n // BN), -(-k // BK)
     parts = tiles * chunks if parts == "units" else parts
     desc, w, act, f32, expected, (out, out_off) = _case(n, k, gated, out_f32)
@@ -69,8 +71,11 @@ def test_streamed_gemv_matches_a_task_a_tile(n, k, gated, out_f32, parts):
     _row_kernel[(tiles,)](desc, w, row_act, row_f32, BN, BK)
     row_out = (row_f32 if out_f32 else row_act)[out_off:out_off + width]
 
-    _stream_kernel[(1,)](desc, w, act, f32, parts, 2304, 0, 2048, BN, BK, 2)  # epilogues of 2 tiles
+    # epilogues of 2 tiles; whole: a part may take up to 16 MB past an even share
+    _stream_kernel[(1,)](desc, w, act, f32, parts, 2304, 0, 2048, BN, BK, 2, (16 << 20) if whole else 0)
     streamed = out[out_off:out_off + width]
+    if whole and parts <= tiles:  # no part stored a partial of a tile it shared
+        assert f32[:2048].eq(0).all()
     torch.testing.assert_close(streamed, expected, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(streamed, row_out, rtol=1e-5, atol=1e-5)
     assert f32[2048:2048 + parts].eq(0).all(), "every shared tile's ticket is zeroed again"
