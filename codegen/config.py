@@ -236,12 +236,6 @@ class CompileConfig:
     # it; the LM head's 31 or 30 for 30.36, 83 KB: the same either way). Without the tail (no settles, no epilogue:
     # wrong results) 4.42 against 4.59 whole, 4.44 without the settles alone: they were the tail's cost
     stream_whole_kb: int = 64
-    # a one-row step's QKV shares out whole tiles of 8 weight rows evenly over the programs, in one loop a program
-    # (`codegen.bodies.qkv.qkv_stream`), instead of a (head, K split) a task whose last split to arrive sums the
-    # partials and runs the head's epilogue: a q or k tile holds 4 rotary pairs (rows i .. i + 3 and their
-    # partners half a head on), so that its epilogue needs no other tile. Where heads have no q/k norm and
-    # rotary takes the whole head (Llama-3, Phi-4). 1 on, 0 off, -1 on where max_batch is 1
-    stream_qkv: int = 0
     prefetch_kb: int = 32  # weights each projection/QKV task asks L2 for before waiting on its inputs
     # ... and each task of a projection of attention's output (o_proj), which could bring its weights into L2
     # while attention, which reads little, runs. Measured, it does not pay (those requests may delay attention's
@@ -289,7 +283,7 @@ class CompileConfig:
                      "prefill_claimed_part"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("stream_gemv", "stream_qkv", "moe_combine_in_down", "moe_route_in_router"):
+        for name in ("stream_gemv", "moe_combine_in_down", "moe_route_in_router"):
             if getattr(self, name) not in (-1, 0, 1):
                 raise ValueError(f"{name} must be 1 (on), 0 (off) or -1 (on where max_batch is 1), "
                                  f"got {getattr(self, name)}")
@@ -345,11 +339,6 @@ class CompileConfig:
         """Whether one-row steps may stream their projections (`stream_gemv`, -1 read as max_batch 1;
         `codegen.lower.Lowering.streamed_widths` says which do)."""
         return self._switch(self.stream_gemv)
-
-    @property
-    def streams_qkv(self) -> bool:
-        """Whether one-row steps may stream their QKV (`stream_qkv`; `codegen.lower.qkv_streams` says which do)."""
-        return self._switch(self.stream_qkv) and not self.dynamic_tasks
 
     @property
     def combines_in_down(self) -> bool:

@@ -322,12 +322,6 @@ def _allocate(lw: Lowering) -> None:
         head_dim = _pow2(max(16, max(n.attrs["head_dim"] for n in qkv_nodes)))
         lw.layout.alloc("qkv_parts", "F32", max(_qkv_heads(n) * qkv_splits(lw, n) for n in qkv_nodes)
                         * max(cfg.block_m, cfg.qkv_block_m) * head_dim)
-    streamed_qkv = [n for n in qkv_nodes if qkv_streams(cfg, n)]
-    if streamed_qkv:  # ... and for the streamed one-row steps' fp32 results, a row a tile
-        lw.layout.alloc("qkv_stream_out", "F32", max(_qkv_heads(n) * n.attrs["head_dim"] for n in streamed_qkv))
-        # the most tiles a program's run takes (the run's epilogue is one pass over them)
-        lw.constants["QKV_STREAM_TILES"] = _pow2(max(-(-_qkv_heads(n) * n.attrs["head_dim"] // 8 //
-                                                       launch_programs(cfg)) for n in streamed_qkv))
 
 
 def _pow2(n: int) -> int:
@@ -469,17 +463,6 @@ def _prefetch_rows(lw: Lowering, offset: int, stride: int, rows: int, row_elems:
     kb = lw.config.prefetch_kb if kb is None else kb
     row_bytes = min(row_elems * itemsize, max(16, (kb << 10) // rows)) // 16 * 16
     return Prefetch(offset, stride * itemsize, rows, row_bytes) if row_bytes else Prefetch()
-
-
-def qkv_streams(config: CompileConfig, node: Node) -> bool:
-    """Whether a QKV's one-row steps stream it in whole tiles of 8 rows (`stream_qkv`): where a tile's epilogue
-    needs no other tile (no q/k norm over the head, rotary over the whole head) and the tiles give every
-    program two at least."""
-    a = node.attrs
-    hd = a["head_dim"]
-    tiles = _qkv_heads(node) * hd // 8
-    return (config.streams_qkv and not a["has_qk_norm"] and a["rotary_dim"] == hd and hd % 8 == 0
-            and tiles >= 2 * launch_programs(config))
 
 
 def qkv_splits(lw: Lowering, node: Node) -> int:
@@ -642,7 +625,6 @@ def _qkv_rope_store(lw: Lowering, node: Node) -> None:
     # tasks, and a 2,048-token prompt's 1,536 tiles were 7 to some task where 264 tasks take 6 at most)
     decode_tasks = _qkv_heads(node) * splits
     num_tasks = max(decode_tasks, launch_programs(lw.config))
-    streams = qkv_streams(lw.config, node)
     w_off = lw.placed_weight(w, scale_columns=named.get("norm_w"))
     desc = lw.tasks.add_desc(QKV_FIELDS, dict(
         x_off=lw.act(x), k=x.shape[1], w_off=w_off, num_q_heads=a["q_size"] // head_dim,
@@ -658,15 +640,6 @@ def _qkv_rope_store(lw: Lowering, node: Node) -> None:
     chunk = -(-(-(-k // splits)) // qkv_block_k(lw)) * qkv_block_k(lw)  # as the body splits K
 
     def prefetch(tile: int) -> Prefetch:
-        if streams:  # part `tile`'s first tile: its first 4 rows (`qkv_stream`)
-            parts = min(num_tasks, lw.config.target_programs)
-            if tile >= parts:
-                return Prefetch()
-            first = tile * (_qkv_heads(node) * head_dim // 8) // parts
-            head, pair = divmod(first, head_dim // 8)
-            row = head * head_dim + (4 * pair if head < a["q_size"] // head_dim + a["kv_size"] // head_dim
-                                     else 8 * pair)
-            return _prefetch_rows(lw, w_off + row * k, k, 4, k, w.dtype.itemsize)
         if tile >= decode_tasks:
             return Prefetch()
         head, split = divmod(tile, splits)
@@ -674,9 +647,8 @@ def _qkv_rope_store(lw: Lowering, node: Node) -> None:
         return _prefetch_rows(lw, w_off + head * head_dim * k + lo, k, head_dim, min(k, lo + chunk) - lo,
                               w.dtype.itemsize)
 
-    # (streamed, every task is a part of a one-row step's: none is only for prefill steps)
-    done = lw.tasks.add_group(Kind.QKV, desc, num_tasks, f"qkv.{layer}", lw.waits(x), prefetch, streams=streams,
-                              prefill_only_from=decode_tasks if num_tasks > decode_tasks and not streams else None)
+    done = lw.tasks.add_group(Kind.QKV, desc, num_tasks, f"qkv.{layer}", lw.waits(x), prefetch,
+                              prefill_only_from=decode_tasks if num_tasks > decode_tasks else None)
     lw.ready[q.id] = lw.ready[new_cache.id] = done
     lw.constants["HEAD_DIM_MAX"] = max(lw.constants.get("HEAD_DIM_MAX", 0), head_dim)
     lw.constants["PARTIAL_ROTARY"] = lw.constants.get("PARTIAL_ROTARY", 0) | int(a["rotary_dim"] != head_dim)

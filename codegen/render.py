@@ -45,7 +45,6 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     stream_out = lw.layout.offset("stream_out") if streamed else -1
     stream_parts = lw.layout.offset("stream_parts") if streamed else -1
     stream_tickets = lw.layout.offset("tickets:stream") if streamed else -1
-    qkv_out = lw.layout.offset("qkv_stream_out") if "qkv_stream_out" in lw.layout.regions else -1
     full_rotary = hdp == c.get("HEAD_DIM_MAX") and not c.get("PARTIAL_ROTARY")  # rotary over the whole padded head
     decode_bkv = c.get("DECODE_BLOCK_KV", cfg.block_kv)
     vocab = lw.graph.outputs["logits"].shape[1]
@@ -65,13 +64,10 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
                          f"; router_routes(desc, tile, ACT, F32, I32, num_tokens, num_seqs, {bn}, "
                          f"{_pow2(c.get('NUM_EXPERTS_MAX', 1))}, {_pow2(c.get('TOP_K_MAX', 1))})"
                          if c.get("ROUTE_IN_ROUTER") else ""),
-        Kind.QKV: f"qkv_task(desc, tile, parts, W, ACT, F32, I32, KV, kv_plane, num_tokens, {r.positions}, "
-                  f"{r.slots}, {bm}, {cfg.wide_rows}, {cfg.qkv_block_m}, {bk_small}, {cfg.qkv_batch_k}, {hdp}, "
-                  f"{dot_f32}, {cfg.num_stages}, {full_rotary}, {prefill_bk}, {cfg.prefill_stages}, "
-                  f"{cfg.prefill_tma}, {even_k}, {even_heads(lw, hdp)}, {qkv_out}, "
-                  # the streamed chunks as many bytes as the projections' ([block_n, stream_block_k])
-                  f"{cfg.stream_block_k * cfg.block_n // 8 if qkv_out >= 0 else 0}, {cfg.stream_stages}, "
-                  f"{c.get('QKV_STREAM_TILES', 1)})",
+        Kind.QKV: f"qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, {r.positions}, {r.slots}, "
+                  f"{bm}, {cfg.wide_rows}, {cfg.qkv_block_m}, {bk_small}, {cfg.qkv_batch_k}, {hdp}, {dot_f32}, "
+                  f"{cfg.num_stages}, {full_rotary}, {prefill_bk}, {cfg.prefill_stages}, {cfg.prefill_tma}, {even_k}, "
+                  f"{even_heads(lw, hdp)})",
         Kind.ATTENTION: f"attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs, "
                         f"{r.seq_starts}, {r.context_lens}, {r.seq_req}, {r.req_pages}, {cfg.max_pages_per_seq}, "
                         f"{cfg.page_size}, {_pow2(cfg.max_batch)}, {bm}, {cfg.attention_block_m}, {cfg.block_kv}, "
@@ -164,7 +160,7 @@ def kernel_template() -> jinja2.Template:
 def render_kernel(lw: Lowering, model_name: str) -> str:
     cfg = lw.config
     regions = {k: lw.layout.offset(k) for k in (*STEP_REGIONS, "control")}
-    streams = "tickets:stream" in lw.layout.regions or "qkv_stream_out" in lw.layout.regions
+    streams = "tickets:stream" in lw.layout.regions
     sample = lw.sample
     context = dict(
         model_name=model_name, kernel_name=KERNEL_NAME, bodies=outline(inline_bodies(), cfg.outline),

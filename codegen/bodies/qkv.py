@@ -150,137 +150,17 @@ def qkv_rows(desc, head, split, num_tokens, W, ACT, F32, I32, KV, kv_plane, POSI
 
 
 @triton.jit
-def stream_dims(j, lane, per_head, rotary_heads, HD):
-    """The head and the head's dimension of lane `lane` (of 8) of `qkv_stream`'s tile j (`per_head` = HD / 8 a
-    head): of a q or k head (the first `rotary_heads`), 4 rotary pairs, dimensions 4i .. 4i + 3 and their
-    partners HD / 2 on; of a v head, 8i .. 8i + 7."""
-    head = j // per_head
-    i = j - head * per_head
-    return head, tl.where(head < rotary_heads, 4 * i + lane % 4 + lane // 4 * (HD // 2), 8 * i + lane)
-
-
-@triton.jit
-def qkv_stream(desc, part, parts, W, ACT, F32, I32, KV, kv_plane, POSITIONS: tl.constexpr, SLOTS: tl.constexpr,
-               OUT: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, TM: tl.constexpr):
-    """A one-row step with the group's work shared out evenly: its tiles of 8 weight rows (`stream_dims`) cut into
-    `parts` runs of whole tiles, one a program, each streamed in one loop ([8, BK] chunks, STAGES deep, the
-    tiles' fp32 products to the F32 region at OUT), then the run's epilogues (`head_epilogue`'s, all at once: a
-    q or k tile holds its rows' rotary partners; TM, a power of two, at least the tiles of any run). Instead of a (head, K split) a task, whose last split
-    to arrive sums the splits and runs the head's epilogue: no ticket, and every program has a share."""
-    x_off, K, w_off = word8(desc, 0), word8(desc, 1), word8(desc, 2)
-    HQ, HKV, HD = word(desc, 3).to(tl.int32), word(desc, 4).to(tl.int32), word(desc, 5).to(tl.int32)
-    stats_off, eps = word(desc, 7), word_f32(desc, 8)
-    K32 = K.to(tl.int32)
-    per_head = HD // 8
-    tiles = (HQ + 2 * HKV) * per_head
-    chunks = tl.cdiv(K32, BK)
-    t0 = part * tiles // parts
-    t1 = (part + 1) * tiles // parts
-    # what the run's (first TM tiles') epilogue reads besides its products, asked for before the loop
-    first = stream_epilogue_inputs(t0, t1, W, F32, I32, desc, POSITIONS, TM)
-    row = tl.arange(0, 1)
-    inv = tl.sum(row_inv_rms(F32, stats_off, row, row < 1, K, eps), 0)
-    slot = tl.load(I32 + SLOTS).to(tl.int64)
-    lanes = tl.arange(0, 8)
-    ks = tl.arange(0, BK)
-    acc = tl.zeros((8, BK), tl.float32)
-    # one loop over the run's (tile, K chunk) units, as `gemv_stream`'s (offsets in int32 from a scalar base)
-    for u in tl.range(t0 * chunks, t1 * chunks, num_stages=STAGES):
-        tile = u // chunks
-        k0 = (u - tile * chunks) * BK
-        head, d = stream_dims(tile, lanes, per_head, HQ + HKV, HD)
-        k_ok = ks < K32 - k0
-        w = tl.load(W + (w_off + k0) + (head * HD + d)[:, None] * K32 + ks[None, :], mask=k_ok[None, :], other=0.0)
-        x = tl.load(ACT + x_off + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)
-        acc += w.to(tl.float32) * x[None, :]
-        if u - tile * chunks == chunks - 1:  # the tile's last chunk
-            tl.store(F32 + OUT + tile * 8 + lanes, tl.sum(acc, 1))
-            acc = acc * 0.0  # (as in `gemv_stream`)
-    tl.debug_barrier()  # every thread's results stored
-    stream_epilogue(first, inv, slot, ACT, F32, KV, kv_plane, desc, OUT, W.dtype.element_ty, TM)
-    for j0 in range(t0 + TM, t1, TM):  # (a run of more than TM tiles: a grid smaller than the lowering's)
-        stream_epilogue(stream_epilogue_inputs(j0, t1, W, F32, I32, desc, POSITIONS, TM), inv, slot, ACT, F32, KV,
-                        kv_plane, desc, OUT, W.dtype.element_ty, TM)
-
-
-@triton.jit
-def stream_epilogue_inputs(j0, t1, W, F32, I32, desc, POSITIONS: tl.constexpr, TM: tl.constexpr):
-    """What `qkv_stream`'s epilogue of tiles j0 .. j0 + TM (those before t1) reads besides their products: their
-    lanes' heads and dimensions, each value's rotary partner's (lane l ^ 4 of its tile), biases, cos and sin."""
-    HQ, HKV, HD = word(desc, 3).to(tl.int32), word(desc, 4).to(tl.int32), word(desc, 5).to(tl.int32)
-    bias_off, rope_off = word(desc, 9), word(desc, 15)
-    dt: tl.constexpr = W.dtype.element_ty
-    e = tl.arange(0, TM * 8)
-    j = j0 + e // 8
-    ok = j < t1
-    head, d = stream_dims(j, e % 8, HD // 8, HQ + HKV, HD)
-    _, d_partner = stream_dims(j, e % 8 ^ 4, HD // 8, HQ + HKV, HD)
-    biased = ok & (bias_off >= 0)
-    bias = tl.load(W + bias_off + head * HD + d, mask=biased, other=0.0).to(tl.float32)
-    bias_partner = tl.load(W + bias_off + head * HD + d_partner, mask=biased, other=0.0).to(tl.float32)
-    rotary = ok & (head < HQ + HKV)
-    angles = F32 + rope_off + tl.load(I32 + POSITIONS) * HD + d % (HD // 2)
-    cos = round_to(tl.load(angles, mask=rotary, other=1.0), dt)
-    sin = round_to(tl.load(angles + HD // 2, mask=rotary, other=0.0), dt)
-    return j, ok, head, d, bias, bias_partner, rotary, cos, sin
-
-
-@triton.jit
-def stream_epilogue(inputs, inv, slot, ACT, F32, KV, kv_plane, desc, OUT: tl.constexpr, dt: tl.constexpr,
-                    TM: tl.constexpr):
-    """`head_epilogue` of TM of `qkv_stream`'s tiles at once (`stream_epilogue_inputs`), from their products at
-    OUT: rotary as `rotate` computes it (lo' = lo cos - hi sin, hi' = hi cos + lo sin), then the q buffer or the
-    new token's cache slot."""
-    j, ok, head, d, bias, bias_partner, rotary, cos, sin = inputs
-    HQ, HKV, HD = word(desc, 3).to(tl.int32), word(desc, 4).to(tl.int32), word(desc, 5).to(tl.int32)
-    q_out_off, layer = word8(desc, 13), word(desc, 14)
-    lane = tl.arange(0, TM * 8) % 8
-    y = round_to(tl.load(F32 + OUT + j * 8 + lane, mask=ok, other=0.0) * inv + bias, dt)
-    partner = round_to(tl.load(F32 + OUT + j * 8 + (lane ^ 4), mask=ok, other=0.0) * inv + bias_partner, dt)
-    sign = tl.where(lane < 4, -1.0, 1.0)
-    y = tl.where(rotary, round_to(round_to(y * cos, dt) + round_to(sign * partner * sin, dt), dt), y)
-    plane = tl.where(head < HQ + HKV, 0, 1)
-    tl.store(ACT + q_out_off + head * HD + d, y.to(dt), mask=ok & (head < HQ))
-    cache = (layer * 2 + plane) * kv_plane + (head - HQ - plane * HKV) * HD + slot * (HKV * HD)
-    tl.store(KV + cache + d, y.to(dt), mask=ok & (head >= HQ))
-
-
-@triton.jit
-def qkv_task(desc, tile, parts, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: tl.constexpr,
+def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: tl.constexpr,
              SLOTS: tl.constexpr, BM: tl.constexpr, BMW: tl.constexpr, BMP: tl.constexpr, BK: tl.constexpr,
              BKP: tl.constexpr, HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
              FULL_ROTARY: tl.constexpr, BKD: tl.constexpr, PREFILL_STAGES: tl.constexpr, PREFILL_TMA: tl.constexpr,
-             EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, STREAM_OUT: tl.constexpr, STREAM_BK: tl.constexpr,
-             STREAM_STAGES: tl.constexpr, STREAM_TILES: tl.constexpr):
+             EVEN_K: tl.constexpr, EVEN_D: tl.constexpr):
     """Task (head, split). A step of up to BMP rows (decode, batched decode) splits each head's K range over
     `splits` tasks (K chunks of BKP where more than BM rows are staged: BMW of them up to BMW, the batched
     decode's rows, if fewer than BMP); longer (prefill) steps share the (head, BMP rows) tiles instead, loaded
     as the projections' prefill tiles are (chunks of BKD, PREFILL_STAGES deep, through tensor descriptors with
     PREFILL_TMA). The group's tasks past the (head, split) ones (`num_tasks`, one a program) only prefill.
-    EVEN_K, EVEN_D: every K chunk of the pointer tiles is whole, every head fills HDP (`head_partial`).
-    `parts` > 0 (a one-row step of a QKV that streams): the task is part `tile` of `qkv_stream`, whose results go
-    to the F32 region at STREAM_OUT, in chunks of STREAM_BK (0: no QKV streams) STREAM_STAGES deep, its epilogue
-    over STREAM_TILES tiles."""
-    if STREAM_BK > 0:  # compiled in only where some QKV streams
-        if parts > 0:
-            qkv_stream(desc, tile, parts, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, STREAM_OUT, STREAM_BK,
-                       STREAM_STAGES, STREAM_TILES)
-        else:
-            qkv_split_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS, SLOTS, BM, BMW, BMP,
-                           BK, BKP, HDP, DOT_F32, STAGES, FULL_ROTARY, BKD, PREFILL_STAGES, PREFILL_TMA, EVEN_K,
-                           EVEN_D)
-    else:
-        qkv_split_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS, SLOTS, BM, BMW, BMP, BK,
-                       BKP, HDP, DOT_F32, STAGES, FULL_ROTARY, BKD, PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_D)
-
-
-@triton.jit
-def qkv_split_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: tl.constexpr,
-                   SLOTS: tl.constexpr, BM: tl.constexpr, BMW: tl.constexpr, BMP: tl.constexpr, BK: tl.constexpr,
-                   BKP: tl.constexpr, HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
-                   FULL_ROTARY: tl.constexpr, BKD: tl.constexpr, PREFILL_STAGES: tl.constexpr,
-                   PREFILL_TMA: tl.constexpr, EVEN_K: tl.constexpr, EVEN_D: tl.constexpr):
-    """`qkv_task`'s task (head, split), or its share of a prefill's tiles."""
+    EVEN_K, EVEN_D: every K chunk of the pointer tiles is whole, every head fills HDP (`head_partial`)."""
     splits = word(desc, 17)
     head = tile // splits
     split = tile % splits

@@ -351,20 +351,19 @@ def test_expert_slots_past_a_decode_steps_take_experts_only_in_prefill_steps(che
 
 
 def test_streamed_gemv_matches_the_reference_engine(checkpoint, tmp_path):
-    """With `stream_gemv` and `stream_qkv`, the one-row steps of QKV, gate/up and the LM head run as one part a
-    program (here the grid's one), each part standing for the group's tasks in its claims and signals, and still
-    match token for token (the parts' shared tiles: tests/codegen/test_linear_bodies.py), launched from the host
-    too."""
+    """With `stream_gemv`, the one-row steps of gate/up and the LM head run as one part a program (here the
+    grid's one), each part standing for the group's tasks in its claims and signals, and still match token for
+    token (the parts' shared tiles: tests/codegen/test_linear_bodies.py), launched from the host too."""
     from runtime.host_driven import HostDriven
 
-    config = dataclasses.replace(CONFIG, stream_gemv=1, stream_qkv=1)
+    config = dataclasses.replace(CONFIG, stream_gemv=True)
     kernel, check = _tiny_kernel(checkpoint, tmp_path / "stream.cubin", config)
-    assert (kernel.tasks[:, FLAGS] & STREAMS).any()  # one row left after 3 and 6 tokens
+    assert (kernel.tasks[:, FLAGS] & STREAMS).any()  # gate/up and the LM head; one row left after 3 and 6 tokens
     check((9, 3, 6))
     # baseline (c) launches those groups' one-row steps as a CTA a part, and gives the same tokens
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (9, 3, 6)]
     driver = HostDriven(kernel)
-    assert len(driver.streamed) == 7  # the three layers' QKV and gate/up, and the LM head
+    assert len(driver.streamed) == 4  # the three layers' gate/up and the LM head
     host_driven = driver.generate(PROMPTS, params)
     assert [c.tokens for c in host_driven] == [c.tokens for c in kernel.generate(PROMPTS, params)]
 
