@@ -1,10 +1,9 @@
-"""Would a batch-1 GEMV group end sooner if its last pieces went to whichever program is free? (probe, not the
-kernel)
+"""Would a batch-1 GEMV group end sooner if its last pieces went to whichever program is free, and what does a
+stream cost alone? (probe, not the kernel)
 
-`gemv_stream` shares a group's (tile, K chunk) units out evenly, one contiguous range a program. Alone, gate/up's
-235 MB stream that way takes ~62 us on an H200 (3.77 TB/s, `sm_speed.py`), where the 1 GB LM head's streams at
-~4.3: its parts end 54.8-62.5 us apart, and the group waits for the last. This probe streams one [N, K] bf16
-GEMV on 2 programs an SM in three ways and prints each one's span (first start to last end, global timer):
+`gemv_stream` shares a group's (tile, K chunk) units out evenly, one contiguous range a program. This probe
+streams one [N, K] bf16 GEMV on 2 programs an SM in three ways and prints each one's span (first start to last
+end, global timer), how far the last program ends after the median one, and a program's median time:
 
 - `equal`: `gemv_stream`'s contiguous equal ranges;
 - `claim:KP`: every item ([16, KP] of weights: a tile's K range of KP columns) claimed from one counter, a claim
@@ -12,10 +11,14 @@ GEMV on 2 programs an SM in three ways and prints each one's span (first start t
 - `hybrid:F:KP`: equal ranges over the first F of the units, then claimed items of the rest.
 
 Partial sums go to the output by relaxed fp32 atomics (the kernel would settle them; the probe times the
-stream). Shapes: Llama-3-8B's gate/up, down, QKV and LM head (`--shapes`).
+stream). Shapes: Llama-3-8B's gate/up, down, QKV, o_proj and LM head, or NxK (`--shapes`). Each launch follows
+a 256 MB memset that flushes L2, unless `--no-flush` (then a matrix under ~50 MB is read from L2); `--touch KB`
+first loads a byte every KB of the weights (every page's translation, next to nothing in L2). H200 (benchmarks/
+RESULTS.md, session 44): claimed pieces lose (each restarts its pipeline; the tail they would trim is ~2 us),
+and a flushed launch costs ~7.5 us more than an unflushed one whatever its size.
 
-    python -m benchmarks.explore.balance [--modes equal,claim:1024,hybrid:0.9:1024] [--shapes gate_up,down,7168x4096]
-        [--no-flush] [--touch KB]
+    python -m benchmarks.explore.balance [--modes equal,claim:1024,hybrid:0.9:1024] [--shapes gate_up,7168x4096]
+        [--no-flush] [--touch KB] [--bk 256 --stages 5]
 """
 from __future__ import annotations
 
