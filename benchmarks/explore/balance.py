@@ -8,7 +8,9 @@ end, global timer), how far the last program ends after the median one, and a pr
 - `equal`: `gemv_stream`'s contiguous equal ranges;
 - `claim:KP`: every item ([16, KP] of weights: a tile's K range of KP columns) claimed from one counter, a claim
   ahead (asked for when the item before starts);
-- `hybrid:F:KP`: equal ranges over the first F of the units, then claimed items of the rest.
+- `hybrid:F:KP`: equal ranges over the first F of the units, then claimed items of the rest;
+- `rows8`, `pairs8`: equal ranges of whole tiles of 8 rows, [8, 2 x --bk] chunks: rows 8i .. 8i + 7, or the
+  rotary pairs a streamed QKV's tile holds (rows 4i .. 4i + 3 of every 128 and the 4 64 rows on).
 
 Partial sums go to the output by relaxed fp32 atomics (the kernel would settle them; the probe times the
 stream). Shapes: Llama-3-8B's gate/up, down, QKV, o_proj and LM head, or NxK (`--shapes`). Each launch follows
@@ -92,6 +94,40 @@ def stream(W, X, OUT, CLAIM, TIMES, K, N, static_units, KP: tl.constexpr, BN: tl
 
 
 @triton.jit
+def stream_rows8(W, X, OUT, TIMES, K, N, PAIRED: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr):
+    """`stream`'s equal ranges in tiles of 8 rows: rows 8i .. 8i + 7, or (PAIRED, the rotary pairs of a QKV
+    streamed in whole tiles, every 128 rows a head) rows 4i .. 4i + 3 of a head and the 4 half a head on."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    start = _now()
+    chunks = K // BK
+    tiles = N // 8
+    t0 = pid * tiles // programs
+    t1 = (pid + 1) * tiles // programs
+    lanes = tl.arange(0, 8)
+    ks = tl.arange(0, BK)
+    acc = tl.zeros((8, BK), tl.float32)
+    for u in tl.range(t0 * chunks, t1 * chunks, num_stages=STAGES):
+        j = u // chunks
+        k0 = (u - j * chunks) * BK
+        if PAIRED:
+            head = j // 16
+            i = j - head * 16
+            rows = head * 128 + 4 * i + lanes % 4 + lanes // 4 * 64
+        else:
+            rows = j * 8 + lanes
+        w = tl.load(W + k0 + rows[:, None] * K + ks[None, :])
+        x = tl.load(X + k0 + ks).to(tl.float32)
+        acc += w.to(tl.float32) * x[None, :]
+        if u - j * chunks == chunks - 1:
+            tl.store(OUT + rows, tl.sum(acc, 1))
+            acc = acc * 0.0
+    tl.debug_barrier()
+    tl.store(TIMES + pid * 2, start)
+    tl.store(TIMES + pid * 2 + 1, _now())
+
+
+@triton.jit
 def touch(W, SINK, total, STRIDE: tl.constexpr):
     """One byte every STRIDE bytes of W's first `total` (W as bytes), summed into SINK so that the loads stay:
     every page's translation asked for, next to nothing brought into L2."""
@@ -101,9 +137,9 @@ def touch(W, SINK, total, STRIDE: tl.constexpr):
 
 
 def parse(mode: str, units: int, K: int, bk: int = BK) -> tuple[int, int]:
-    """(static units, KP) of a mode."""
+    """(static units, KP) of a mode (`rows8`, `pairs8`: `stream_rows8`'s, whose chunks are [8, 2 bk])."""
     name, *args = mode.split(":")
-    if name == "equal":
+    if name in ("equal", "rows8", "pairs8"):
         return units, bk
     kp = int(args[-1])
     if K % kp or kp % bk:
@@ -155,8 +191,12 @@ def main() -> None:
                     touch[(triton.cdiv(total // stride + 1, 256),)](w.view(torch.uint8), sink, total, STRIDE=stride)
                 claim.zero_()
                 out.zero_()
-                stream[(programs,)](w, x, out, claim, times, K, N, static, KP=kp, BN=BN, BK=args.bk, STAGES=args.stages,
-                                    num_warps=4)
+                if mode in ("rows8", "pairs8"):  # (the output is stored, not added)
+                    stream_rows8[(programs,)](w, x, out, times, K, N, PAIRED=mode == "pairs8", BK=2 * args.bk,
+                                              STAGES=args.stages, num_warps=4)
+                else:
+                    stream[(programs,)](w, x, out, claim, times, K, N, static, KP=kp, BN=BN, BK=args.bk,
+                                        STAGES=args.stages, num_warps=4)
                 torch.cuda.synchronize()
                 t = times.view(programs, 2).cpu()
                 spans.append(int(t[:, 1].max() - t[:, 0].min()) / 1e3)
