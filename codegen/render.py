@@ -57,8 +57,8 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
                      f"{c.get('PREFILL_PARTS', 0)}, {cfg.prefill_splits}, {cfg.rows_gemv}, "
                      f"{cfg.rows_stages or cfg.num_stages}, {cfg.rows_max}, {prefill_bk}, {stream_out}, "
                      f"{stream_parts}, {stream_tickets}, {cfg.stream_block_k if streamed else 0}, "
-                     f"{cfg.stream_stages}, {cfg.stream_tiles}, {cfg.stream_whole_kb * 1024}, {cfg.prefill_claimed_part}, "
-                     f"{even_k}, {even_n}, "
+                     f"{cfg.stream_stages}, {cfg.stream_tiles}, {cfg.stream_whole_kb * 1024}, "
+                     f"{cfg.prefill_claimed_part}, {even_k}, {even_n}, "
                      f"{bool(c.get('PREFILL_ONLY_LINEARS'))})" + (
                          # (a router that routes a decode step itself: `router_routes`, after its task)
                          f"; router_routes(desc, tile, ACT, F32, I32, num_tokens, num_seqs, {bn}, "

@@ -30,14 +30,11 @@ import torch
 import triton
 import triton.language as tl
 
+from benchmarks.explore.sm_speed import _now
+
 BN, BK = 16, 512
 SHAPES = {"gate_up": (28672, 4096), "down": (4096, 14336), "qkv": (6144, 4096), "o_proj": (4096, 4096),
           "lm_head": (128256, 4096)}
-
-
-@triton.jit
-def _now():
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -212,7 +209,8 @@ def main() -> None:
             median = spans[len(spans) // 2]
             print(f"  {shape} [{N}, {K}] {N * K * 2 / 1e6:.0f} MB  {mode:<16} span {median:7.1f} us "
                   f"(min {spans[0]:.1f}), {N * K * 2 / median / 1e6:.2f} TB/s; last end - median end "
-                  f"{tails[len(tails) // 2]:.1f} us; starts {skews[len(skews) // 2]:.1f} us apart, a program's median {busy[len(busy) // 2]:.1f}; static units {static}/{units}; err {err:.1e}")
+                  f"{tails[len(tails) // 2]:.1f} us; starts {skews[len(skews) // 2]:.1f} us apart, a program's "
+                  f"median {busy[len(busy) // 2]:.1f}; static units {static}/{units}; err {err:.1e}")
 
 
 if __name__ == "__main__":

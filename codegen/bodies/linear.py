@@ -170,7 +170,8 @@ def gemv_stream(desc, part, parts, W, ACT, F32, out_off, part_off, ticket_off, B
     u1 = ((part + 1) * units // parts).to(tl.int32)
     if WHOLE > 0:
         # the bytes the parts of the most tiles stream past an even share, times parts
-        past = (tl.cdiv(tiles, parts) * parts - tiles) * chunks * (BN * BK * W.dtype.element_ty.primitive_bitwidth // 8)
+        unit_bytes: tl.constexpr = BN * BK * W.dtype.element_ty.primitive_bitwidth // 8
+        past = (tl.cdiv(tiles, parts) * parts - tiles) * chunks * unit_bytes
         if (past <= WHOLE * parts) & (parts <= tiles):  # (every part has a tile)
             u0 = (part * tiles // parts * chunks).to(tl.int32)
             u1 = ((part + 1) * tiles // parts * chunks).to(tl.int32)
@@ -398,7 +399,8 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
     `parts` > 0 (a one-row step of a group that streams): the task is part `tile` of `gemv_stream`, whose
     results, partials and tickets are the F32 regions at STREAM_OUT, STREAM_PARTS and STREAM_TICKETS, whose K
     chunk is STREAM_BK (0: no group streams), pipelined STREAM_STAGES deep, whose epilogue takes STREAM_TILES
-    tiles at a time, and whose parts take whole tiles where that costs no more than STREAM_WHOLE bytes; CLAIMED: one in this many rounds of a prefill step's tiles (a tile a program) is claimed;
+    tiles at a time, and whose parts take whole tiles where that costs no more than STREAM_WHOLE bytes;
+    CLAIMED: one in this many rounds of a prefill step's tiles (a tile a program) is claimed;
     EVEN_K, EVEN_N: every K chunk, every column tile of the pointer tiles is whole (`tile_product`);
     PREFILL_ONLY: some projection has tasks past its column tiles that only prefill steps give work
     (`codegen.lower._prefill_tasks`)."""
