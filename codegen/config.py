@@ -294,6 +294,8 @@ class CompileConfig:
         for name in ("rows_stages", "route_loop_rows", "batch_splits", "stream_whole_kb"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be at least 0, got {getattr(self, name)}")
+        if self.stream_whole_kb > 4096:  # (the kernel weighs it times the parts in int32)
+            raise ValueError(f"stream_whole_kb must be at most 4096, got {self.stream_whole_kb}")
         for name in ("block_n", "expert_block_n", "expert_block_k", "block_k", "block_k_dot", "prefill_block_k",
                      "block_m", "qkv_block_m", "attention_block_m", "wide_m", "prefill_m", "wide_n", "batch_n",
                      "whole_batch_n", "block_kv", "decode_block_kv", "page_size", "stream_tiles", "stream_block_k",

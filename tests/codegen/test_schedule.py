@@ -183,6 +183,8 @@ def test_lowering_without_the_lowering_prep_passes_names_the_unsupported_ops():
     (dict(block_n=0), "block_n must be a power of two, got 0"),
     (dict(outline="rows,gemv"), r"outline: unknown groups \['gemv'\]"),
     (dict(expert_tail_m=48), "expert_tail_m must be a power of two, got 48"),
+    (dict(stream_whole_kb=-1), "stream_whole_kb must be at least 0, got -1"),
+    (dict(stream_whole_kb=5000), "stream_whole_kb must be at most 4096, got 5000"),
 ])
 def test_compile_config_rejects(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -525,6 +527,24 @@ def test_the_projection_of_attention_prefetches_more_of_its_weights():
 
 
 # -- streamed one-row steps --------------------------------------------------------------------------------
+def test_streamed_parts_take_whole_tiles_where_that_costs_little():
+    """`stream_range`, as `gemv_stream` cuts a group: Llama-3-8B's gate/up on 264 programs in 7 or 6 whole tiles
+    a part (28 KB past an even share of 6.79), its LM head (83 KB past) and everything with `stream_whole_kb=0`
+    evenly, tiles shared; the parts' ranges cover the units in order either way."""
+    from codegen.lower import stream_range
+
+    config = CompileConfig(max_batch=1)
+    for fields, n, whole in (({}, 28672, True), ({}, 128256, False), ({"stream_whole_kb": 0}, 28672, False)):
+        cfg = dataclasses.replace(config, **fields)
+        chunks = 4096 // cfg.stream_block_k
+        ranges = [stream_range(cfg, n, 4096, 2, part, 264) for part in range(264)]
+        assert ranges[0][0] == 0 and ranges[-1][1] == n // cfg.block_n * chunks
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+        assert all(lo % chunks == 0 for lo, _ in ranges) == whole
+    sizes = {(hi - lo) // chunks for lo, hi in (stream_range(config, 28672, 4096, 2, part, 264) for part in range(264))}
+    assert sizes == {6, 7}
+
+
 def test_projections_of_many_tiles_a_program_stream_their_one_row_steps():
     """A projection with stream_waves tiles a program or more is flagged to stream its one-row steps, each task
     past its tiles working only then, each of the first target_programs tasks prefetching where its part of the
