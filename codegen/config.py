@@ -270,6 +270,15 @@ class CompileConfig:
     # bit-identical. Cost in one call, fp64 / fp32: Llama-3-8B b1 ctx512 4.64 / 4.62 ms, b64 7.10 / 7.12, TTFT
     # 2048 61.88 / 61.43; Qwen3-30B-A3B b1 4.19 / 4.12, TTFT 2048 58.21 / 58.66
     exact_norm_sums: bool = True
+    # a split-K block of more rows (QKV's heads and the batched projections' blocks in steps of many sequences)
+    # is finished in slices of this many rows, each split taking its share after waiting for the others where the
+    # launch has a program for every split, instead of the last split finishing every row (`codegen.bodies.common.
+    # split_slices`; 0: never; a power of two). Only in kernels of more sequences than a slice has rows: the b1 and
+    # b8 kernels keep the last split. The last split's epilogue of a [64, 64] block, ~32 elements a thread of
+    # straight-line code on one program, was 0.49 ms of a b64 step. H200, Llama-3-8B ctx512, 16 / 0 in one call:
+    # b64 6.58 / 7.07 ms and 6.67 / 7.05, b32 5.62 / 5.72, b8 5.25 / 5.29; b1 4.54 / 4.50 and TTFT 512 18.80 /
+    # 18.77 (in a kernel of max_batch 1 only short prefills have such blocks)
+    split_slice_rows: int = 16
     spin_limit: int = 1 << 26  # spins before a wait is reported as a hang
     profile: bool = False  # record each task's start, end of waits and end in step `profile_step` (GPU only)
     profile_step: int = 2
@@ -300,11 +309,11 @@ class CompileConfig:
                      "block_m", "qkv_block_m", "attention_block_m", "wide_m", "prefill_m", "wide_n", "batch_n",
                      "whole_batch_n", "block_kv", "decode_block_kv", "page_size", "stream_tiles", "stream_block_k",
                      "qkv_batch_k", "decode_window_keys", "prefill_window_keys", "expert_prefill_m",
-                     "expert_prefill_n", "expert_tail_m"):
+                     "expert_prefill_n", "expert_tail_m", "split_slice_rows"):
             value = getattr(self, name)
             # 0: another field's value, or a choice of the lowering's
             zero_ok = name in ("prefill_block_k", "wide_m", "prefill_m", "whole_batch_n", "decode_block_kv",
-                               "expert_prefill_m", "expert_tail_m")
+                               "expert_prefill_m", "expert_tail_m", "split_slice_rows")
             if (value <= 0 or value & (value - 1)) and not (zero_ok and value == 0):
                 raise ValueError(f"{name} must be a power of two, got {value}")
         if min(self.block_m, self.qkv_block_m, self.attention_block_m) < 16:

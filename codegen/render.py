@@ -172,6 +172,8 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
         max_waits=MAX_WAITS, profile=cfg.profile and not cfg.interpret, profile_step=cfg.profile_step,
         prefetch=not cfg.interpret,  # inline PTX: the interpreter cannot run it
         exact_norm_sums=cfg.exact_norm_sums,
+        # a kernel whose decode steps have no more rows than a slice keeps the last split finishing each block
+        split_slice_rows=cfg.split_slice_rows if cfg.max_batch > cfg.split_slice_rows else 0,
         timer=not cfg.interpret,  # the global timer is inline PTX too: GPU builds log each step's start
         step_log=STEP_LOG, dynamic=cfg.dynamic_tasks, tickets_word=CONTROL_FIELDS.index("task_tickets"),
         words=SimpleNamespace(next=NEXT, claim=CLAIM, group_start=GROUP_START, group_size=GROUP_SIZE,

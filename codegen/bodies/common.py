@@ -6,6 +6,7 @@ import triton.language as tl
 # bodies, codegen/templates/megakernel.py.j2), else fp32. Every column tile of a value adds its rows' partial sums by
 # atomics, in an order that varies from launch to launch: in fp32 the sum's last bits vary with it.
 NORM_SUMS_F64 = tl.constexpr(False)
+SPLIT_SLICE_ROWS = tl.constexpr(0)  # CompileConfig.split_slice_rows (`split_slices`)
 
 
 @triton.jit
@@ -86,11 +87,44 @@ def store_split(F32, part_off, ticket_off, block, split, splits, acc):
 @triton.jit
 def sum_split_rows(F32, base, splits, r0, R: tl.constexpr, C: tl.constexpr, ROWS: tl.constexpr):
     """Rows r0 .. r0 + ROWS of the `splits` parts [R, C] at `base` (see `store_split`), summed in order."""
-    parts = F32 + tl.multiple_of(base, 16) + (r0 + tl.arange(0, ROWS))[:, None] * C + tl.arange(0, C)[None, :]
+    parts = F32 + tl.multiple_of(base, 16) + (tl.arange(0, ROWS) + r0)[:, None] * C + tl.arange(0, C)[None, :]
     total = tl.zeros((ROWS, C), tl.float32)
     for s in range(0, splits):
         total += tl.load(parts + s * (R * C))
     return total
+
+
+@triton.jit
+def split_slices(F32, part_off, ticket_off, block, split, splits, acc, num_rows, SLICE: tl.constexpr):
+    """Split-K in slices of SLICE rows: stores split `split` of block `block`'s fp32 partial acc [R, C] (a block
+    holds `splits` parts of R x C), takes the block's ticket (a counter the planner zeroes every step), and
+    returns where the block's parts start and the slices this split finishes: `first`, `first + step`, ...
+    below the step's `num_rows` rows, each summed over the splits in order (`sum_split_rows`) and finished by
+    the caller. Where the rows make two slices or more and the launch has a program for every split, each
+    split waits for the others and takes slices split, split + splits, ...; else the last to arrive takes them
+    all. (Every split reaches its ticket: a task that waits here holds its program, and the block's other
+    splits are running or taken after it in order by programs that are not waiting here, since only the block
+    taken last can lack a split.)"""
+    R: tl.constexpr = acc.shape[0]
+    C: tl.constexpr = acc.shape[1]
+    base = tl.multiple_of(part_off + block * splits * (R * C), 16)  # 16 floats: 16 bytes a thread's store
+    tl.store(F32 + base + split * (R * C) + tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :], acc)
+    ticket = F32 + ticket_off + block
+    tl.debug_barrier()
+    arrived = tl.atomic_add(ticket, 1.0, sem="acq_rel").to(tl.int32)  # releases this split's partial
+    slices = tl.cdiv(num_rows, SLICE).to(tl.int32)
+    first = tl.where(arrived == splits - 1, 0, slices)
+    step = tl.full((), 1, tl.int32)
+    if (slices >= 2) & (splits <= tl.num_programs(0)):
+        # (bounded: a split that never comes means a wait elsewhere ran out and the kernel is aborting)
+        seen, spins = arrived + 1, 0
+        while (seen < splits) & (spins < (1 << 26)):
+            seen = tl.atomic_add(ticket, 0.0, sem="acquire").to(tl.int32)
+            spins += 1
+        first = split.to(tl.int32)
+        step = splits.to(tl.int32)
+    tl.debug_barrier()
+    return base, first, step
 
 
 @triton.jit

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from codegen.bodies.common import arrives_last, prefill_splits, round_to, row_halves, store_split, sum_of_splits
-from codegen.bodies.common import sum_split_rows
+from codegen.bodies.common import SPLIT_SLICE_ROWS, split_slices, sum_split_rows
 from codegen.bodies.common import add_norm_sums, norm_sums, word, word8, word_f32
 
 LINEAR_FIELDS = ("x_off", "x_stride", "k", "w_off", "n", "out_off", "out_stride", "out_kind", "gated",
@@ -346,9 +346,17 @@ def split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, BM: tl.constexpr, 
             k_hi = tl.multiple_of(tl.minimum(K, k_lo + chunk), 8)  # both are: keeps the K mask vector-wide
             acc = dot_product(desc, 0, block * BN, k_lo, k_hi, num_rows, W, ACT, BM, BN, BK, DOT_F32, STAGES, TMA,
                               EVEN_K, EVEN_N)
-            last, total = sum_of_splits(F32, part_off, ticket_off, block, split, splits, acc, rows, BM)
-            if last:
-                linear_epilogue(desc, total, rows, row_ok, block * BN, W, ACT, F32)
+            if (SPLIT_SLICE_ROWS > 0) and (BM > SPLIT_SLICE_ROWS):  # the splits finish the block a slice each
+                base, first, step = split_slices(F32, part_off, ticket_off, block, split, splits, acc, num_rows,
+                                                 SPLIT_SLICE_ROWS)
+                for q in range(first, tl.cdiv(num_rows, SPLIT_SLICE_ROWS), step):
+                    r = q * SPLIT_SLICE_ROWS + tl.arange(0, SPLIT_SLICE_ROWS)
+                    total = sum_split_rows(F32, base, splits, q * SPLIT_SLICE_ROWS, BM, BN, SPLIT_SLICE_ROWS)
+                    linear_epilogue(desc, total, r, r < num_rows, block * BN, W, ACT, F32)
+            else:
+                last, total = sum_of_splits(F32, part_off, ticket_off, block, split, splits, acc, rows, BM)
+                if last:
+                    linear_epilogue(desc, total, rows, row_ok, block * BN, W, ACT, F32)
 
 
 @triton.jit

@@ -3,7 +3,8 @@ of k and v to the paged cache. q heads go to the activation buffer the attention
 import triton
 import triton.language as tl
 
-from codegen.bodies.common import round_to, sum_of_splits, word, word8, word_f32
+from codegen.bodies.common import SPLIT_SLICE_ROWS, round_to, split_slices, sum_of_splits, sum_split_rows, word
+from codegen.bodies.common import word8, word_f32
 from codegen.bodies.linear import row_inv_rms, tile_product
 
 QKV_FIELDS = ("x_off", "k", "w_off", "num_q_heads", "num_kv_heads", "head_dim", "rotary_dim", "stats_off",
@@ -128,6 +129,15 @@ def split_head(desc, head, split, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, 
     if splits == 1:
         head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP,
                       FULL_ROTARY)
+    elif (SPLIT_SLICE_ROWS > 0) and (BM > SPLIT_SLICE_ROWS):  # the splits finish the head a slice each
+        num_rows = tl.sum(row_ok.to(tl.int32))
+        base, first, step = split_slices(F32, part_off, ticket_off, head, split, splits, acc, num_rows,
+                                         SPLIT_SLICE_ROWS)
+        for q in range(first, tl.cdiv(num_rows, SPLIT_SLICE_ROWS), step):
+            r = q * SPLIT_SLICE_ROWS + tl.arange(0, SPLIT_SLICE_ROWS)
+            total = sum_split_rows(F32, base, splits, q * SPLIT_SLICE_ROWS, BM, HDP, SPLIT_SLICE_ROWS)
+            head_epilogue(desc, head, total, r, r < num_rows, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP,
+                          FULL_ROTARY)
     else:
         last, total = sum_of_splits(F32, part_off, ticket_off, head, split, splits, acc, rows, BM)
         if last:

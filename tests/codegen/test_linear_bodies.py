@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+import codegen.bodies.linear as linear
 from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED, OUT_F32, gemv_row, gemv_stream, split_block
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter tests (CPU)")
@@ -91,11 +92,14 @@ def _batched_kernel(desc, W, ACT, F32, num_tasks, num_rows, BM: tl.constexpr, BN
 
 
 @pytest.mark.parametrize("even_k, even_n", [(False, False), (True, False), (True, True)])
-@pytest.mark.parametrize("splits", [1, 4])  # blocks whole, or each block's K split over 4 tasks
-def test_batched_blocks_match_torch(splits, even_k, even_n):
+@pytest.mark.parametrize("splits, slice_rows", [(1, 0), (4, 0), (4, 4)])  # blocks whole, or each block's K split
+def test_batched_blocks_match_torch(splits, slice_rows, even_k, even_n, monkeypatch):  # over 4 tasks
     """A batched decode step's blocks (`split_block`): the K loop without a K mask (`EVEN_K`, every chunk whole)
     gives what the masked one gives, and both what torch gives; whole blocks of 128 columns over 200 outputs
-    leave the last block 56 columns past the end. With `EVEN_N` too (256 outputs), the weights load unmasked."""
+    leave the last block 56 columns past the end. With `EVEN_N` too (256 outputs), the weights load unmasked.
+    slice_rows: a split block's rows summed and finished in slices of that many (`split_slices`; one program
+    here, so the last split takes every slice: 4 rows and then 1)."""
+    monkeypatch.setattr(linear, "SPLIT_SLICE_ROWS", tl.constexpr(slice_rows))
     rows, n, k, bnb = 5, 128 if splits > 1 else 256 if even_n else 200, 256, 64
     gen = torch.Generator().manual_seed(splits)
     w, x = torch.randn(n, k, generator=gen) / k ** 0.5, torch.randn(rows, k, generator=gen)
