@@ -327,7 +327,8 @@ def split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, BM: tl.constexpr, 
     """Up to BM rows times blocks of columns. With `splits` > 1 the task is split `tile % splits` of the K
     range of block `tile // splits` of BN columns (the group's tasks past its blocks' splits have none), and
     the last split to finish (a ticket counter the planner zeroes every step) sums the fp32 partials in order
-    and runs the epilogue; with one, task `tile` of the group's `num_tasks` owns blocks `tile`,
+    and runs the epilogue, or, in blocks of more than SPLIT_SLICE_ROWS rows, the splits do so a slice of rows at
+    a time (`split_slices`); with one, task `tile` of the group's `num_tasks` owns blocks `tile`,
     `tile + num_tasks`... of BNW columns whole (where blocks are at least as wide as a task's columns, one
     block or none: the group's other tasks are idle)."""
     K, N = word8(desc, 2), word(desc, 4)

@@ -120,7 +120,8 @@ def split_head(desc, head, split, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, 
                SLOTS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, HDP: tl.constexpr, DOT_F32: tl.constexpr,
                STAGES: tl.constexpr, FULL_ROTARY: tl.constexpr, EVEN_K: tl.constexpr, EVEN_D: tl.constexpr):
     """A decode step's share of one head: K columns split .. of `splits`; the last split to finish (a ticket
-    counter the planner zeroes every step) sums the fp32 partials in order and runs the epilogue."""
+    counter the planner zeroes every step) sums the fp32 partials in order and runs the epilogue, or, over more
+    than SPLIT_SLICE_ROWS rows, the splits do so a slice of rows at a time (`split_slices`)."""
     K, splits, part_off, ticket_off = word8(desc, 1), word(desc, 17), word(desc, 18), word(desc, 19)
     chunk = tl.cdiv(tl.cdiv(K, splits), BK) * BK
     k_lo = split * chunk
