@@ -279,6 +279,15 @@ class CompileConfig:
     # b64 6.58 / 7.07 ms and 6.67 / 7.05, b32 5.62 / 5.72, b8 5.25 / 5.29; b1 4.54 / 4.50 and TTFT 512 18.80 /
     # 18.77 (in a kernel of max_batch 1 only short prefills have such blocks)
     split_slice_rows: int = 16
+    # the prefill tiles' residual loads and activation stores through tensor descriptors (`store_outputs`; with
+    # prefill_tma), instead of pointer tiles in the products' register layout, which move 2 bytes a thread an
+    # instruction. A timing-only build without the prefill tiles' epilogue took Llama-3-8B TTFT 2048 from 62.0 to
+    # 54.5 ms (H200), and ncu puts 17% of its warp samples in those lines. A first form (the tiles in a for loop,
+    # which kept the stores' staging buffers beside the K loop's: 123 KB of shared memory, one program an SM)
+    # passed the GPU's prefill tests and lost, TTFT 2048 87.1 against 62.3 ms. This form keeps the kernels' shared
+    # memory (CPU builds: 98,328 B at 2,048 tokens a step, 73,752 at 512) and is not yet timed
+    # (benchmarks/explore/NOTES.md, session 46)
+    epilogue_tma: bool = False
     spin_limit: int = 1 << 26  # spins before a wait is reported as a hang
     profile: bool = False  # record each task's start, end of waits and end in step `profile_step` (GPU only)
     profile_step: int = 2

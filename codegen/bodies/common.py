@@ -7,6 +7,8 @@ import triton.language as tl
 # atomics, in an order that varies from launch to launch: in fp32 the sum's last bits vary with it.
 NORM_SUMS_F64 = tl.constexpr(False)
 SPLIT_SLICE_ROWS = tl.constexpr(0)  # CompileConfig.split_slice_rows (`split_slices`)
+EPILOGUE_TMA = tl.constexpr(False)  # CompileConfig.epilogue_tma (`store_outputs`)
+INLINE_PTX = tl.constexpr(False)  # the kernel runs on a GPU, not in the interpreter (which cannot run inline PTX)
 
 
 @triton.jit

@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 
 from codegen.bodies.common import arrives_last, prefill_splits, round_to, row_halves, store_split, sum_of_splits
-from codegen.bodies.common import SPLIT_SLICE_ROWS, split_slices, sum_split_rows
+from codegen.bodies.common import EPILOGUE_TMA, INLINE_PTX, SPLIT_SLICE_ROWS, split_slices, sum_split_rows
+from codegen.bodies.sync import bulk_stores_done
 from codegen.bodies.common import add_norm_sums, norm_sums, word, word8, word_f32
 
 LINEAR_FIELDS = ("x_off", "x_stride", "k", "w_off", "n", "out_off", "out_stride", "out_kind", "gated",
@@ -44,15 +45,27 @@ def row_inv_rms(F32, stats_off, rows, row_ok, K, eps):
 
 
 @triton.jit
-def store_outputs(desc, y, rows, row_ok, cols, col_ok, ACT, F32):
-    """Residual add, store and output statistics of a [rows, cols] block (y rounded to the model dtype)."""
+def store_outputs(desc, y, rows, row_ok, cols, col_ok, ACT, F32, r0=0, num_rows=0, c0=0, num_cols=0,
+                  TMA: tl.constexpr = False):
+    """Residual add, store and output statistics of a [rows, cols] block (y rounded to the model dtype). TMA:
+    the block is rows r0 .. and columns c0 .. of outputs num_rows x num_cols (every column kept), and its
+    residual and activation store go through tensor descriptors: a bulk copy each, where pointer tiles in the
+    products' register layout moved 2 bytes a thread an instruction."""
     out_off, out_stride, out_kind = word8(desc, 5), word(desc, 6), word(desc, 7)
     res_off, res_stride, out_stats_off = word(desc, 11), word8(desc, 12), word(desc, 14)
     dt: tl.constexpr = ACT.dtype.element_ty
+    i32: tl.constexpr = tl.int32
+    BR: tl.constexpr = y.shape[0]
+    BC: tl.constexpr = y.shape[1]
     mask = row_ok[:, None] & col_ok[None, :]
     if res_off >= 0:  # an activation: 16-byte aligned rows (the lowering checks their widths)
-        res = tl.load(ACT + tl.multiple_of(res_off, 8) + rows[:, None] * res_stride + cols[None, :], mask=mask,
-                      other=0.0)
+        if TMA:
+            res = tl.make_tensor_descriptor(ACT + tl.multiple_of(res_off, 8), shape=[tl.cast(num_rows, i32),
+                                            tl.cast(num_cols, i32)], strides=[res_stride, 1],
+                                            block_shape=[BR, BC]).load([tl.cast(r0, i32), tl.cast(c0, i32)])
+        else:
+            res = tl.load(ACT + tl.multiple_of(res_off, 8) + rows[:, None] * res_stride + cols[None, :], mask=mask,
+                          other=0.0)
         y = round_to(res.to(tl.float32) + y, dt)
     if out_kind == 1:  # OUT_F32
         tl.store(F32 + out_off + rows[:, None] * out_stride + cols[None, :], y, mask=mask)
@@ -60,7 +73,13 @@ def store_outputs(desc, y, rows, row_ok, cols, col_ok, ACT, F32):
         # one conversion above both stores (one in each branch broke Triton 3.6's layout pass on sm_90)
         out = y.to(dt)
         if out_kind == 0:  # OUT_ALIGNED: 16 bytes a thread's store
-            tl.store(ACT + out_off + rows[:, None] * tl.multiple_of(out_stride, 8) + cols[None, :], out, mask=mask)
+            if TMA:
+                tl.make_tensor_descriptor(ACT + out_off, shape=[tl.cast(num_rows, i32), tl.cast(num_cols, i32)],
+                                          strides=[tl.multiple_of(out_stride, 8), 1],
+                                          block_shape=[BR, BC]).store([tl.cast(r0, i32), tl.cast(c0, i32)], out)
+            else:
+                tl.store(ACT + out_off + rows[:, None] * tl.multiple_of(out_stride, 8) + cols[None, :], out,
+                         mask=mask)
         else:
             tl.store(ACT + out_off + rows[:, None] * out_stride + cols[None, :], out, mask=mask)
     if out_stats_off >= 0:
@@ -68,14 +87,16 @@ def store_outputs(desc, y, rows, row_ok, cols, col_ok, ACT, F32):
 
 
 @triton.jit
-def linear_epilogue(desc, y, rows, row_ok, n0, W, ACT, F32):
-    """Epilogue of the fp32 products y of rows x weight rows n0 .. n0 + y.shape[1]: 1/rms, bias, gating."""
-    kept_epilogue(desc, y, rows, row_ok, n0, tl.full((y.shape[1],), 1, tl.int32), W, ACT, F32)
+def linear_epilogue(desc, y, rows, row_ok, n0, W, ACT, F32, r0=0, num_rows=0, TMA: tl.constexpr = False):
+    """Epilogue of the fp32 products y of rows x weight rows n0 .. n0 + y.shape[1]: 1/rms, bias, gating. TMA:
+    rows are r0 .. of num_rows, the residual and store through tensor descriptors (`store_outputs`)."""
+    kept_epilogue(desc, y, rows, row_ok, n0, tl.full((y.shape[1],), 1, tl.int32), W, ACT, F32, r0, num_rows, TMA)
 
 
 @triton.jit
-def kept_epilogue(desc, y, rows, row_ok, n0, keep, W, ACT, F32):
-    """`linear_epilogue` of the columns where `keep` (int32, one a column of y) is not 0."""
+def kept_epilogue(desc, y, rows, row_ok, n0, keep, W, ACT, F32, r0=0, num_rows=0, TMA: tl.constexpr = False):
+    """`linear_epilogue` of the columns where `keep` (int32, one a column of y) is not 0 (every one with
+    TMA)."""
     K, N, gated = word8(desc, 2), word(desc, 4), word(desc, 8)
     stats_off, eps, bias_off = word(desc, 9), word_f32(desc, 10), word(desc, 13)
     dt: tl.constexpr = W.dtype.element_ty
@@ -90,9 +111,10 @@ def kept_epilogue(desc, y, rows, row_ok, n0, keep, W, ACT, F32):
         h = round_to(round_to(gate / (1.0 + tl.exp(-gate)), dt) * up, dt)
         half = n0 // 2 + tl.arange(0, BC // 2)
         keep_gate, _ = tl.split(tl.reshape(keep, (BC // 2, 2)))
-        store_outputs(desc, h, rows, row_ok, half, (half < N // 2) & (keep_gate != 0), ACT, F32)
+        store_outputs(desc, h, rows, row_ok, half, (half < N // 2) & (keep_gate != 0), ACT, F32, r0, num_rows,
+                      n0 // 2, N // 2, TMA)
     else:
-        store_outputs(desc, y, rows, row_ok, cols, col_ok, ACT, F32)
+        store_outputs(desc, y, rows, row_ok, cols, col_ok, ACT, F32, r0, num_rows, n0, N, TMA)
 
 
 @triton.jit
@@ -305,19 +327,20 @@ def tile_product(x_off, x_stride, K, w_off, N, m0, n0, k_lo, k_hi, num_rows, W, 
 @triton.jit
 def dot_block(desc, m0, n0, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
               DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr = False, EVEN_K: tl.constexpr = False,
-              EVEN_N: tl.constexpr = False):
-    """Rows m0 .. m0 + BM times weight rows n0 .. n0 + BN over all of K, with the epilogue."""
+              EVEN_N: tl.constexpr = False, EPI_TMA: tl.constexpr = False):
+    """Rows m0 .. m0 + BM times weight rows n0 .. n0 + BN over all of K, with the epilogue (its residual and
+    store through tensor descriptors with EPI_TMA: the caller waits for those stores, `bulk_stores_done`)."""
     acc = dot_product(desc, m0, n0, 0, word8(desc, 2), num_rows, W, ACT, BM, BN, BK, DOT_F32, STAGES, TMA, EVEN_K,
                       EVEN_N)
     if BM > 64:
         top, bottom = row_halves(acc)
         rows = m0 + tl.arange(0, BM // 2)
-        linear_epilogue(desc, top, rows, rows < num_rows, n0, W, ACT, F32)
+        linear_epilogue(desc, top, rows, rows < num_rows, n0, W, ACT, F32, m0, num_rows, EPI_TMA)
         rows += BM // 2
-        linear_epilogue(desc, bottom, rows, rows < num_rows, n0, W, ACT, F32)
+        linear_epilogue(desc, bottom, rows, rows < num_rows, n0, W, ACT, F32, m0 + BM // 2, num_rows, EPI_TMA)
     else:
         rows = m0 + tl.arange(0, BM)
-        linear_epilogue(desc, acc, rows, rows < num_rows, n0, W, ACT, F32)
+        linear_epilogue(desc, acc, rows, rows < num_rows, n0, W, ACT, F32, m0, num_rows, EPI_TMA)
 
 
 @triton.jit
@@ -456,7 +479,18 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
         start = tl.where(first, tile, static + tile - P)
         stop = tl.where(first, static, items)
         step = tl.where(first, P, tl.maximum(tasks - P, 1))
-        if splits == 1:
+        if splits == 1 and PREFILL_TMA and EPILOGUE_TMA:
+            # a while loop, not a for: Triton hoists a descriptor store's staging buffer out of an enclosing for
+            # loop, where it cannot share the K loop's pipeline buffers' shared memory (+24 KB a program: one
+            # program an SM at 2,048 tokens)
+            item = start
+            while item < stop:
+                dot_block(desc, (item % row_blocks) * BMP, (item // row_blocks) * BNW, num_rows, W, ACT, F32,
+                          BMP, BNW, PREFILL_BK, DOT_F32, PREFILL_STAGES, True, EVEN_K, EVEN_N, True)
+                item += step
+            if INLINE_PTX:  # the tiles' bulk stores written before the task signals
+                bulk_stores_done(tile)
+        elif splits == 1:
             for item in range(start, stop, step):
                 dot_block(desc, (item % row_blocks) * BMP, (item // row_blocks) * BNW, num_rows, W, ACT, F32,
                           BMP, BNW, PREFILL_BK, DOT_F32, PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_N)

@@ -49,3 +49,13 @@ def l2_prefetch(base, stride_bytes, rows, row_bytes):
         }""",
         constraints="=r,l,r,r,r", args=[base, stride_bytes.to(tl.int32), rows.to(tl.int32), row_bytes.to(tl.int32)],
         dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def bulk_stores_done(x):
+    """Waits until this thread's bulk tensor stores are written to global memory and orders them before its
+    later accesses in the generic proxy, such as a signal's release (a descriptor store's own wait is only
+    for its shared memory to be read). x: any int32 scalar, returned. GPU only (inline PTX)."""
+    return tl.inline_asm_elementwise(
+        asm="cp.async.bulk.wait_group 0; fence.proxy.async.global; mov.u32 $0, $1;", constraints="=r,r",
+        args=[x.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)

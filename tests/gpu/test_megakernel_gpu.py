@@ -177,6 +177,19 @@ def test_a_short_prompt_splits_k_on_gpu(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("length", [1100, 400])
+def test_prefill_epilogue_through_tma_on_gpu(length, tmp_path):
+    """The prefill tiles' residuals and stores through tensor descriptors (`epilogue_tma`), their bulk stores
+    waited for before each task signals: a prompt of 1,100 tokens (128-row tiles, the last one part-filled) or
+    400 (64-row tiles)."""
+    config = dataclasses.replace(case_config(1), max_tokens_per_step=length, max_model_len=length + 16,
+                                 epilogue_tma=True)
+    check_against_reference("llama3-8b", 1, config, tmp_path, lengths=[length])
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("block", [32, 64])
 def test_decode_attention_key_blocks_on_gpu(block, tmp_path):
     """Batch 64 decodes 100 tokens in blocks of 32 or 64 keys (`decode_block_kv`: 64 by default where a decode
