@@ -2,7 +2,11 @@
 batch decodes (one token each, no prefill chunk), from the step log the kernel keeps (the global timer at
 each step's planning), and its time to first token. As a script, times each of a list of kernel variants
 (compiled side by side first) and prints the roofline share against the read bandwidth measured in the
-same run: `python -m benchmarks.megakernel_tpot 1x512 1x512:attention_stages=3 ttft512:wide_n=128`."""
+same run: `python -m benchmarks.megakernel_tpot 1x512 1x512:attention_stages=3 ttft512:wide_n=128`.
+
+The compiles need no GPU (the cache key holds no device): `BLINK_CACHE_DIR=.blink-cache python -m
+benchmarks.megakernel_tpot --compile-only VARIANTS` on the CPU machine, then the same variants on the GPU with that
+directory carried and BLINK_CACHE_DIR pointing at it, spares the device the minutes of ptxas."""
 from __future__ import annotations
 
 import argparse
@@ -139,6 +143,9 @@ def main() -> None:
                              "(e.g. 1x512 1x512:attention_stages=3 ttft512:wide_n=128 1x512:outline=rows+small)")
     parser.add_argument("--preset", default="llama3-8b")
     parser.add_argument("--tokens", type=int, default=32, help="full-batch decode steps to take the median of")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="compile the variants into the cache (BLINK_CACHE_DIR) and stop: on the CPU machine, "
+                             "so that a GPU call carrying that directory finds them compiled")
     parser.add_argument("--sampling", action="append", default=[], metavar="FIELD=VALUE,...",
                         help="SamplingParams of the decode steps (default greedy), e.g. temperature=0.8,top_p=0.95; "
                              "repeated: each decode variant is timed under each, on one load ('greedy': none)")
@@ -153,6 +160,8 @@ def main() -> None:
         print(f"compiled {len(variants)} kernels side by side in {seconds:.0f} s", flush=True)
     except RuntimeError as error:  # the others are cached: time them, and say which failed below
         print(error, flush=True)
+    if args.compile_only:
+        return
     bandwidth = read_bandwidth_tbs("cuda")
     for variant in variants:
         try:

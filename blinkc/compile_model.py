@@ -153,11 +153,18 @@ def _build_into(entry: Path, model: ResolvedModel, config: CompileConfig, dtype:
         (tmp / "model.cubin.py").write_text(source)
         kernel_meta, cubin = {"triton_metadata": None, "resources": None}, None
         if not config.interpret:
-            progress(f"compiling for sm_{arch} with Triton {version('triton')} (ptxas)...")
-            cubin, metadata = compile_cubin(tmp / "model.cubin.py", model_dtype, arch, config.num_warps,
-                                           config.max_registers, config.pin_thread_ids)
+            cubins = cache_dir() / "cubins" / entry.name  # the artifact's key
+            if (cubins / "metadata.json").exists():
+                progress(f"the sm_{arch} cubin from the cache ({cubins})")
+                cubin, triton_metadata = (cubins / "model.cubin").read_bytes(), json.loads(
+                    (cubins / "metadata.json").read_text())
+            else:
+                progress(f"compiling for sm_{arch} with Triton {version('triton')} (ptxas)...")
+                cubin, metadata = compile_cubin(tmp / "model.cubin.py", model_dtype, arch, config.num_warps,
+                                               config.max_registers, config.pin_thread_ids)
+                triton_metadata = json.loads(json.dumps(metadata, default=vars))
+                _keep_cubin(cubins, cubin, triton_metadata)
             (tmp / "model.cubin").write_bytes(cubin)
-            triton_metadata = json.loads(json.dumps(metadata, default=vars))
             # the cubin lists only its static shared memory; a program also takes Triton's dynamic allocation
             used = resource_usage(tmp / "model.cubin")
             used = dataclasses.replace(used, shared_bytes=used.shared_bytes + triton_metadata["shared"])
@@ -171,6 +178,23 @@ def _build_into(entry: Path, model: ResolvedModel, config: CompileConfig, dtype:
             if not (entry / "model.cubin.json").exists():
                 raise
     finally:  # gone after the rename; otherwise what a failed (or beaten) build wrote
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _keep_cubin(directory: Path, cubin: bytes, triton_metadata: dict) -> None:
+    """The cubin and Triton's metadata of an artifact, cached apart from it (`cubins/KEY` beside `artifacts/KEY`):
+    a build that finds them skips ptxas, its minutes of a full-size model, and redoes only the seconds of tracing,
+    lowering and tables. A few MB against the artifact's ~20 (its tables), so that kernels compiled on a machine
+    without a GPU (the key holds no device) can travel to one that has it."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".", suffix=".tmp", dir=directory.parent))
+    try:
+        (tmp / "model.cubin").write_bytes(cubin)
+        (tmp / "metadata.json").write_text(json.dumps(triton_metadata))
+        tmp.rename(directory)
+    except OSError:  # a build of the same key beside this one kept it first
+        pass
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -2,7 +2,8 @@
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
 #   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|all]
 set -uo pipefail
-export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=/tmp/blink-cache
+# BLINK_CACHE_DIR: kernels compiled on the CPU machine and carried here (benchmarks/megakernel_tpot.py, --compile-only)
+export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=${BLINK_CACHE_DIR:-/tmp/blink-cache}
 OUT=${OUT:-/tmp/blink-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 step() { local limit=$1; shift; echo "== $*"; timeout "$limit" "$@" 2>&1 | tee -a "$OUT/gpu_check.log" | tail -30; }

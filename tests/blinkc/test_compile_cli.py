@@ -179,6 +179,35 @@ def test_a_compile_that_fails_leaves_nothing_in_the_cache(cache, tmp_path, monke
     assert not list((cache / "artifacts").iterdir())
 
 
+def test_a_rebuilt_artifact_takes_its_cubin_from_the_cubin_cache(cache, tmp_path, monkeypatch):
+    """The cubin is cached apart from the artifact (`cubins/KEY`, a few MB where an artifact is ~20): an artifact
+    rebuilt from a cache that holds only the cubins, as one carried from the CPU machine to a GPU one does,
+    skips ptxas and has the same cubin."""
+    import shutil
+
+    import codegen.compile
+    from blinkc.compile_model import WeightsSource, compile_model
+    from codegen.config import CompileConfig
+    from codegen.kernel_abi import Resources
+    from models.registry import resolve_model
+
+    compiles = []
+
+    def ptxas(*args, **kwargs):
+        compiles.append(args)
+        return b"a cubin", {"shared": 4096, "name": "blink_megakernel"}
+
+    monkeypatch.setattr(codegen.compile, "compile_cubin", ptxas)
+    monkeypatch.setattr(codegen.compile, "resource_usage", lambda path: Resources(128, 0, 0))
+    config = CompileConfig(max_batch=1, max_tokens_per_step=16, max_model_len=48, max_new_tokens=8, page_size=4)
+    first = compile_model(resolve_model("tiny-llama"), config, tmp_path / "a.cubin", WeightsSource(seed=0))
+    shutil.rmtree(cache / "artifacts")
+    again = compile_model(resolve_model("tiny-llama"), config, tmp_path / "b.cubin", WeightsSource(seed=0))
+    assert len(compiles) == 1 and not again.cached
+    assert again.path.read_bytes() == first.path.read_bytes() == b"a cubin"
+    assert _manifest(again.path)["kernel"] == _manifest(first.path)["kernel"]
+
+
 def test_compile_for_the_gpu_prints_the_kernels_resources(cache, tmp_path):
     """The sm_90 compile (Triton's bundled ptxas: no GPU needed; a process of its own, since the tests run
     Triton as the interpreter) reports registers, spills and the shared memory a program takes, Triton's
