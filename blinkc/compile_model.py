@@ -110,7 +110,23 @@ def _compile_job(job: tuple[str, CompileConfig]) -> None:
 
     preset, config = job
     with tempfile.TemporaryDirectory() as out:
-        compile_model(resolve_model(preset), config, Path(out) / "model.cubin", WeightsSource(seed=0))
+        try:
+            compile_model(resolve_model(preset), config, Path(out) / "model.cubin", WeightsSource(seed=0))
+        except Exception as error:  # its chain of causes does not cross back to the parent process: name it here
+            raise RuntimeError(root_cause(error)) from error
+
+
+def root_cause(error: BaseException) -> str:
+    """One line for a compile error: its innermost cause, which says what went wrong (Triton's
+    `CompilationError` says only where, as an excerpt of the kernel's source), and the kernel line where."""
+    where = ""
+    while error.__cause__ is not None:
+        lines = str(error).splitlines()
+        carets = [i for i, line in enumerate(lines) if i and line.strip() == "^"]
+        if type(error).__name__ == "CompilationError" and carets:
+            where = f" ({lines[0].rstrip(':')}: {lines[carets[0] - 1].strip()})"
+        error = error.__cause__
+    return f"{type(error).__name__}: {error}{where}"
 
 
 def _cache_key(model: ResolvedModel, config: CompileConfig, model_dtype: str, arch: int) -> str:

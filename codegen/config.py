@@ -285,9 +285,18 @@ class CompileConfig:
     # 54.5 ms (H200), and ncu puts 17% of its warp samples in those lines. A first form (the tiles in a for loop,
     # which kept the stores' staging buffers beside the K loop's: 123 KB of shared memory, one program an SM)
     # passed the GPU's prefill tests and lost, TTFT 2048 87.1 against 62.3 ms. This form keeps the kernels' shared
-    # memory (CPU builds: 98,328 B at 2,048 tokens a step, 73,752 at 512) and is not yet timed
-    # (benchmarks/explore/NOTES.md, session 46)
+    # memory (CPU builds: 98,328 B at 2,048 tokens a step, 73,752 at 512) and passes the GPU's prefill tests, but
+    # does not pay: TTFT level (2048: 62.00 / 61.46 against 61.25 / 61.94 ms) and b64 ctx512 ~1% slower (6.78 /
+    # 6.77 against 6.70 / 6.73), one call on an H200. On top of gated_tma: TTFT 2048 58.97 / 58.26 against 58.82 /
+    # 59.65, b64 6.74 / 6.73 against 6.70 / 6.69 (benchmarks/explore/NOTES.md, sessions 46 and 47)
     epilogue_tma: bool = False
+    # gate/up's 128-row prefill tiles gated over all their rows at once, which halves their columns before any
+    # address is made (the other projections' epilogues run a half at a time, `row_halves`), and stored through a
+    # tensor descriptor (with prefill_tma). Llama-3-8B, H200, one call: TTFT 2048 58.82 / 59.65 ms against 61.07 /
+    # 61.95, b64 ctx512 6.70 / 6.69 against 6.67 / 6.65 (its spills 130 -> 162 B). Gated whole but stored through
+    # pointers, as the halves are, it was level: 62.81 / 63.17 against 62.45 / 62.99 (benchmarks/explore/NOTES.md,
+    # session 47)
+    gated_tma: bool = True
     spin_limit: int = 1 << 26  # spins before a wait is reported as a hang
     profile: bool = False  # record each task's start, end of waits and end in step `profile_step` (GPU only)
     profile_step: int = 2

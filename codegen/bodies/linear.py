@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from codegen.bodies.common import arrives_last, prefill_splits, round_to, row_halves, store_split, sum_of_splits
-from codegen.bodies.common import EPILOGUE_TMA, INLINE_PTX, SPLIT_SLICE_ROWS, split_slices, sum_split_rows
+from codegen.bodies.common import EPILOGUE_TMA, GATED_TMA, INLINE_PTX, SPLIT_SLICE_ROWS, split_slices, sum_split_rows
 from codegen.bodies.sync import bulk_stores_done
 from codegen.bodies.common import add_norm_sums, norm_sums, word, word8, word_f32
 
@@ -87,17 +87,22 @@ def store_outputs(desc, y, rows, row_ok, cols, col_ok, ACT, F32, r0=0, num_rows=
 
 
 @triton.jit
-def linear_epilogue(desc, y, rows, row_ok, n0, W, ACT, F32, r0=0, num_rows=0, TMA: tl.constexpr = False):
+def linear_epilogue(desc, y, rows, row_ok, n0, W, ACT, F32, r0=0, num_rows=0, TMA: tl.constexpr = False,
+                    GATING: tl.constexpr = 2):
     """Epilogue of the fp32 products y of rows x weight rows n0 .. n0 + y.shape[1]: 1/rms, bias, gating. TMA:
-    rows are r0 .. of num_rows, the residual and store through tensor descriptors (`store_outputs`)."""
-    kept_epilogue(desc, y, rows, row_ok, n0, tl.full((y.shape[1],), 1, tl.int32), W, ACT, F32, r0, num_rows, TMA)
+    rows are r0 .. of num_rows, the residual and store through tensor descriptors (`store_outputs`). GATING: 2,
+    the descriptor says whether the columns are gated; 1 or 0, the caller knows (the other branch not compiled)."""
+    kept_epilogue(desc, y, rows, row_ok, n0, tl.full((y.shape[1],), 1, tl.int32), W, ACT, F32, r0, num_rows, TMA,
+                  GATING)
 
 
 @triton.jit
-def kept_epilogue(desc, y, rows, row_ok, n0, keep, W, ACT, F32, r0=0, num_rows=0, TMA: tl.constexpr = False):
+def kept_epilogue(desc, y, rows, row_ok, n0, keep, W, ACT, F32, r0=0, num_rows=0, TMA: tl.constexpr = False,
+                  GATING: tl.constexpr = 2):
     """`linear_epilogue` of the columns where `keep` (int32, one a column of y) is not 0 (every one with
     TMA)."""
-    K, N, gated = word8(desc, 2), word(desc, 4), word(desc, 8)
+    K, N = word8(desc, 2), word(desc, 4)
+    gated = word(desc, 8) if GATING == 2 else GATING
     stats_off, eps, bias_off = word(desc, 9), word_f32(desc, 10), word(desc, 13)
     dt: tl.constexpr = W.dtype.element_ty
     BC: tl.constexpr = y.shape[1]
@@ -328,11 +333,25 @@ def tile_product(x_off, x_stride, K, w_off, N, m0, n0, k_lo, k_hi, num_rows, W, 
 def dot_block(desc, m0, n0, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
               DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr = False, EVEN_K: tl.constexpr = False,
               EVEN_N: tl.constexpr = False, EPI_TMA: tl.constexpr = False):
-    """Rows m0 .. m0 + BM times weight rows n0 .. n0 + BN over all of K, with the epilogue (its residual and
-    store through tensor descriptors with EPI_TMA: the caller waits for those stores, `bulk_stores_done`)."""
+    """Rows m0 .. m0 + BM times weight rows n0 .. n0 + BN over all of K, with the epilogue: over 64 rows, a half
+    at a time (`row_halves`), or with GATED_TMA gate/up's whole. EPI_TMA: the epilogue may store through tensor
+    descriptors (all of them with EPILOGUE_TMA, else gate/up's with GATED_TMA), and the caller waits for those
+    stores (`bulk_stores_done`)."""
     acc = dot_product(desc, m0, n0, 0, word8(desc, 2), num_rows, W, ACT, BM, BN, BK, DOT_F32, STAGES, TMA, EVEN_K,
                       EVEN_N)
-    if BM > 64:
+    if (BM > 64) and GATED_TMA:
+        if word(desc, 8) == 1:  # gate/up: gated before any address is made (half the columns), all rows at once
+            tile_rows = m0 + tl.arange(0, BM)  # (not `rows`: a name both branches set must keep one shape)
+            linear_epilogue(desc, acc, tile_rows, tile_rows < num_rows, n0, W, ACT, F32, m0, num_rows, EPI_TMA, 1)
+        else:
+            top, bottom = row_halves(acc)
+            rows = m0 + tl.arange(0, BM // 2)
+            linear_epilogue(desc, top, rows, rows < num_rows, n0, W, ACT, F32, m0, num_rows,
+                            EPI_TMA and EPILOGUE_TMA, 0)
+            rows += BM // 2
+            linear_epilogue(desc, bottom, rows, rows < num_rows, n0, W, ACT, F32, m0 + BM // 2, num_rows,
+                            EPI_TMA and EPILOGUE_TMA, 0)
+    elif BM > 64:
         top, bottom = row_halves(acc)
         rows = m0 + tl.arange(0, BM // 2)
         linear_epilogue(desc, top, rows, rows < num_rows, n0, W, ACT, F32, m0, num_rows, EPI_TMA)
@@ -479,7 +498,7 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
         start = tl.where(first, tile, static + tile - P)
         stop = tl.where(first, static, items)
         step = tl.where(first, P, tl.maximum(tasks - P, 1))
-        if splits == 1 and PREFILL_TMA and EPILOGUE_TMA:
+        if splits == 1 and PREFILL_TMA and (EPILOGUE_TMA or (GATED_TMA and BMP > 64)):
             # a while loop, not a for: Triton hoists a descriptor store's staging buffer out of an enclosing for
             # loop, where it cannot share the K loop's pipeline buffers' shared memory (+24 KB a program: one
             # program an SM at 2,048 tokens)

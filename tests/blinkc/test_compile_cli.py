@@ -179,6 +179,24 @@ def test_a_compile_that_fails_leaves_nothing_in_the_cache(cache, tmp_path, monke
     assert not list((cache / "artifacts").iterdir())
 
 
+def test_a_failed_compile_is_named_by_its_root_cause():
+    """Triton's CompilationError says where in the kernel, its cause what: `compile_many` reports both."""
+    from blinkc.compile_model import root_cause
+
+    class CompilationError(Exception):
+        pass
+
+    try:
+        try:
+            raise AssertionError("Mismatched type for rows between then block and else block")
+        except AssertionError as inner:
+            raise CompilationError("at 82:16:\n    if (BM > 64) and GATED_TMA:\n    ^") from inner
+    except CompilationError as error:
+        assert root_cause(error) == ("AssertionError: Mismatched type for rows between then block and else block "
+                                     "(at 82:16: if (BM > 64) and GATED_TMA:)")
+    assert root_cause(RuntimeError("ptxas failed")) == "RuntimeError: ptxas failed"
+
+
 def test_a_rebuilt_artifact_takes_its_cubin_from_the_cubin_cache(cache, tmp_path, monkeypatch):
     """The cubin is cached apart from the artifact (`cubins/KEY`, a few MB where an artifact is ~20): an artifact
     rebuilt from a cache that holds only the cubins, as one carried from the CPU machine to a GPU one does,

@@ -177,13 +177,15 @@ def test_a_short_prompt_splits_k_on_gpu(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("length", [1100, 400])
-def test_prefill_epilogue_through_tma_on_gpu(length, tmp_path):
+@pytest.mark.parametrize("length, field, on", [(1100, "epilogue_tma", True), (400, "epilogue_tma", True),
+                                               (1100, "gated_tma", False)])
+def test_prefill_epilogue_variants_on_gpu(length, field, on, tmp_path):
     """The prefill tiles' residuals and stores through tensor descriptors (`epilogue_tma`), their bulk stores
-    waited for before each task signals: a prompt of 1,100 tokens (128-row tiles, the last one part-filled) or
-    400 (64-row tiles)."""
+    waited for before each task signals; or gate/up's tiles a half at a time through pointers, as the other
+    projections' (`gated_tma` off): a prompt of 1,100 tokens (128-row tiles, the last one part-filled) or 400
+    (64-row tiles)."""
     config = dataclasses.replace(case_config(1), max_tokens_per_step=length, max_model_len=length + 16,
-                                 epilogue_tma=True)
+                                 **{field: on})
     check_against_reference("llama3-8b", 1, config, tmp_path, lengths=[length])
 
 
