@@ -333,10 +333,10 @@ def tile_product(x_off, x_stride, K, w_off, N, m0, n0, k_lo, k_hi, num_rows, W, 
 def dot_block(desc, m0, n0, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
               DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr = False, EVEN_K: tl.constexpr = False,
               EVEN_N: tl.constexpr = False, EPI_TMA: tl.constexpr = False):
-    """Rows m0 .. m0 + BM times weight rows n0 .. n0 + BN over all of K, with the epilogue: over 64 rows, a half
-    at a time (`row_halves`), or with GATED_TMA gate/up's whole. EPI_TMA: the epilogue may store through tensor
-    descriptors (all of them with EPILOGUE_TMA, else gate/up's with GATED_TMA), and the caller waits for those
-    stores (`bulk_stores_done`)."""
+    """Rows m0 .. m0 + BM times weight rows n0 .. n0 + BN over all of K, with the epilogue: a tile of more than 64
+    rows a half at a time (`row_halves`), but gate/up's whole with GATED_TMA. EPI_TMA: the epilogue may store
+    through tensor descriptors (every tile's with EPILOGUE_TMA, else gate/up's with GATED_TMA), and the caller
+    waits for those stores (`bulk_stores_done`)."""
     acc = dot_product(desc, m0, n0, 0, word8(desc, 2), num_rows, W, ACT, BM, BN, BK, DOT_F32, STAGES, TMA, EVEN_K,
                       EVEN_N)
     if (BM > 64) and GATED_TMA:
