@@ -2,6 +2,11 @@
 
 The prefill step's logits and the logits of a later decode step (teacher-forced on the kernel's own
 tokens) must match the reference within bf16 tolerance.
+
+Their kernels take minutes of ptxas each. On the CPU machine, `BLINK_GPU_PRECOMPILE=1
+BLINK_CACHE_DIR=.blink-cache python -m pytest -m gpu tests/gpu -k ...` compiles the selected tests' kernels into the
+cache, each test skipping where its kernel would load; a GPU call that carries `.blink-cache/cubins` (with
+`BLINK_CACHE_DIR=.blink-cache`) then runs them without compiling.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from runtime.megakernel import Megakernel
 from runtime.sampling import SamplingParams
 from runtime.step import SeqChunk, build_step
 from ir import DType
-from tests.conftest import relative_error
+from tests.conftest import PRECOMPILE, relative_error
 
 # batch 2: the two-row GEMV (`rows_gemv`); 8 and 64: the batched blocks (32 and 64 rows)
 CASES = [("llama3-8b", 1), ("llama3-8b", 2), ("llama3-8b", 8), ("llama3-8b", 64), ("qwen3-30b-a3b", 1),
@@ -71,6 +76,15 @@ def assert_within_bf16_tolerance(kernel: Megakernel, model, sequences: list[list
 def case_config(batch: int) -> CompileConfig:
     return CompileConfig(max_batch=batch, max_tokens_per_step=max(256, 40 * batch), max_model_len=512,
                          max_new_tokens=8)
+
+
+@pytest.fixture(autouse=True)
+def stop_at_load(monkeypatch):
+    """BLINK_GPU_PRECOMPILE (tests/conftest.py): the test stops where its compiled kernel would load."""
+    if PRECOMPILE:
+        def compiled(path, *args, **kwargs):
+            pytest.skip(f"compiled for the GPU: {path}")
+        monkeypatch.setattr(Megakernel, "load", staticmethod(compiled))
 
 
 @pytest.fixture(scope="module", autouse=True)
