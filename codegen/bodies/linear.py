@@ -341,25 +341,26 @@ def dot_block(desc, m0, n0, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.cons
                       EVEN_N)
     if (BM > 64) and GATED_TMA:
         if word(desc, 8) == 1:  # gate/up: gated before any address is made (half the columns), all rows at once
-            tile_rows = m0 + tl.arange(0, BM)  # (not `rows`: a name both branches set must keep one shape)
-            linear_epilogue(desc, acc, tile_rows, tile_rows < num_rows, n0, W, ACT, F32, m0, num_rows, EPI_TMA, 1)
+            rows = m0 + tl.arange(0, BM)
+            linear_epilogue(desc, acc, rows, rows < num_rows, n0, W, ACT, F32, m0, num_rows, EPI_TMA, 1)
         else:
-            top, bottom = row_halves(acc)
-            rows = m0 + tl.arange(0, BM // 2)
-            linear_epilogue(desc, top, rows, rows < num_rows, n0, W, ACT, F32, m0, num_rows,
-                            EPI_TMA and EPILOGUE_TMA, 0)
-            rows += BM // 2
-            linear_epilogue(desc, bottom, rows, rows < num_rows, n0, W, ACT, F32, m0 + BM // 2, num_rows,
-                            EPI_TMA and EPILOGUE_TMA, 0)
+            halves_epilogue(desc, acc, m0, num_rows, n0, W, ACT, F32, EPI_TMA and EPILOGUE_TMA, 0)
     elif BM > 64:
-        top, bottom = row_halves(acc)
-        rows = m0 + tl.arange(0, BM // 2)
-        linear_epilogue(desc, top, rows, rows < num_rows, n0, W, ACT, F32, m0, num_rows, EPI_TMA)
-        rows += BM // 2
-        linear_epilogue(desc, bottom, rows, rows < num_rows, n0, W, ACT, F32, m0 + BM // 2, num_rows, EPI_TMA)
+        halves_epilogue(desc, acc, m0, num_rows, n0, W, ACT, F32, EPI_TMA)
     else:
         rows = m0 + tl.arange(0, BM)
         linear_epilogue(desc, acc, rows, rows < num_rows, n0, W, ACT, F32, m0, num_rows, EPI_TMA)
+
+
+@triton.jit
+def halves_epilogue(desc, acc, m0, num_rows, n0, W, ACT, F32, TMA: tl.constexpr, GATING: tl.constexpr = 2):
+    """`linear_epilogue` of rows m0 .. of a tile of more than 64 rows, a half at a time (`row_halves`)."""
+    HALF: tl.constexpr = acc.shape[0] // 2
+    top, bottom = row_halves(acc)
+    rows = m0 + tl.arange(0, HALF)
+    linear_epilogue(desc, top, rows, rows < num_rows, n0, W, ACT, F32, m0, num_rows, TMA, GATING)
+    rows += HALF
+    linear_epilogue(desc, bottom, rows, rows < num_rows, n0, W, ACT, F32, m0 + HALF, num_rows, TMA, GATING)
 
 
 @triton.jit
