@@ -77,11 +77,16 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="a CompileConfig field of the profiled kernels (repeatable), e.g. --set batch_n=64")
     parser.add_argument("--dump", help="also save each profile's raw per-task times to DUMP-b{batch}-c{context}.pt")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="compile the profiling kernels into the cache (BLINK_CACHE_DIR) and stop, as "
+                             "`megakernel_tpot --compile-only` does")
     args = parser.parse_args()
     shapes = [(int(b), int(c)) for b in args.batch.split(",") for c in args.context.split(",")]
     fields = {key: parse_field(value) for key, value in (item.split("=", 1) for item in args.set)}
     configs = [profile_config(batch, context, args.prefill, **fields) for batch, context in shapes]
     compile_many([(args.preset, config) for config in configs])
+    if args.compile_only:
+        return
     for (batch, context), config in zip(shapes, configs):
         path = compile_model(resolve_model(args.preset), config, artifact_path("profile"), WeightsSource(seed=0)).path
         kernel = Megakernel.load(path, device="cuda", timeout_s=120)

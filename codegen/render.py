@@ -74,7 +74,8 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
                         f"{decode_bkv}, "
                         f"{hdp}, {dot_f32}, {cfg.attention_stages}, {cfg.merge_stages}, "
                         f"{_pow2(c.get('ATTENTION_SPLITS_MAX', 1))}, {window(cfg.decode_window_keys, decode_bkv)}, "
-                        f"{window(cfg.prefill_window_keys, cfg.block_kv)}, {cfg.attention_bf16_scores})",
+                        f"{window(cfg.prefill_window_keys, cfg.block_kv)}, {cfg.attention_bf16_scores}, "
+                        f"{even_heads(lw, hdp)})",
         # the embedding's tasks take the step's rows 4 * block_m at a time: each loads 32 bytes of a row, and a
         # prefill's rows came a trip to memory a block (H200, prefill embedding of 512 / 2,048 tokens 44 / 155 us
         # in 16-row blocks, 16 / 49 in 64)

@@ -30,6 +30,9 @@ def attend(q, q_pos, j_lo, j_hi, pages, k_base, v_base, row_stride, d, d_ok, sca
     as eager attention's matmul and multiply store them; else the scores stay fp32 and the scale goes into the
     exponent's FMA, as in SDPA's and flash attention's kernels."""
     dt: tl.constexpr = q.dtype
+    # key positions in int32 (the descriptor's words are int64, and so is what comes of them): the causal and
+    # length masks then take one compare a score rather than two, and the key index one add
+    q_pos, j_hi = q_pos.to(tl.int32), j_hi.to(tl.int32)
     m_i = tl.full((q.shape[0],), NEG, tl.float32)
     l_i = tl.zeros((q.shape[0],), tl.float32)
     acc = tl.zeros(q.shape, tl.float32)
@@ -85,7 +88,7 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs
                    BM: tl.constexpr, BMP: tl.constexpr, BKV: tl.constexpr, DECODE_BKV: tl.constexpr,
                    HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, MERGE_STAGES: tl.constexpr,
                    SPLITS: tl.constexpr, DECODE_WINDOW: tl.constexpr, PREFILL_WINDOW: tl.constexpr,
-                   BF16_SCORES: tl.constexpr):
+                   BF16_SCORES: tl.constexpr, EVEN_D: tl.constexpr):
     """Task (sequence, KV head, split) of the group's `num_tasks` (MAX_SEQS: the most sequences a step has,
     rounded up to a power of two). A sequence whose query rows (its tokens x the group's heads) fit BM
     decodes: the task takes its split of the context. Longer ones (prefill) come in blocks of BMP rows, and
@@ -103,7 +106,7 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs
             if q_len * rep <= BM:
                 decode_rows(desc, b, group % HKV, tile % splits, ACT, F32, I32, KV, kv_plane, SEQ_STARTS,
                             CONTEXT_LENS, SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ, PAGE_SIZE, BM, DECODE_BKV, HDP, DOT_F32,
-                            STAGES, MERGE_STAGES, SPLITS, DECODE_WINDOW, BF16_SCORES)
+                            STAGES, MERGE_STAGES, SPLITS, DECODE_WINDOW, BF16_SCORES, EVEN_D)
         if num_tokens > num_seqs:  # some sequence has more than one token: prefill blocks, numbered over the step
             seqs = tl.arange(0, MAX_SEQS)
             live = seqs < num_seqs
@@ -122,7 +125,7 @@ def attention_task(desc, tile, ACT, F32, I32, KV, kv_plane, num_tokens, num_seqs
                     local = item - tl.sum(tl.where(seqs == seq, ends - items, 0))
                     prefill_rows(desc, seq, local % HKV, (local // HKV) * BMP, ACT, I32, KV, kv_plane, SEQ_STARTS,
                                  CONTEXT_LENS, SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ, PAGE_SIZE, BMP, BKV, HDP, DOT_F32,
-                                 STAGES, PREFILL_WINDOW, BF16_SCORES)
+                                 STAGES, PREFILL_WINDOW, BF16_SCORES, EVEN_D)
 
 
 @triton.jit
@@ -146,7 +149,7 @@ def decode_rows(desc, b, g, split, ACT, F32, I32, KV, kv_plane, SEQ_STARTS: tl.c
                 CONTEXT_LENS: tl.constexpr, SEQ_REQ: tl.constexpr, REQ_PAGES: tl.constexpr,
                 PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, BM: tl.constexpr, BKV: tl.constexpr,
                 HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, MERGE_STAGES: tl.constexpr,
-                SPLITS: tl.constexpr, WINDOW: tl.constexpr, BF16_SCORES: tl.constexpr):
+                SPLITS: tl.constexpr, WINDOW: tl.constexpr, BF16_SCORES: tl.constexpr, EVEN_D: tl.constexpr):
     """Split `split` of sequence b's context for KV head g's query rows. Without a merge group the last split
     merges them all (SPLITS: at least `splits`, a power of two), a query row an iteration, MERGE_STAGES deep."""
     q_off, out_off, H, HKV = word8(desc, 0), word8(desc, 1), word(desc, 2), word(desc, 3)
@@ -157,15 +160,16 @@ def decode_rows(desc, b, g, split, ACT, F32, I32, KV, kv_plane, SEQ_STARTS: tl.c
                                                        SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ)
     rep = H // HKV
     d = tl.arange(0, HDP)
-    d_ok = d < HD
+    d_ok = (d < HD) | EVEN_D  # (EVEN_D: every head fills HDP, so no load or store needs the mask)
     r = tl.arange(0, BM)
     r_ok = r < q_len * rep
     tok, head, q_pos = start + r // rep, g * rep + r % rep, ctx - q_len + r // rep
     q = tl.load(ACT + q_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :],
                 mask=r_ok[:, None] & d_ok[None, :], other=0.0)
     chunk = tl.cdiv(tl.cdiv(ctx, splits), BKV) * BKV
-    m_i, l_i, acc = attend(q, q_pos, split * chunk, tl.minimum(ctx, (split + 1) * chunk), pages, k_base, v_base,
-                           HKV * HD, d, d_ok, scale, PAGE_SIZE, BKV, DOT_F32, STAGES, WINDOW, BF16_SCORES)
+    m_i, l_i, acc = attend(q, q_pos, (split * chunk).to(tl.int32), tl.minimum(ctx, (split + 1) * chunk), pages,
+                           k_base, v_base, HKV * HD, d, d_ok, scale, PAGE_SIZE, BKV, DOT_F32, STAGES, WINDOW,
+                           BF16_SCORES)
     out_ptr = ACT + out_off + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
     if splits == 1:
         tl.store(out_ptr, (acc / l_i[:, None]).to(dt), mask=r_ok[:, None] & d_ok[None, :])
@@ -185,7 +189,8 @@ def decode_rows(desc, b, g, split, ACT, F32, I32, KV, kv_plane, SEQ_STARTS: tl.c
 def prefill_rows(desc, b, g, m0, ACT, I32, KV, kv_plane, SEQ_STARTS: tl.constexpr, CONTEXT_LENS: tl.constexpr,
                  SEQ_REQ: tl.constexpr, REQ_PAGES: tl.constexpr, PAGES_PER_SEQ: tl.constexpr,
                  PAGE_SIZE: tl.constexpr, BMP: tl.constexpr, BKV: tl.constexpr, HDP: tl.constexpr,
-                 DOT_F32: tl.constexpr, STAGES: tl.constexpr, WINDOW: tl.constexpr, BF16_SCORES: tl.constexpr):
+                 DOT_F32: tl.constexpr, STAGES: tl.constexpr, WINDOW: tl.constexpr, BF16_SCORES: tl.constexpr,
+                 EVEN_D: tl.constexpr):
     """Query rows m0 .. m0 + BMP of sequence b and KV head g, causal: no key after the block's last token."""
     q_off, out_off, H, HKV = word8(desc, 0), word8(desc, 1), word(desc, 2), word(desc, 3)
     HD, scale = word8(desc, 4), word_f32(desc, 6)
@@ -194,7 +199,7 @@ def prefill_rows(desc, b, g, m0, ACT, I32, KV, kv_plane, SEQ_STARTS: tl.constexp
                                                        SEQ_REQ, REQ_PAGES, PAGES_PER_SEQ)
     rep = H // HKV
     d = tl.arange(0, HDP)
-    d_ok = d < HD
+    d_ok = (d < HD) | EVEN_D  # (EVEN_D: every head fills HDP, so no load or store needs the mask)
     r = m0 + tl.arange(0, BMP)
     r_ok = r < q_len * rep
     tok, head, q_pos = start + r // rep, g * rep + r % rep, ctx - q_len + r // rep
