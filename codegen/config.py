@@ -123,6 +123,18 @@ class CompileConfig:
     # 7.25 / 7.14 ms, b1 4.59 / 4.58, TTFT 2048 62.38 / 61.75, 512 19.15 / 19.29; in another, TTFT 512 19.44 /
     # 18.60, b8 5.35 / 5.36, b32 5.77 / 5.75. The GPU tests' error to fp32 falls (b1 0.065 against 0.075)
     attention_bf16_scores: bool = False
+    # the QKV epilogue also writes the step's keys and values to rows of their own, and a prefill's attention
+    # reads the step's keys from there through tensor descriptors (a bulk copy a block: no per-thread addresses,
+    # and no barrier for every thread's copies before the QK dot), the keys of earlier steps from the pages as
+    # before (`codegen.bodies.attention.attend_step`). The loop alone, H200, 2,048 tokens (benchmarks/explore/
+    # prefill_attention.py): 102 against 127 us; 132 against 163 at a prefill's clocks. In the kernel (H200,
+    # Llama-3-8B, `profile_step --prefill --context 2048`) attention takes 142 us a layer against 175, but the
+    # kernel's spills grow (TTFT 2048 194 -> 212 B, b64 112 -> 186, b1 56 -> 82) and the other groups slow by
+    # about as much: TTFT 2048 59.93 / 59.20 ms against 60.37 / 59.96 in one call, level in another; b64 and b1
+    # level. Longer prompts gain more: 4096 128.47 / 129.18 against 131.25 / 130.68, 8192 296.75 / 300.38
+    # against 310.90 / 311.50 (those two with a descriptor an item, since made once a task). Off by default until
+    # the decode rows of kernels with such long steps are measured too (benchmarks/explore/NOTES.md, session 48)
+    attention_step_keys: bool = False
     # software pipelining depth of the projections' K loops: the GEMV and dots up to block_m rows, the
     # batched decode blocks ([wide_m + batch_n] x block_k_dot each), the prefill tiles ([prefill_m + wide_n] x
     # block_k_dot each). 72 KB of shared memory for the last two; at 48 KB (prefill 2 stages) on the H100,

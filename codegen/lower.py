@@ -636,7 +636,7 @@ def _qkv_rope_store(lw: Lowering, node: Node) -> None:
         q_out_off=lw.act(q), layer=layer, rope_off=lw.layout.offset(rope_key),
         has_qk_norm=int(a["has_qk_norm"]), splits=splits,
         part_off=lw.layout.offset("qkv_parts"), ticket_off=lw.layout.offset(f"tickets:v{q.id}"),
-        num_tasks=num_tasks))
+        num_tasks=num_tasks, step_kv_off=step_kv(lw)))
     chunk = -(-(-(-k // splits)) // qkv_block_k(lw)) * qkv_block_k(lw)  # as the body splits K
 
     def prefetch(tile: int) -> Prefetch:
@@ -674,7 +674,7 @@ def _paged_attention(lw: Lowering, node: Node) -> None:
         q_off=lw.act(q), out_off=lw.act(node.output), num_heads=a["num_heads"], num_kv_heads=a["num_kv_heads"],
         head_dim=a["head_dim"], layer=layer, scale=float(a["scale"]), splits=splits,
         part_off=lw.layout.offset("attention_parts"), ticket_off=lw.layout.offset(f"tickets:v{node.output.id}"),
-        num_tasks=num_tasks, merger=int(merge))
+        num_tasks=num_tasks, merger=int(merge), step_kv_off=step_kv(lw))
     done = lw.tasks.add_group(Kind.ATTENTION, lw.tasks.add_desc(ATTENTION_FIELDS, fields), num_tasks,
                               f"attention.{layer}", lw.waits(q, cache), prefill_only_from=decode_tasks)
     if merge:  # a task a (sequence, query head) merges the splits' partials
@@ -682,6 +682,16 @@ def _paged_attention(lw: Lowering, node: Node) -> None:
         desc = lw.tasks.add_desc(ATTENTION_FIELDS, {**fields, "num_tasks": merges, "merger": 2})
         done = lw.tasks.add_group(Kind.ATTENTION, desc, merges, f"attention_merge.{layer}", (done,))
     lw.ready[node.output.id] = done
+
+
+def step_kv(lw: Lowering) -> int:
+    """The ACT offset of the rows that every layer's QKV epilogue also writes the step's keys and values to, a
+    row a token ([K heads, V heads]), and its attention's prefill blocks read (`attention_step_keys`); -1 where
+    they are not written. One buffer for every layer: a layer's attention is done before the next QKV starts."""
+    if not lw.config.attention_step_keys:
+        return -1
+    width = max(2 * n.attrs["kv_size"] for n in lw.graph.nodes if n.op == "qkv_rope_store")
+    return lw.act_buffer("step_kv", lw.config.max_tokens_per_step * width)
 
 
 def _layer_of(lw: Lowering, cache: Value) -> int:

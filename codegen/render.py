@@ -173,6 +173,7 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
         max_waits=MAX_WAITS, profile=cfg.profile and not cfg.interpret, profile_step=cfg.profile_step,
         prefetch=not cfg.interpret,  # inline PTX: the interpreter cannot run it
         exact_norm_sums=cfg.exact_norm_sums, epilogue_tma=cfg.epilogue_tma, gated_tma=cfg.gated_tma,
+        attention_step_keys=cfg.attention_step_keys,
         inline_ptx=not cfg.interpret,
         # a kernel whose decode steps have no more rows than a slice keeps the last split finishing each block
         split_slice_rows=cfg.split_slice_rows if cfg.max_batch > cfg.split_slice_rows else 0,

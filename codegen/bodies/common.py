@@ -9,6 +9,7 @@ NORM_SUMS_F64 = tl.constexpr(False)
 SPLIT_SLICE_ROWS = tl.constexpr(0)  # CompileConfig.split_slice_rows (`split_slices`)
 EPILOGUE_TMA = tl.constexpr(False)  # CompileConfig.epilogue_tma (`store_outputs`)
 GATED_TMA = tl.constexpr(False)  # CompileConfig.gated_tma (`dot_block`)
+STEP_KEYS = tl.constexpr(False)  # CompileConfig.attention_step_keys (`head_epilogue`, `prefill_rows`)
 INLINE_PTX = tl.constexpr(False)  # the kernel runs on a GPU, not in the interpreter (which cannot run inline PTX)
 
 

@@ -3,13 +3,15 @@ of k and v to the paged cache. q heads go to the activation buffer the attention
 import triton
 import triton.language as tl
 
-from codegen.bodies.common import SPLIT_SLICE_ROWS, round_to, split_slices, sum_of_splits, sum_split_rows, word
-from codegen.bodies.common import word8, word_f32
+from codegen.bodies.common import SPLIT_SLICE_ROWS, STEP_KEYS, round_to, split_slices, sum_of_splits, sum_split_rows
+from codegen.bodies.common import word, word8, word_f32
 from codegen.bodies.linear import row_inv_rms, tile_product
 
 QKV_FIELDS = ("x_off", "k", "w_off", "num_q_heads", "num_kv_heads", "head_dim", "rotary_dim", "stats_off",
               "eps", "bias_off", "q_norm_off", "k_norm_off", "qk_eps", "q_out_off", "layer", "rope_off",
-              "has_qk_norm", "splits", "part_off", "ticket_off", "num_tasks")
+              "has_qk_norm", "splits", "part_off", "ticket_off", "num_tasks", "step_kv_off")
+# step_kv_off: k and v also go to a row a token there ([K heads, V heads]), for prefill attention's descriptors
+# (`codegen.bodies.attention.attend_step`); -1: only to the cache
 
 
 @triton.jit
@@ -113,6 +115,9 @@ def head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane,
         kv_head = head - HQ - plane * HKV
         base = KV + tl.multiple_of((layer * 2 + plane) * kv_plane, 8) + kv_head * HD
         tl.store(base + slot[:, None] * (HKV * HD) + cols[None, :], y.to(dt), mask=mask)
+        if STEP_KEYS:  # ... and to the step's rows, for prefill attention's descriptors (`attend_step`)
+            step_kv = ACT + word8(desc, 21) + (head - HQ) * HD
+            tl.store(step_kv + rows[:, None] * (2 * HKV * HD) + cols[None, :], y.to(dt), mask=mask)
 
 
 @triton.jit

@@ -233,6 +233,15 @@ def test_prefill_tiles_of_128_rows_match_the_reference_engine(checkpoint, tmp_pa
     check((4, 4), [[(7 * i + 3) % 250 + 1 for i in range(100)], PROMPTS[1]])
 
 
+def test_prefill_attention_from_the_steps_rows_matches_the_reference_engine(checkpoint, tmp_path):
+    """`attention_step_keys`: a prefill block reads its own step's keys and values from the rows the QKV epilogue
+    also wrote them to, through tensor descriptors, and earlier steps' from the pages: the 19-token prompt
+    prefills over two 16-token steps, the second attending to both."""
+    config = dataclasses.replace(CONFIG, attention_step_keys=True)
+    _, check = _tiny_kernel(checkpoint, tmp_path / "step_keys.cubin", config)
+    check((7, 12, 4))
+
+
 @pytest.mark.parametrize("rows_gemv, rows_max", [(4, 4), (0, 16)])
 def test_few_row_steps_match_the_reference_engine(checkpoint, tmp_path, rows_gemv, rows_max):
     """Steps of two and three decoding sequences take `gemv_rows` (each weight chunk times every row in turn,
