@@ -3,8 +3,8 @@
 At 2,048 tokens the megakernel's prefill attention takes ~173 us a Llama-3-8B layer (`profile_step --prefill
 --context 2048`) where torch's SDPA takes ~84 (`sdpa_prefill`). ncu puts its loop's stalls on the barrier before
 each block's QK dot (every warp's key copies landed) and on the key and value addresses (page ids gathered, 64-bit
-rows). This probe runs the kernel's own `attend` (paged keys, per-thread copies) and a loop over the step's keys
-stored contiguously and read by tensor descriptors (TMA: one bulk copy a block, no addresses, no copy barrier), on
+rows). This probe runs the kernel's own `attend` (paged keys, per-thread copies) and `attend_step` (the step's keys
+stored contiguously and read by tensor descriptors, TMA: one bulk copy a block, no addresses, no copy barrier) on
 the kernel's items (a block of query rows, tokens x the heads of a KV group, and its KV head), handed out in the
 kernel's zigzag over a persistent grid, next to SDPA on the same tensors.
 
@@ -27,66 +27,33 @@ import triton.language as tl
 
 from benchmarks.baselines import median_ms
 from benchmarks.explore.variant_fields import with_kind
-from codegen.bodies.attention import LOG2E, NEG, attend
+from codegen.bodies.attention import attend, attend_block, attend_step, attention_start
 from runtime.megakernel import use_scratch_allocator
 
 
 
 @triton.jit
-def attend_tma(q, q_pos, j_hi, kd, vd, row0, col0, scale, BKV: tl.constexpr, STAGES: tl.constexpr):
-    """`attend` over keys 0 .. j_hi stored contiguously from row `row0` of the descriptors kd and vd (column
-    col0: the KV head), a [BKV, HDP] block of each a bulk copy."""
-    m_i = tl.full((q.shape[0],), NEG, tl.float32)
-    l_i = tl.zeros((q.shape[0],), tl.float32)
-    acc = tl.zeros(q.shape, tl.float32)
-    c = scale * LOG2E
-    for j0 in tl.range(0, j_hi, BKV, num_stages=STAGES):
-        k = kd.load([row0 + j0, col0])
-        v = vd.load([row0 + j0, col0])
-        s = tl.dot(q, tl.trans(k))
-        j = j0 + tl.arange(0, BKV)
-        s = tl.where((j[None, :] <= q_pos[:, None]) & (j < j_hi)[None, :], s, NEG)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s * c - (m_new * c)[:, None])
-        alpha = tl.exp2((m_i - m_new) * c)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
-    return m_i, l_i, acc
-
-
-@triton.jit
 def attend_pages_tma(q, q_pos, j_hi, pages, kd, vd, col0, scale, PAGE_SIZE: tl.constexpr, BKV: tl.constexpr,
                      STAGES: tl.constexpr):
-    """`attend_tma` over paged keys, pages of at least BKV keys: block j0's keys start at row
+    """`attend_step` over paged keys, pages of at least BKV keys: block j0's keys start at row
     pages[j0 // PAGE_SIZE] * PAGE_SIZE + j0 % PAGE_SIZE of the pool's descriptors."""
-    m_i = tl.full((q.shape[0],), NEG, tl.float32)
-    l_i = tl.zeros((q.shape[0],), tl.float32)
-    acc = tl.zeros(q.shape, tl.float32)
-    c = scale * LOG2E
+    m_i, l_i, acc = attention_start(q)
     for j0 in tl.range(0, j_hi, BKV, num_stages=STAGES):
         row = tl.load(pages + j0 // PAGE_SIZE) * PAGE_SIZE + j0 % PAGE_SIZE
         k = kd.load([row, col0])
         v = vd.load([row, col0])
-        s = tl.dot(q, tl.trans(k))
-        j = j0 + tl.arange(0, BKV)
-        s = tl.where((j[None, :] <= q_pos[:, None]) & (j < j_hi)[None, :], s, NEG)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s * c - (m_new * c)[:, None])
-        alpha = tl.exp2((m_i - m_new) * c)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
+        m_i, l_i, acc = attend_block(q, k, v, j0 + tl.arange(0, BKV), j_hi, q_pos, m_i, l_i, acc, scale, False,
+                                     False)
     return m_i, l_i, acc
 
 
 @triton.jit
-def prefill_items(Q, K, V, KV, PAGES, OUT, T, num_slots, scale, H: tl.constexpr, HKV: tl.constexpr,
+def prefill_items(Q, STEP_KV, KV, PAGES, OUT, T, num_slots, scale, H: tl.constexpr, HKV: tl.constexpr,
                   HD: tl.constexpr, BM: tl.constexpr, BKV: tl.constexpr, STAGES: tl.constexpr, MODE: tl.constexpr,
                   PAGE_SIZE: tl.constexpr):
     """Item i = (query block i // HKV, KV head i % HKV), a task taking items tile, 2n - 1 - tile, 2n + tile...
-    of the grid's n programs (the kernel's zigzag). q [T, H * HD]; the keys and values of token t at K / V row t
-    (MODE 1), or in the pool KV [2, num_slots, HKV * HD] at page PAGES[t // PAGE_SIZE]'s row (MODE 0, the
+    of the grid's n programs (the kernel's zigzag). q [T, H * HD]; the keys and values of token t at STEP_KV
+    row t ([K heads, V heads], as the kernel's `step_kv` rows: MODE 1, the kernel's `attend_step`), or in the pool KV [2, num_slots, HKV * HD] at page PAGES[t // PAGE_SIZE]'s row (MODE 0, the
     kernel's `attend`; 2: through descriptors on the pool)."""
     REP: tl.constexpr = H // HKV
     tile, n = tl.program_id(0), tl.num_programs(0)
@@ -94,8 +61,9 @@ def prefill_items(Q, K, V, KV, PAGES, OUT, T, num_slots, scale, H: tl.constexpr,
     d = tl.arange(0, HD)
     d_ok = d < HD
     if MODE == 1:
-        kd = tl.make_tensor_descriptor(K, shape=[T, HKV * HD], strides=[HKV * HD, 1], block_shape=[BKV, HD])
-        vd = tl.make_tensor_descriptor(V, shape=[T, HKV * HD], strides=[HKV * HD, 1], block_shape=[BKV, HD])
+        kd = tl.make_tensor_descriptor(STEP_KV, shape=[T, 2 * HKV * HD], strides=[2 * HKV * HD, 1],
+                                       block_shape=[BKV, HD])
+        vd = kd
     else:
         kd = tl.make_tensor_descriptor(KV, shape=[num_slots, HKV * HD], strides=[HKV * HD, 1],
                                        block_shape=[BKV, HD])
@@ -111,7 +79,9 @@ def prefill_items(Q, K, V, KV, PAGES, OUT, T, num_slots, scale, H: tl.constexpr,
             q = tl.load(Q + tok[:, None] * (H * HD) + head[:, None] * HD + d[None, :], mask=r_ok[:, None], other=0.0)
             last = tl.minimum(T, (m0 + BM - 1) // REP + 1)
             if MODE == 1:
-                m_i, l_i, acc = attend_tma(q, tok, last, kd, vd, 0, g * HD, scale, BKV, STAGES)
+                m_i, l_i, acc = attention_start(q)
+                m_i, l_i, acc = attend_step(q, tok, 0, last, kd, 0, g * HD, (HKV + g) * HD, scale, m_i, l_i, acc,
+                                            BKV, False, STAGES, False)
             elif MODE == 2:
                 m_i, l_i, acc = attend_pages_tma(q, tok, last, PAGES, kd, vd, g * HD, scale, PAGE_SIZE, BKV, STAGES)
             else:
@@ -169,6 +139,7 @@ def main() -> None:
         gen = torch.Generator(device=device).manual_seed(T)
         q = torch.randn(T, H * HD, device=device, dtype=torch.bfloat16, generator=gen)
         k, v = (torch.randn(T, HKV * HD, device=device, dtype=torch.bfloat16, generator=gen) for _ in range(2))
+        step_kv = torch.cat([k, v], dim=1)  # a row a token: every KV head's key, then every value
         qh, kh, vh = (x.view(T, -1, HD).transpose(0, 1)[None] for x in (q, k, v))
 
         def sdpa_call(qh=qh, kh=kh, vh=vh):
@@ -190,7 +161,7 @@ def main() -> None:
             pool[0, slots], pool[1, slots] = k, v
             out = torch.empty_like(q)
             run = lambda: prefill_items[(var.programs,)](  # noqa: E731
-                q, k, v, pool, pages, out, T, pool.shape[1], scale, H, HKV, HD, var.bm, var.bkv, var.stages,
+                q, step_kv, pool, pages, out, T, pool.shape[1], scale, H, HKV, HD, var.bm, var.bkv, var.stages,
                 MODES.index(var.mode), var.page, num_warps=var.warps)
             run()
             err = ((out.view(T, H, HD).transpose(0, 1)[None].float() - ref.float()).abs().max()).item()

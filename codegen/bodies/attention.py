@@ -116,7 +116,7 @@ def attend_step(q, q_pos, j_lo, j_hi, kv, row0, k_col, v_col, scale, m_i, l_i, a
     descriptor kv, its key at column k_col and its value at v_col, a [BKV, HDP] block of each one bulk copy
     (no addresses, and no barrier for every thread's copies before the dots: ~20% faster than `attend_pages`
     alone, benchmarks/explore/prefill_attention.py)."""
-    q_pos, j_lo, j_hi = q_pos.to(tl.int32), j_lo.to(tl.int32), j_hi.to(tl.int32)
+    q_pos, j_hi = q_pos.to(tl.int32), j_hi.to(tl.int32)  # (j_lo: int32 already, as the loop's index must be)
     for j0 in tl.range(j_lo, j_hi, BKV, num_stages=STAGES):
         k = kv.load([row0 + j0, k_col])
         v = kv.load([row0 + j0, v_col])
