@@ -1,12 +1,12 @@
 """How fast can a prefill's causal attention run in the megakernel's shape of program? (probe)
 
 At 2,048 tokens the megakernel's prefill attention takes ~173 us a Llama-3-8B layer (`profile_step --prefill
---context 2048`) where torch's SDPA takes ~84 (`sdpa_prefill`). ncu puts its loop's stalls on the barrier before
-each block's QK dot (every warp's key copies landed) and on the key and value addresses (page ids gathered, 64-bit
-rows). This probe runs the kernel's own `attend` (paged keys, per-thread copies) and `attend_step` (the step's keys
-stored contiguously and read by tensor descriptors, TMA: one bulk copy a block, no addresses, no copy barrier) on
-the kernel's items (a block of query rows, tokens x the heads of a KV group, and its KV head), handed out in the
-kernel's zigzag over a persistent grid, next to SDPA on the same tensors.
+--context 2048`) where torch's SDPA (the baseline's call: causal, GQA; printed here first) takes ~84. ncu puts its
+loop's stalls on the barrier before each block's QK dot (every warp's key copies landed) and on the key and value
+addresses (page ids gathered, 64-bit rows). This probe runs the kernel's own `attend` (paged keys, per-thread
+copies) and `attend_step` (the step's keys stored contiguously and read by tensor descriptors, TMA: one bulk copy a
+block, no addresses, no copy barrier) on the kernel's items (a block of query rows, tokens x the heads of a KV
+group, and its KV head), handed out in the kernel's zigzag over a persistent grid, next to SDPA on the same tensors.
 
     python -m benchmarks.explore.prefill_attention --prompts 512,2048
     python -m benchmarks.explore.prefill_attention --variants "paged tma tma,bkv=64"
@@ -31,7 +31,6 @@ from codegen.bodies.attention import attend, attend_block, attend_step, attentio
 from runtime.megakernel import use_scratch_allocator
 
 
-
 @triton.jit
 def attend_pages_tma(q, q_pos, j_hi, pages, kd, vd, col0, scale, PAGE_SIZE: tl.constexpr, BKV: tl.constexpr,
                      STAGES: tl.constexpr):
@@ -53,8 +52,9 @@ def prefill_items(Q, STEP_KV, KV, PAGES, OUT, T, num_slots, scale, H: tl.constex
                   PAGE_SIZE: tl.constexpr):
     """Item i = (query block i // HKV, KV head i % HKV), a task taking items tile, 2n - 1 - tile, 2n + tile...
     of the grid's n programs (the kernel's zigzag). q [T, H * HD]; the keys and values of token t at STEP_KV
-    row t ([K heads, V heads], as the kernel's `step_kv` rows: MODE 1, the kernel's `attend_step`), or in the pool KV [2, num_slots, HKV * HD] at page PAGES[t // PAGE_SIZE]'s row (MODE 0, the
-    kernel's `attend`; 2: through descriptors on the pool)."""
+    row t ([K heads, V heads], as the kernel's `step_kv` rows: MODE 1, the kernel's `attend_step`), or in the
+    pool KV [2, num_slots, HKV * HD] at page PAGES[t // PAGE_SIZE]'s row (MODE 0, the kernel's `attend`; 2:
+    through descriptors on the pool)."""
     REP: tl.constexpr = H // HKV
     tile, n = tl.program_id(0), tl.num_programs(0)
     total = tl.cdiv(T * REP, BM) * HKV
@@ -123,8 +123,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", default="512,2048")
     parser.add_argument("--hot", type=int, default=0, metavar="N",
-                        help="also time each variant right behind N GEMMs of ~1.6 ms each (the clocks a prefill's "
-                             "GEMMs leave): GEMMs and variant together less the GEMMs alone")
+                        help="also time each variant (CUDA events around it alone) right after N GEMMs of ~1.6 ms "
+                             "each: at the clocks a prefill's GEMMs leave")
     parser.add_argument("--variants", default="paged tma pages_tma,page=32 pages_tma,page=32,stages=4 "
                         "pages_tma,page=64 pages_tma,page=64,bkv=64,stages=2")
     args = parser.parse_args()
@@ -133,7 +133,7 @@ def main() -> None:
     H, HKV, HD = 32, 8, 128  # Llama-3-8B
     scale = HD ** -0.5
     print(torch.cuda.get_device_name())
-    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16) if args.hot else None
     gemms = lambda: [a @ a for _ in range(args.hot)]  # noqa: E731
     for T in (int(v) for v in args.prompts.split(",")):
         gen = torch.Generator(device=device).manual_seed(T)
