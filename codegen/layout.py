@@ -64,7 +64,7 @@ class Layout:
 # address them as CONTROL + index, so keep this order.
 CONTROL_FIELDS = ("num_tokens", "num_seqs", "done", "step", "num_requests", "num_eos",
                   "error_flag", "error_step", "error_task", "error_event", "error_value", "error_target",
-                  "task_tickets")
+                  "task_tickets", "logits_seqs")
 
 STEP_REGIONS = {  # name -> size: T tokens, B sequences, R requests, P pages, M prompt and O output tokens
     "input_ids": "T", "positions": "T", "slots": "T",

@@ -15,7 +15,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 FORMAT = "blink-megakernel"
-VERSION = 2  # 2: weight transforms (norms folded into projections, gate/up rows interleaved)
+# 2: weight transforms (norms folded into projections, gate/up rows interleaved)
+# 3: the control word `logits_seqs` (the rows of the last step with sequences: `Megakernel.last_step_rows`)
+VERSION = 3
 
 
 @dataclass(frozen=True)

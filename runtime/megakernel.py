@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from codegen.layout import CONTROL_FIELDS
 from codegen.tasks import schedule as task_schedule
 from ir.ops.attention import rope_cos_sin
 from runtime.artifact import Artifact, import_source
@@ -169,9 +170,12 @@ class Megakernel:
         return _load_cubin(self.artifact, self.manifest), None
 
     # -- running ------------------------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], params: list[SamplingParams] | SamplingParams) -> list[Completion]:
-        max_steps = self.prepare(prompts, params)
-        self._launch(max_steps)
+    def generate(self, prompts: list[list[int]], params: list[SamplingParams] | SamplingParams,
+                 max_steps: int | None = None) -> list[Completion]:
+        """max_steps: stop after that many steps (requests not finished by then end "incomplete"), so that a
+        check can read any step's logits (`last_logits`)."""
+        bound = self.prepare(prompts, params)
+        self._launch(bound if max_steps is None else min(max_steps, bound))
         state = self.read_state()  # one read for the hang check and the tokens
         self._raise_on_hang(state)
         return self.completions(len(prompts), state)
@@ -289,8 +293,19 @@ class Megakernel:
         words = self.profile.view(-1, 4).cpu()
         return torch.cat([words[:, :3], words[:, 3:] & 0xFFFFFFFF, words[:, 3:] >> 32], 1)
 
-    def last_logits(self, num_rows: int) -> torch.Tensor:
-        """The fp32 logits [num_rows, vocab] of the last step's sequences (for checks against the reference)."""
+    def last_step_rows(self, state: torch.Tensor | None = None) -> list[tuple[int, int]]:
+        """(request, tokens) of each logits row of the last step that had sequences, in row order: row i's logits
+        follow the first `tokens` tokens of its request (the prompt, then the tokens generated). `state`: the I32
+        arena read back after the launch (default: read now)."""
+        words = self.read_state() if state is None else state
+        num_rows = int(words[self.region("control")[0] + CONTROL_FIELDS.index("logits_seqs")])
+        requests, lengths = (self.region(name)[0] for name in ("seq_req", "context_lens"))
+        return list(zip(words[requests:requests + num_rows].tolist(), words[lengths:lengths + num_rows].tolist()))
+
+    def last_logits(self) -> torch.Tensor:
+        """The fp32 logits [rows, vocab] of the last step that had sequences, a row a sequence (`last_step_rows`
+        says whose): for checks against the reference."""
+        num_rows = len(self.last_step_rows())
         offset, _ = self.region(self.manifest["model"]["logits_region"])
         vocab = self.manifest["model"]["vocab_size"]
         return self.f32[offset:offset + num_rows * vocab].view(num_rows, vocab)

@@ -43,7 +43,7 @@ def main() -> None:
     differing = 0
     for run in range(args.runs):
         kernel.generate([prompt], first)  # the prefill's logits stay in the arena after a one-token launch
-        logits = kernel.last_logits(1)[0].double().cpu()
+        logits = kernel.last_logits()[0].double().cpu()
         tokens = kernel.generate([prompt], greedy)[0].tokens
         if base_logits is None:
             base_logits, base_tokens = logits, tokens

@@ -66,6 +66,8 @@ def plan_step(I32, F32, step, CONTROL: tl.constexpr, INPUT_IDS: tl.constexpr, PO
     tl.store(I32 + SEQ_STARTS + b, t)
     tl.store(I32 + CONTROL + 0, t)
     tl.store(I32 + CONTROL + 1, b)
+    if b > 0:  # the last step with sequences: its logits rows outlast the empty plan that ends a launch
+        tl.store(I32 + CONTROL + 13, b)
     tl.store(I32 + CONTROL + 2, (active == 0).to(tl.int32))
     tl.store(I32 + CONTROL + 3, step)
 

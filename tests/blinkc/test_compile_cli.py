@@ -60,7 +60,7 @@ def test_compile_writes_the_artifact_and_caches_the_kernel(capsys, checkpoint, c
     for suffix in (".json", ".py", ".tables.safetensors"):
         assert out.with_name(out.name + suffix).is_file(), suffix
     manifest = _manifest(out)
-    assert (manifest["format"], manifest["version"]) == (FORMAT, VERSION) == ("blink-megakernel", 2)
+    assert (manifest["format"], manifest["version"]) == (FORMAT, VERSION) == ("blink-megakernel", 3)
     assert manifest["model"]["dtype"] == "f32" and manifest["config"]["max_batch"] == 2
     assert manifest["weights"]["source"] == {"kind": "checkpoint", "path": str(Path(directory).resolve())}
     assert manifest["tokenizer"] == str(Path(directory).resolve())
@@ -122,7 +122,7 @@ def test_run_refuses_a_manifest_of_another_version(capsys, checkpoint, cache, tm
     manifest = out.with_name(out.name + ".json")
     manifest.write_text(json.dumps({**_manifest(out), "version": 99}))
     code, _, err = _run(capsys, ["run", str(out), "--prompt", PROMPT])
-    assert "manifest version 99, this runtime reads 2" in _assert_one_error_line(code, err)
+    assert f"manifest version 99, this runtime reads {VERSION}" in _assert_one_error_line(code, err)
 
 
 @needs_interpreter

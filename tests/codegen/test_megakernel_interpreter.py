@@ -20,11 +20,13 @@ from codegen.config import CompileConfig
 from codegen.lower import linear_splits
 from codegen.tasks import FLAGS, PREFILL_ONLY, STREAMS, Kind
 from ir import DType
+from ir.executor import execute
 from models.presets import TINY_PRESETS, preset_config
 from models.trace import trace_model
 from runtime.megakernel import HangError, Megakernel
 from runtime.sampling import SamplingParams
-from tests.conftest import fp32_model
+from runtime.step import SeqChunk, build_step
+from tests.conftest import assert_close, fp32_model
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter tests (CPU)")
 
@@ -114,6 +116,35 @@ def test_sampling_on_the_kernel_is_seeded_and_top_k_one_is_greedy(compiled):
     # any int is a seed (wrapped into the kernel's int32 word), and a top_k past the vocabulary cuts nothing
     wrapped = kernel.generate(PROMPTS[:1], dataclasses.replace(hot, seed=11 + (1 << 40), top_k=10**12))
     assert wrapped[0].tokens == first[0].tokens
+
+
+def test_each_steps_logits_match_the_reference_executor(compiled):
+    """Launches bounded to 1, 2, ... steps (`max_steps`), each one's last step's logits, a row a sequence, against
+    the reference executor's for the tokens each request had by then (`last_step_rows` says whose and how many):
+    prompts of 19 and 30 tokens in 16-token steps end their prefill in different steps, the first decoding beside
+    the second's prefill, then the second alone."""
+    kernel, engine = compiled("tiny-llama")
+    prompts = [PROMPTS[0], [(11 * i + 5) % 250 + 1 for i in range(30)]]
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    steps = []
+    while not steps or any(c.finish_reason == "incomplete" for c in out):
+        out = kernel.generate(prompts, params, max_steps=len(steps) + 1)
+        tokens = [p + c.tokens for p, c in zip(prompts, out)]
+        steps.append(kernel.last_step_rows())
+        assert_close(kernel.last_logits(), reference_logits(engine, [tokens[r][:n] for r, n in steps[-1]]))
+    assert steps == [[(0, 16)], [(0, 19), (1, 13)], [(0, 20), (1, 28)], [(1, 30)], [(1, 31)]]
+
+
+def reference_logits(engine: ReferenceEngine, sequences: list[list[int]]) -> torch.Tensor:
+    """The last token's logits of each sequence, prefilled whole in one step by the reference executor on empty
+    caches of its own."""
+    chunks, page = [], 0
+    for tokens in sequences:
+        pages = -(-len(tokens) // engine.page_size)
+        chunks.append(SeqChunk(tokens, 0, list(range(page, page + pages))))
+        page += pages
+    caches = {name: torch.zeros_like(cache) for name, cache in engine.caches.items()}
+    return execute(engine.graph, engine.params, {**build_step(chunks, engine.page_size), **caches})["logits"]
 
 
 def test_a_wait_that_is_never_satisfied_is_reported_as_a_hang(compiled):

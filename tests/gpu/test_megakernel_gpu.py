@@ -61,14 +61,20 @@ def reference_logits(model, kernel: Megakernel, sequences: list[list[int]], dtyp
         return execute(graph, KernelWeights(kernel, dtype), inputs)["logits"]
 
 
-def assert_within_bf16_tolerance(kernel: Megakernel, model, sequences: list[list[int]]) -> None:
-    """The kernel's bf16 logits are about as close to an fp32 reference as the bf16 reference is: bf16
-    rounding over dozens of random layers drifts by a few percent, so the bar is relative to it."""
-    ours = kernel.last_logits(len(sequences)).clone()
+def assert_within_bf16_tolerance(kernel: Megakernel, model, tokens: list[list[int]]) -> None:
+    """The logits of the kernel's last step with sequences, in bf16, are about as close to an fp32 reference as the
+    bf16 reference is: bf16 rounding over dozens of random layers drifts by a few percent, so the bar is relative
+    to it. tokens: each request's prompt and the tokens generated (a row's logits follow the first tokens of its
+    request, as many as `last_step_rows` says)."""
+    rows = kernel.last_step_rows()
+    assert rows, "the launch ran no step with sequences"
+    sequences = [tokens[request][:length] for request, length in rows]
+    ours = kernel.last_logits().clone()
     exact = reference_logits(model, kernel, sequences, DType.f32)
     bf16 = reference_logits(model, kernel, sequences, DType.bf16)
     ours_err, bf16_err = relative_error(ours, exact), relative_error(bf16, exact)
-    print(f"\nrelative error vs fp32 reference: megakernel {ours_err:.4f}, bf16 reference {bf16_err:.4f}")
+    print(f"\nrows (request, tokens) {rows}: relative error vs fp32 reference: megakernel {ours_err:.4f}, "
+          f"bf16 reference {bf16_err:.4f}")
     assert torch.isfinite(ours).all()
     assert ours_err <= 1.5 * bf16_err + 2e-3, f"megakernel {ours_err:.4f} vs bf16 reference {bf16_err:.4f}"
 
@@ -160,9 +166,9 @@ def test_launches_repeat_bit_for_bit_on_gpu(tmp_path):
     runs = []
     for _ in range(4):
         kernel.generate(prompts, first)
-        prefill = kernel.last_logits(2).clone()
+        prefill = kernel.last_logits().clone()
         tokens = [c.tokens for c in kernel.generate(prompts, more)]
-        runs.append((prefill, kernel.last_logits(2).clone(), tokens))
+        runs.append((prefill, kernel.last_logits().clone(), tokens))
     for launch, (prefill, decoded, tokens) in enumerate(runs[1:], 1):
         assert torch.equal(prefill, runs[0][0]), f"launch {launch}: the prefill's logits differ from launch 0's"
         assert torch.equal(decoded, runs[0][1]), f"launch {launch}: the last decode step's logits differ"
@@ -209,13 +215,28 @@ def test_prefill_epilogue_variants_on_gpu(length, field, on, tmp_path):
 @pytest.mark.parametrize("step_keys", [True, False])
 def test_prefill_attention_reads_the_steps_keys_through_descriptors_on_gpu(step_keys, tmp_path):
     """`attention_step_keys`: a prefill block reads its own step's keys and values from the rows the QKV epilogue
-    also wrote them to, through tensor descriptors, and earlier steps' from the pages (off: all from the pages):
-    prompts of 300 and 90 tokens in steps of 256, the second step holding the long one's last 44 tokens (which
-    attend to both) and the short one whole, so that both end their prefill in one step: `last_logits` holds the
-    last step's sequences only. (700 and 90 tokens, the short one ending a step after the long one, failed that
-    check by 1.39 with the keys from the pages too, at 334bfda as after it: the rows, not the kernel.)"""
-    config = dataclasses.replace(case_config(2), max_model_len=512, attention_step_keys=step_keys)
-    check_against_reference("llama3-8b", 2, config, tmp_path, lengths=[300, 90])
+    also wrote them to, through tensor descriptors, and earlier steps' from the pages (off: all from the pages).
+    Prompts of 700 and 90 tokens in steps of 256, every step's logits checked: the long one alone for two steps,
+    then its last 188 tokens beside the short one's first 68, then the long one's first decode beside the short
+    one's last 22 (which attend to its first 68), then the short one's decode."""
+    config = dataclasses.replace(case_config(2), max_model_len=720, attention_step_keys=step_keys)
+    check_every_step("llama3-8b", config, tmp_path, lengths=[700, 90], max_tokens=2)
+
+
+def check_every_step(preset: str, config: CompileConfig, tmp_path, lengths: list[int], max_tokens: int) -> None:
+    """Launches bounded to 1, 2, ... steps until every request has finished, each launch's last step checked
+    against the reference (`assert_within_bf16_tolerance`)."""
+    model = resolve_model(preset)
+    kernel = Megakernel.load(compile_model(model, config, tmp_path / "model.cubin", WeightsSource(seed=1)).path,
+                             device="cuda", timeout_s=300)
+    g = torch.Generator().manual_seed(len(lengths))
+    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in lengths]
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    for steps in range(1, sum(lengths) + len(lengths) * max_tokens + 1):
+        out = kernel.generate(prompts, params, max_steps=steps)
+        assert_within_bf16_tolerance(kernel, model, [p + c.tokens for p, c in zip(prompts, out)])
+        if all(c.finish_reason != "incomplete" for c in out):
+            return
 
 
 @pytest.mark.gpu
@@ -285,4 +306,4 @@ def check_against_reference(preset: str, batch: int, config: CompileConfig, tmp_
     kernel.generate(prompts, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
     assert_within_bf16_tolerance(kernel, model, prompts)
     out = kernel.generate(prompts, SamplingParams(max_tokens=decode_tokens, temperature=0, ignore_eos=True))
-    assert_within_bf16_tolerance(kernel, model, [p + c.tokens[:-1] for p, c in zip(prompts, out)])
+    assert_within_bf16_tolerance(kernel, model, [p + c.tokens for p, c in zip(prompts, out)])
