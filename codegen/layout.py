@@ -66,6 +66,8 @@ CONTROL_FIELDS = ("num_tokens", "num_seqs", "done", "step", "num_requests", "num
                   "error_flag", "error_step", "error_task", "error_event", "error_value", "error_target",
                   "task_tickets", "logits_seqs")
 
+HANG_SPLIT_TICKET = -2  # the error_task of a hang in a split-K block's wait for its other splits (`split_slices`)
+
 STEP_REGIONS = {  # name -> size: T tokens, B sequences, R requests, P pages, M prompt and O output tokens
     "input_ids": "T", "positions": "T", "slots": "T",
     "seq_starts": "B+1", "context_lens": "B", "seq_req": "B", "logits_rows": "B", "seq_final": "B",

@@ -50,8 +50,8 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     vocab = lw.graph.outputs["logits"].shape[1]
     sample_block = min(1024, _pow2(-(-vocab // sample_splits(lw))))  # logits per iteration of a chunk's loop
     calls = {
-        Kind.LINEAR: f"linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, {bm}, {bn}, {bk}, {bk_rows}, "
-                     f"{cfg.wide_rows}, {cfg.prefill_rows}, {cfg.wide_n}, {cfg.batch_n}, "
+        Kind.LINEAR: f"linear_task(desc, tile, parts, W, ACT, F32, I32, num_tokens, num_seqs, {bm}, {bn}, {bk}, "
+                     f"{bk_rows}, {cfg.wide_rows}, {cfg.prefill_rows}, {cfg.wide_n}, {cfg.batch_n}, "
                      f"{cfg.whole_batch_n or cfg.batch_n}, {cfg.block_k_dot}, {dot_f32}, "
                      f"{cfg.num_stages}, {cfg.batch_stages}, {cfg.prefill_stages}, {cfg.batch_tma}, {cfg.prefill_tma}, "
                      f"{c.get('PREFILL_PARTS', 0)}, {cfg.prefill_splits}, {cfg.rows_gemv}, "

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from codegen.layout import CONTROL_FIELDS
+from codegen.layout import CONTROL_FIELDS, HANG_SPLIT_TICKET
 from codegen.tasks import schedule as task_schedule
 from ir.ops.attention import rope_cos_sin
 from runtime.artifact import Artifact, import_source
@@ -280,6 +280,9 @@ class Megakernel:
         control = self.region("control")[0]
         words = self.i32 if state is None else state
         flag, step, task, event, seen, target = words[control + 6:control + 12].tolist()
+        if flag and task == HANG_SPLIT_TICKET:
+            raise HangError(f"hang: in step {step}, a split of block {event} waited for the block's other splits: "
+                            f"{seen} of {target} arrived")
         if flag:
             where = f"task {task}" if task >= 0 else "the step planner"
             name = self.manifest["events"][event] if 0 <= event < len(self.manifest["events"]) else "?"

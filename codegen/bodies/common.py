@@ -2,6 +2,8 @@
 import triton
 import triton.language as tl
 
+from codegen.bodies.sync import record_hang
+
 # The norms' sums of squares in fp64 (`CompileConfig.exact_norm_sums`; the generated kernel sets this after the
 # bodies, codegen/templates/megakernel.py.j2), else fp32. Every column tile of a value adds its rows' partial sums by
 # atomics, in an order that varies from launch to launch: in fp32 the sum's last bits vary with it.
@@ -11,6 +13,9 @@ EPILOGUE_TMA = tl.constexpr(False)  # CompileConfig.epilogue_tma (`store_outputs
 GATED_TMA = tl.constexpr(False)  # CompileConfig.gated_tma (`dot_block`)
 STEP_KEYS = tl.constexpr(False)  # CompileConfig.attention_step_keys (`head_epilogue`, `prefill_rows`)
 INLINE_PTX = tl.constexpr(False)  # the kernel runs on a GPU, not in the interpreter (which cannot run inline PTX)
+CONTROL_WORDS = tl.constexpr(0)  # the control words' offset in I32 (codegen/layout.py), for waits inside a body
+SPIN_LIMIT = tl.constexpr(1 << 26)  # CompileConfig.spin_limit, for waits inside a body
+SPLIT_TICKET = tl.constexpr(-2)  # a hang's task word where `split_slices` gave up (codegen/layout.py HANG_SPLIT_TICKET)
 
 
 @triton.jit
@@ -99,7 +104,7 @@ def sum_split_rows(F32, base, splits, r0, R: tl.constexpr, C: tl.constexpr, ROWS
 
 
 @triton.jit
-def split_slices(F32, part_off, ticket_off, block, split, splits, acc, num_rows, SLICE: tl.constexpr):
+def split_slices(F32, I32, part_off, ticket_off, block, split, splits, acc, num_rows, SLICE: tl.constexpr):
     """Split-K in slices of SLICE rows: stores split `split` of block `block`'s fp32 partial acc [R, C] (a block
     holds `splits` parts of R x C), takes the block's ticket (a counter the planner zeroes every step), and
     returns where the block's parts start and the slices this split finishes: `first`, `first + step`, ...
@@ -108,7 +113,8 @@ def split_slices(F32, part_off, ticket_off, block, split, splits, acc, num_rows,
     split waits for the others and takes slices split, split + splits, ...; else the last to arrive takes them
     all. (Every split reaches its ticket: a task that waits here holds its program, and the block's other
     splits are running or taken after it in order by programs that are not waiting here, since only the block
-    taken last can lack a split.)"""
+    taken last can lack a split. So the wait runs out only where the kernel is aborting, a wait elsewhere having
+    given up, or after SPIN_LIMIT spins: a hang it records as task SPLIT_TICKET's, with the block for the event.)"""
     R: tl.constexpr = acc.shape[0]
     C: tl.constexpr = acc.shape[1]
     base = tl.multiple_of(part_off + block * splits * (R * C), 16)  # 16 floats: 16 bytes a thread's store
@@ -120,11 +126,15 @@ def split_slices(F32, part_off, ticket_off, block, split, splits, acc, num_rows,
     first = tl.where(arrived == splits - 1, 0, slices)
     step = tl.full((), 1, tl.int32)
     if (slices >= 2) & (splits <= tl.num_programs(0)):
-        # (bounded: a split that never comes means a wait elsewhere ran out and the kernel is aborting)
         seen, spins = arrived + 1, 0
-        while (seen < splits) & (spins < (1 << 26)):
+        while (seen < splits) & (spins < SPIN_LIMIT):
             seen = tl.atomic_add(ticket, 0.0, sem="acquire").to(tl.int32)
             spins += 1
+            if spins % 1024 == 0:
+                if tl.load(I32 + CONTROL_WORDS + 6, volatile=True) != 0:  # a wait elsewhere gave up: aborting
+                    spins = SPIN_LIMIT
+        if seen < splits:
+            record_hang(I32, CONTROL_WORDS, tl.load(I32 + CONTROL_WORDS + 3), SPLIT_TICKET, block, seen, splits)
         first = split.to(tl.int32)
         step = splits.to(tl.int32)
     tl.debug_barrier()

@@ -364,8 +364,8 @@ def halves_epilogue(desc, acc, m0, num_rows, n0, W, ACT, F32, TMA: tl.constexpr,
 
 
 @triton.jit
-def split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr, BNW: tl.constexpr,
-                BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr,
+def split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, I32, BM: tl.constexpr, BN: tl.constexpr,
+                BNW: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr,
                 EVEN_K: tl.constexpr, EVEN_N: tl.constexpr = False):
     """Up to BM rows times blocks of columns. With `splits` > 1 the task is split `tile % splits` of the K
     range of block `tile // splits` of BN columns (the group's tasks past its blocks' splits have none), and
@@ -391,7 +391,7 @@ def split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, BM: tl.constexpr, 
             acc = dot_product(desc, 0, block * BN, k_lo, k_hi, num_rows, W, ACT, BM, BN, BK, DOT_F32, STAGES, TMA,
                               EVEN_K, EVEN_N)
             if (SPLIT_SLICE_ROWS > 0) and (BM > SPLIT_SLICE_ROWS):  # the splits finish the block a slice each
-                base, first, step = split_slices(F32, part_off, ticket_off, block, split, splits, acc, num_rows,
+                base, first, step = split_slices(F32, I32, part_off, ticket_off, block, split, splits, acc, num_rows,
                                                  SPLIT_SLICE_ROWS)
                 for q in range(first, tl.cdiv(num_rows, SPLIT_SLICE_ROWS), step):
                     r = q * SPLIT_SLICE_ROWS + tl.arange(0, SPLIT_SLICE_ROWS)
@@ -431,7 +431,7 @@ def linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM: tl.constexpr, BN: 
 
 
 @triton.jit
-def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr,
+def linear_task(desc, tile, parts, W, ACT, F32, I32, num_tokens, num_seqs, BM: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, BKM: tl.constexpr, BMW: tl.constexpr, BMP: tl.constexpr, BNW: tl.constexpr,
                 BNB: tl.constexpr, BNBW: tl.constexpr, BKD: tl.constexpr, DOT_F32: tl.constexpr,
                 STAGES: tl.constexpr, BATCH_STAGES: tl.constexpr, PREFILL_STAGES: tl.constexpr, BATCH_TMA: tl.constexpr,
@@ -472,11 +472,11 @@ def linear_task(desc, tile, parts, W, ACT, F32, num_tokens, num_seqs, BM: tl.con
     elif num_rows <= BMW:  # batched decode: BNB (or BNBW) columns a dot, so that inputs are read no more than weights
         if PREFILL_ONLY:
             if tile < tl.cdiv(word(desc, 4), BN):
-                split_block(desc, tile, tl.cdiv(word(desc, 4), BN), num_rows, W, ACT, F32, BMW, BNB, BNBW, BKD,
+                split_block(desc, tile, tl.cdiv(word(desc, 4), BN), num_rows, W, ACT, F32, I32, BMW, BNB, BNBW, BKD,
                             DOT_F32, BATCH_STAGES, BATCH_TMA, EVEN_K, EVEN_N)
         else:
-            split_block(desc, tile, tl.cdiv(word(desc, 4), BN), num_rows, W, ACT, F32, BMW, BNB, BNBW, BKD, DOT_F32,
-                        BATCH_STAGES, BATCH_TMA, EVEN_K, EVEN_N)
+            split_block(desc, tile, tl.cdiv(word(desc, 4), BN), num_rows, W, ACT, F32, I32, BMW, BNB, BNBW, BKD,
+                        DOT_F32, BATCH_STAGES, BATCH_TMA, EVEN_K, EVEN_N)
     else:  # prefill: [BMP, BNW] tiles, row blocks innermost (the programs running at once share weights in L2)
         K, N, part_off, ticket_off = word8(desc, 2), word(desc, 4), word(desc, 19), word(desc, 20)
         row_blocks = tl.cdiv(num_rows, BMP)

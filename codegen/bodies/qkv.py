@@ -137,7 +137,7 @@ def split_head(desc, head, split, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, 
                       FULL_ROTARY)
     elif (SPLIT_SLICE_ROWS > 0) and (BM > SPLIT_SLICE_ROWS):  # the splits finish the head a slice each
         num_rows = tl.sum(row_ok.to(tl.int32))
-        base, first, step = split_slices(F32, part_off, ticket_off, head, split, splits, acc, num_rows,
+        base, first, step = split_slices(F32, I32, part_off, ticket_off, head, split, splits, acc, num_rows,
                                          SPLIT_SLICE_ROWS)
         for q in range(first, tl.cdiv(num_rows, SPLIT_SLICE_ROWS), step):
             r = q * SPLIT_SLICE_ROWS + tl.arange(0, SPLIT_SLICE_ROWS)

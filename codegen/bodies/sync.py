@@ -17,14 +17,20 @@ def wait_event(EVENTS, I32, CONTROL: tl.constexpr, event, target, step, task, SP
                 spins = SPIN_LIMIT
     ok = seen >= target
     if not ok:
-        if tl.atomic_cas(I32 + CONTROL + 6, 0, 1) == 0:  # first to fail records where
-            tl.store(I32 + CONTROL + 7, step)
-            tl.store(I32 + CONTROL + 8, task)
-            tl.store(I32 + CONTROL + 9, event)
-            tl.store(I32 + CONTROL + 10, seen)
-            tl.store(I32 + CONTROL + 11, target)
+        record_hang(I32, CONTROL, step, task, event, seen, target)
     tl.debug_barrier()
     return ok
+
+
+@triton.jit
+def record_hang(I32, CONTROL: tl.constexpr, step, task, event, seen, target):
+    """Sets the abort flag; the first wait to give up records where (`Megakernel._raise_on_hang` reports it)."""
+    if tl.atomic_cas(I32 + CONTROL + 6, 0, 1) == 0:
+        tl.store(I32 + CONTROL + 7, step)
+        tl.store(I32 + CONTROL + 8, task)
+        tl.store(I32 + CONTROL + 9, event)
+        tl.store(I32 + CONTROL + 10, seen)
+        tl.store(I32 + CONTROL + 11, target)
 
 
 @triton.jit

@@ -85,10 +85,10 @@ def test_streamed_gemv_matches_a_task_a_tile(n, k, gated, out_f32, parts, whole)
 
 
 @triton.jit
-def _batched_kernel(desc, W, ACT, F32, num_tasks, num_rows, BM: tl.constexpr, BNB: tl.constexpr,
+def _batched_kernel(desc, W, ACT, F32, I32, num_tasks, num_rows, BM: tl.constexpr, BNB: tl.constexpr,
                     BNW: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
     for tile in range(0, num_tasks):  # one program: the group's tasks one after another
-        split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, BM, BNB, BNW, BK, True, 2, False, EVEN_K, EVEN_N)
+        split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, I32, BM, BNB, BNW, BK, True, 2, False, EVEN_K, EVEN_N)
 
 
 @pytest.mark.parametrize("even_k, even_n", [(False, False), (True, False), (True, True)])
@@ -113,7 +113,8 @@ def test_batched_blocks_match_torch(splits, slice_rows, even_k, even_n, monkeypa
                   rows_kind=0, splits=splits, part_off=64, ticket_off=32, prefill_part_off=-1, prefill_ticket_off=-1,
                   prefill_tasks=-(-n // BN), route_rel=0, route_ticket=-1)
     desc = torch.tensor([fields[name] for name in LINEAR_FIELDS], dtype=torch.int64)
-    _batched_kernel[(1,)](desc, w.flatten().clone(), act, f32, n // BN, rows, 16, bnb, 2 * bnb, even_k, even_n)
+    i32 = torch.zeros(16, dtype=torch.int32)  # the control words (a wait in `split_slices` reads the abort flag)
+    _batched_kernel[(1,)](desc, w.flatten().clone(), act, f32, i32, n // BN, rows, 16, bnb, 2 * bnb, even_k, even_n)
     torch.testing.assert_close(act[out_off:].view(rows, n), y, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(f32[:rows], (y * y).sum(1), rtol=1e-4, atol=1e-3)
     if splits > 1:  # every split of every block took its ticket (the planner zeroes them every step)

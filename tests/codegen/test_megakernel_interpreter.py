@@ -16,7 +16,9 @@ from blinkc.compile_model import WeightsSource, compile_model
 from blinkc.engine import EngineConfig, ReferenceEngine
 from blinkc.random_checkpoint import write_random_checkpoint
 from blinkc.weights import load_weights
+from codegen.bodies import common
 from codegen.config import CompileConfig
+from codegen.layout import HANG_SPLIT_TICKET
 from codegen.lower import linear_splits
 from codegen.tasks import FLAGS, PREFILL_ONLY, STREAMS, Kind
 from ir import DType
@@ -159,6 +161,18 @@ def test_a_wait_that_is_never_satisfied_is_reported_as_a_hang(compiled):
             kernel.generate(PROMPTS[:1], SamplingParams(max_tokens=2, temperature=0))
     finally:
         launch.copy_(saved)
+
+
+def test_a_split_that_gave_up_on_its_block_is_reported_as_a_hang(compiled):
+    """A split-K block's split that waited for the others past the spin limit (`split_slices`, GPU only: it waits
+    where the launch has a program for every split) records the step, its block and the splits that arrived."""
+    kernel, _ = compiled("tiny-llama")
+    assert common.SPLIT_TICKET.value == HANG_SPLIT_TICKET
+    control = kernel.region("control")[0]
+    words = kernel.i32.clone()
+    words[control + 6:control + 12] = torch.tensor([1, 3, HANG_SPLIT_TICKET, 5, 2, 4])
+    with pytest.raises(HangError, match=r"step 3, a split of block 5 waited for the block's other splits: 2 of 4"):
+        kernel._raise_on_hang(words)
 
 
 def test_bad_requests_are_clear_errors(compiled):
