@@ -49,8 +49,8 @@ def decode_tokens(batch: int, context: int, tokens_per_step: int, num_tokens: in
 
 def decode_config(batch: int, context: int, num_tokens: int, **fields) -> CompileConfig:
     """The kernel a decode benchmark compiles: prompts of `context` tokens, and room for at least `num_tokens`
-    steps that decode the whole batch."""
-    per_step = prefill_budget(batch, context)
+    steps that decode the whole batch; `max_tokens_per_step` among the fields replaces `prefill_budget`'s."""
+    per_step = fields.pop("max_tokens_per_step", prefill_budget(batch, context))
     new_tokens = decode_tokens(batch, context, per_step, num_tokens)
     return CompileConfig(max_batch=batch, max_tokens_per_step=per_step, max_model_len=context + new_tokens + 8,
                          max_new_tokens=new_tokens, **fields)
