@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from codegen.layout import CONTROL_FIELDS, HANG_SPLIT_TICKET
+from codegen.layout import ABORT_ASKED, ABORT_ASKED_RECORDED, CONTROL_FIELDS, HANG_SPLIT_TICKET
 from codegen.tasks import schedule as task_schedule
 from ir.ops.attention import rope_cos_sin
 from runtime.artifact import Artifact, import_source
@@ -33,6 +33,7 @@ from runtime.weights import WeightSpec, checkpoint_shapes, place_weights, random
 
 _DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 FINISH_REASONS = {1: "length", 2: "stop"}
+STOP_GRACE_S = 5.0  # how long a kernel asked to stop (its launch ran past the timeout) has to end
 POLL_S = 1e-4  # how often the host asks whether a launch has ended (`wait_for`)
 
 
@@ -273,21 +274,41 @@ class Megakernel:
             self.kernel(*self._args(max_steps))
             done.record()
             if not wait_for(done, self.timeout_s - (time.perf_counter() - start)):
-                raise HangError(f"the kernel is still running after {self.timeout_s:.0f} s")
+                self._ask_to_stop()
+                if not wait_for(done, STOP_GRACE_S):
+                    raise HangError(f"the kernel is still running after {self.timeout_s:.0f} s and did not stop "
+                                    f"within {STOP_GRACE_S:.0f} s of being asked")
+                self._raise_on_hang(self.read_state())  # the flag is up: raises, saying where the kernel waited
+
+    def _ask_to_stop(self) -> None:
+        """Raises the abort flag (ABORT_ASKED) from a stream of its own while the kernel runs: every wait looks at
+        the flag once in 1,024 polls and gives up, the first to see it recording where it was waiting, and a
+        program between tasks leaves at its step's end."""
+        flag = self.region("control")[0] + CONTROL_FIELDS.index("error_flag")
+        asked = torch.tensor([ABORT_ASKED], dtype=torch.int32).pin_memory()
+        side = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(side):
+            self.i32[flag:flag + 1].copy_(asked, non_blocking=True)
+        side.synchronize()
 
     def _raise_on_hang(self, state: torch.Tensor | None = None) -> None:
         """`state`: the I32 arena as the launch left it, if already read back."""
         control = self.region("control")[0]
         words = self.i32 if state is None else state
         flag, step, task, event, seen, target = words[control + 6:control + 12].tolist()
-        if flag and task == HANG_SPLIT_TICKET:
-            raise HangError(f"hang: in step {step}, a split of block {event} waited for the block's other splits: "
-                            f"{seen} of {target} arrived")
-        if flag:
-            where = f"task {task}" if task >= 0 else "the step planner"
+        if not flag:
+            return
+        late = f"the launch ran past {self.timeout_s:.0f} s and was stopped"
+        if flag == ABORT_ASKED:  # no wait saw the flag: the kernel ended between tasks
+            raise HangError(f"hang: {late} in step {int(words[control + 3])}, no task waiting")
+        if task == HANG_SPLIT_TICKET:
+            where = f"a split of block {event} waited for the block's other splits: {seen} of {target} arrived"
+        else:
             name = self.manifest["events"][event] if 0 <= event < len(self.manifest["events"]) else "?"
-            raise HangError(f"hang: in step {step}, {where} waited on event {event} ({name}): "
-                            f"reached {seen} of {target}")
+            who = f"task {task}" if task >= 0 else "the step planner"
+            where = f"{who} waited on event {event} ({name}): reached {seen} of {target}"
+        stopped = f"{late}; " if flag == ABORT_ASKED_RECORDED else ""
+        raise HangError(f"hang: {stopped}in step {step}, {where}")
 
     def task_profile(self) -> torch.Tensor:
         """[num_tasks, 5]: global-timer ns (start, waits done, signalled) of each task in the profiled step

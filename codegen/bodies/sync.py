@@ -13,7 +13,7 @@ def wait_event(EVENTS, I32, CONTROL: tl.constexpr, event, target, step, task, SP
         seen = tl.atomic_add(EVENTS + event, 0, sem="acquire")
         spins += 1
         if spins % 1024 == 0:
-            if tl.load(I32 + CONTROL + 6, volatile=True) != 0:  # another program already aborted
+            if tl.load(I32 + CONTROL + 6, volatile=True) != 0:  # another program aborted, or the host asked
                 spins = SPIN_LIMIT
     ok = seen >= target
     if not ok:
@@ -24,8 +24,14 @@ def wait_event(EVENTS, I32, CONTROL: tl.constexpr, event, target, step, task, SP
 
 @triton.jit
 def record_hang(I32, CONTROL: tl.constexpr, step, task, event, seen, target):
-    """Sets the abort flag; the first wait to give up records where (`Megakernel._raise_on_hang` reports it)."""
-    if tl.atomic_cas(I32 + CONTROL + 6, 0, 1) == 0:
+    """Sets the abort flag; the first wait to give up records where (`Megakernel._raise_on_hang` reports it): the
+    first to run out of spins (flag 0 -> 1), or, where the host asked the kernel to stop, the first to see that
+    (2 -> 3: codegen/layout.py, ABORT_*)."""
+    flag = I32 + CONTROL + 6
+    first = tl.atomic_cas(flag, 0, 1) == 0
+    if not first:
+        first = tl.atomic_cas(flag, 2, 3) == 2
+    if first:
         tl.store(I32 + CONTROL + 7, step)
         tl.store(I32 + CONTROL + 8, task)
         tl.store(I32 + CONTROL + 9, event)

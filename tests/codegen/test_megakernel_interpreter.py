@@ -18,7 +18,7 @@ from blinkc.random_checkpoint import write_random_checkpoint
 from blinkc.weights import load_weights
 from codegen.bodies import common
 from codegen.config import CompileConfig
-from codegen.layout import HANG_SPLIT_TICKET
+from codegen.layout import ABORT_ASKED, ABORT_ASKED_RECORDED, ABORT_HANG, HANG_SPLIT_TICKET
 from codegen.lower import linear_splits
 from codegen.tasks import FLAGS, PREFILL_ONLY, STREAMS, Kind
 from ir import DType
@@ -163,15 +163,24 @@ def test_a_wait_that_is_never_satisfied_is_reported_as_a_hang(compiled):
         launch.copy_(saved)
 
 
-def test_a_split_that_gave_up_on_its_block_is_reported_as_a_hang(compiled):
-    """A split-K block's split that waited for the others past the spin limit (`split_slices`, GPU only: it waits
-    where the launch has a program for every split) records the step, its block and the splits that arrived."""
+@pytest.mark.parametrize("flag, task, message", [
+    (ABORT_HANG, HANG_SPLIT_TICKET, r"hang: in step 3, a split of block 5 waited for the block's other splits: 2 of 4"),
+    (ABORT_ASKED_RECORDED, 7, r"hang: the launch ran past 600 s and was stopped; in step 3, task 7 waited on event 5 "),
+    (ABORT_ASKED, 0, r"hang: the launch ran past 600 s and was stopped in step 1, no task waiting")])
+def test_the_kernels_error_words_are_reported_as_hangs(compiled, flag, task, message):
+    """What the runtime makes of the error words a launch leaves (written here by hand; the GPU gives the host
+    timeout's, tests/gpu): a split-K block's split that waited for the others past the spin limit (`split_slices`,
+    GPU only: it waits where the launch has a program for every split); a launch the host asked to stop after its
+    timeout, where a wait saw the flag and recorded where it was waiting, or none did."""
     kernel, _ = compiled("tiny-llama")
     assert common.SPLIT_TICKET.value == HANG_SPLIT_TICKET
     control = kernel.region("control")[0]
     words = kernel.i32.clone()
-    words[control + 6:control + 12] = torch.tensor([1, 3, HANG_SPLIT_TICKET, 5, 2, 4])
-    with pytest.raises(HangError, match=r"step 3, a split of block 5 waited for the block's other splits: 2 of 4"):
+    words[control + 3] = 1  # the step planned last
+    if flag != ABORT_ASKED:
+        words[control + 7:control + 12] = torch.tensor([3, task, 5, 2, 4])
+    words[control + 6] = flag
+    with pytest.raises(HangError, match=message):
         kernel._raise_on_hang(words)
 
 

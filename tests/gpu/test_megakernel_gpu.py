@@ -11,6 +11,7 @@ cache, each test skipping where its kernel would load; a GPU call that carries `
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from blinkc.compile_model import WeightsSource, build_graph, compile_many, compi
 from codegen.config import CompileConfig
 from ir.executor import execute
 from models.registry import resolve_model
-from runtime.megakernel import Megakernel
+from runtime.megakernel import STOP_GRACE_S, HangError, Megakernel
 from runtime.sampling import SamplingParams
 from runtime.step import SeqChunk, build_step
 from ir import DType
@@ -279,6 +280,31 @@ def test_a_long_batch_64_prefill_on_gpu(tmp_path):
     torch.cuda.empty_cache()
     (tmp_path / "reference").mkdir()
     check_against_reference("llama3-8b", 64, config, tmp_path / "reference", lengths=lengths)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_a_launch_past_its_timeout_is_stopped_and_says_where_it_waited_on_gpu(tmp_path):
+    """A wait that is never met, under a spin limit that would outlast the host's timeout by far (2^31 - 1 polls):
+    the host raises the abort flag after 2 s (`Megakernel._ask_to_stop`), the first wait to see it records where it
+    was waiting, the kernel ends, and the next launch runs as before."""
+    config = CompileConfig(max_batch=1, max_tokens_per_step=64, max_model_len=128, max_new_tokens=8,
+                           spin_limit=2**31 - 1)
+    model = resolve_model("tiny-llama")
+    kernel = Megakernel.load(compile_model(model, config, tmp_path / "model.cubin", WeightsSource(seed=1)).path,
+                             device="cuda", timeout_s=2)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    expected = kernel.generate([[1, 2, 3]], params)[0].tokens
+    launch = kernel.schedule  # the launch's task table (a group's tasks share their waits)
+    saved = launch.clone()
+    group = torch.nonzero(launch[:kernel.tasks.shape[0], 3] == launch[5, 3]).flatten()
+    launch[group, 4:7] = torch.tensor([int(launch[5, 3]), 1000, 0], dtype=launch.dtype, device=launch.device)
+    start = time.perf_counter()
+    with pytest.raises(HangError, match=r"ran past 2 s and was stopped; in step 0, .* waited on event \d+"):
+        kernel.generate([[1, 2, 3]], params)
+    assert time.perf_counter() - start < 2 + STOP_GRACE_S
+    launch.copy_(saved)
+    assert kernel.generate([[1, 2, 3]], params)[0].tokens == expected
 
 
 def expected_plan(prompts: list[list[int]], max_tokens: int, page_size: int) -> dict[str, torch.Tensor]:
