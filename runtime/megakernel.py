@@ -82,6 +82,10 @@ class Megakernel:
         self._f32_host = torch.zeros(2, self.config.max_batch, dtype=torch.float32, pin_memory=pinned)
         self._i32_back = torch.zeros(sizes["I32"], dtype=torch.int32, pin_memory=pinned)
         self._staged = torch.cuda.Event() if pinned else None
+        # what `_ask_to_stop` needs, made now: page-locked memory allocated while the kernel runs would wait for it
+        # to end (CUDA's implicit synchronization)
+        self._asked = torch.full((1,), ABORT_ASKED, dtype=torch.int32, pin_memory=pinned)
+        self._side = torch.cuda.Stream(self.device) if pinned else None
         self.tasks = artifact.tables["tasks"].to(self.device)
         self.descs = artifact.tables["descs"].to(self.device)
         for name, inv_freq in artifact.tables.items():  # each position's rotary cos and sin, as HF's
@@ -285,11 +289,9 @@ class Megakernel:
         the flag once in 1,024 polls and gives up, the first to see it recording where it was waiting, and a
         program between tasks leaves at its step's end."""
         flag = self.region("control")[0] + CONTROL_FIELDS.index("error_flag")
-        asked = torch.tensor([ABORT_ASKED], dtype=torch.int32).pin_memory()
-        side = torch.cuda.Stream(self.device)
-        with torch.cuda.stream(side):
-            self.i32[flag:flag + 1].copy_(asked, non_blocking=True)
-        side.synchronize()
+        with torch.cuda.stream(self._side):
+            self.i32[flag:flag + 1].copy_(self._asked, non_blocking=True)
+        self._side.synchronize()
 
     def _raise_on_hang(self, state: torch.Tensor | None = None) -> None:
         """`state`: the I32 arena as the launch left it, if already read back."""

@@ -285,11 +285,11 @@ def test_a_long_batch_64_prefill_on_gpu(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 def test_a_launch_past_its_timeout_is_stopped_and_says_where_it_waited_on_gpu(tmp_path):
-    """A wait that is never met, under a spin limit that would outlast the host's timeout by far (2^31 - 1 polls):
+    """A wait that is never met, under a spin limit that would outlast the host's timeout by far (2^28 polls):
     the host raises the abort flag after 2 s (`Megakernel._ask_to_stop`), the first wait to see it records where it
     was waiting, the kernel ends, and the next launch runs as before."""
     config = CompileConfig(max_batch=1, max_tokens_per_step=64, max_model_len=128, max_new_tokens=8,
-                           spin_limit=2**31 - 1)
+                           spin_limit=1 << 28)
     model = resolve_model("tiny-llama")
     kernel = Megakernel.load(compile_model(model, config, tmp_path / "model.cubin", WeightsSource(seed=1)).path,
                              device="cuda", timeout_s=2)
