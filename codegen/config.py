@@ -132,8 +132,9 @@ class CompileConfig:
     # kernel's spills grow (TTFT 2048 194 -> 212 B, b64 112 -> 186, b1 56 -> 82) and the other groups slow by
     # about as much: TTFT 2048 59.93 / 59.20 ms against 60.37 / 59.96 in one call, level in another; b64 and b1
     # level. Longer prompts gain more: 4096 128.47 / 129.18 against 131.25 / 130.68, 8192 296.75 / 300.38
-    # against 310.90 / 311.50 (those two with a descriptor an item, since made once a task). Off by default until
-    # the decode rows of kernels with such long steps are measured too (benchmarks/explore/NOTES.md, session 48)
+    # against 310.90 / 311.50 (those two with a descriptor an item, since made once a task). Off by default: in
+    # kernels of 4,096-token steps it costs b64 ctx512 2% (6.76 / 6.82 against 6.65 / 6.67 ms; spills 108 -> 188 B)
+    # for TTFT 4096 -0.7% (130.72 against 131.69), b1 level (benchmarks/explore/NOTES.md, sessions 48 and 49)
     attention_step_keys: bool = False
     # software pipelining depth of the projections' K loops: the GEMV and dots up to block_m rows, the
     # batched decode blocks ([wide_m + batch_n] x block_k_dot each), the prefill tiles ([prefill_m + wide_n] x
