@@ -66,8 +66,9 @@ CONTROL_FIELDS = ("num_tokens", "num_seqs", "done", "step", "num_requests", "num
                   "error_flag", "error_step", "error_task", "error_event", "error_value", "error_target",
                   "task_tickets", "logits_seqs")
 
-# error_flag: 0 while running; a wait ran out of spins and recorded where; the host asked the kernel to stop (its
-# launch ran past the runtime's timeout); ... and the first wait to see that recorded where it was waiting
+# error_flag: 0 while running; 1 (ABORT_HANG) a wait ran out of spins and recorded where; 2 (ABORT_ASKED) the host
+# asked the kernel to stop, its launch past the runtime's timeout; 3 (ABORT_ASKED_RECORDED) ... and the first wait to
+# see that recorded where it was waiting (bodies/sync.py, `record_hang`)
 ABORT_HANG, ABORT_ASKED, ABORT_ASKED_RECORDED = 1, 2, 3
 HANG_SPLIT_TICKET = -2  # the error_task of a hang in a split-K block's wait for its other splits (`split_slices`)
 
