@@ -128,12 +128,13 @@ def test_each_steps_logits_match_the_reference_executor(compiled):
     kernel, engine = compiled("tiny-llama")
     prompts = [PROMPTS[0], [(11 * i + 5) % 250 + 1 for i in range(30)]]
     params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
-    steps = []
-    while not steps or any(c.finish_reason == "incomplete" for c in out):
+    steps, finished = [], False
+    while not finished:
         out = kernel.generate(prompts, params, max_steps=len(steps) + 1)
         tokens = [p + c.tokens for p, c in zip(prompts, out)]
         steps.append(kernel.last_step_rows())
         assert_close(kernel.last_logits(), reference_logits(engine, [tokens[r][:n] for r, n in steps[-1]]))
+        finished = all(c.finish_reason != "incomplete" for c in out)
     assert steps == [[(0, 16)], [(0, 19), (1, 13)], [(0, 20), (1, 28)], [(1, 30)], [(1, 31)]]
 
 
