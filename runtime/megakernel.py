@@ -319,11 +319,10 @@ class Megakernel:
         words = self.profile.view(-1, 4).cpu()
         return torch.cat([words[:, :3], words[:, 3:] & 0xFFFFFFFF, words[:, 3:] >> 32], 1)
 
-    def last_step_rows(self, state: torch.Tensor | None = None) -> list[tuple[int, int]]:
+    def last_step_rows(self) -> list[tuple[int, int]]:
         """(request, tokens) of each logits row of the last step that had sequences, in row order: row i's logits
-        follow the first `tokens` tokens of its request (the prompt, then the tokens generated). `state`: the I32
-        arena read back after the launch (default: read now)."""
-        words = self.read_state() if state is None else state
+        follow the first `tokens` tokens of its request (the prompt, then the tokens generated)."""
+        words = self.read_state()
         num_rows = int(words[self.region("control")[0] + CONTROL_FIELDS.index("logits_seqs")])
         requests, lengths = (self.region(name)[0] for name in ("seq_req", "context_lens"))
         return list(zip(words[requests:requests + num_rows].tolist(), words[lengths:lengths + num_rows].tolist()))
