@@ -14,7 +14,8 @@ does around it is.
 A variant is comma-separated fields: programs (a persistent grid taking every grid-th task, as the kernel's
 programs do; 0: a program a task, placed by the hardware), bkv (keys a block), stages (pipelined blocks), window
 (blocks whose page ids are read at once: the pipeline drains between windows), heads (KV heads a task reads
-side by side, as one wider row), tma (1: a page a block, each page's keys and values one bulk tensor copy), warps,
+side by side, as one wider row), tma (1: a page a block, each page's keys and values one bulk tensor copy), ids
+(tma: page ids read that many at a time before their pages' loop), page (keys a page of the cache), warps,
 layout (0: the kernel's cache, a token's row holding every KV head; 1: each KV head's keys contiguous) and
 shuffled (1: each sequence's pages in random order, as a long-lived pool leaves them; 0: in order, as the runtime
 gives them out today), bf16 (1: scores rounded to bf16 around their scaling, `attention_bf16_scores`) and bm
@@ -35,9 +36,6 @@ from benchmarks.baselines import median_ms, read_bandwidth_tbs
 from benchmarks.explore.variant_fields import with_fields
 from codegen.bodies.attention import attend
 from runtime.megakernel import use_scratch_allocator
-
-PAGE_SIZE = 16
-
 
 @triton.jit
 def attend_tasks(Q, KV, PAGES, OUT, num_tasks, ctx, kv_plane, head_stride, row_stride, pages_per_seq, scale,
@@ -72,9 +70,10 @@ def attend_tasks(Q, KV, PAGES, OUT, num_tasks, ctx, kv_plane, head_stride, row_s
 @triton.jit
 def attend_pages_tma(Q, KV, PAGES, OUT, num_tasks, ctx, kv_plane, num_slots, pages_per_seq, scale,
                      HKV: tl.constexpr, REP: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr,
-                     PAGE_SIZE: tl.constexpr, STAGES: tl.constexpr, DOT_F32: tl.constexpr = False):
+                     PAGE_SIZE: tl.constexpr, STAGES: tl.constexpr, IDS: tl.constexpr, DOT_F32: tl.constexpr = False):
     """`attend_tasks` (one head a task) a page a block, each page's keys and values one bulk tensor copy (TMA)
-    at coordinates from the page table: no per-element address math, no masks (layout 0 only)."""
+    at coordinates from the page table: no per-element address math, no masks (layout 0 only). IDS > 0 reads
+    the page ids IDS at a time before the pages' loop (a window), so that no copy waits on its page id's load."""
     row: tl.constexpr = HKV * HD
     k_desc = tl.make_tensor_descriptor(KV, shape=[num_slots, row], strides=[row, 1], block_shape=[PAGE_SIZE, HD])
     v_desc = tl.make_tensor_descriptor(KV + kv_plane, shape=[num_slots, row], strides=[row, 1],
@@ -82,6 +81,7 @@ def attend_pages_tma(Q, KV, PAGES, OUT, num_tasks, ctx, kv_plane, num_slots, pag
     d = tl.arange(0, HD)
     r = tl.arange(0, BM)
     r_ok = r < REP
+    W: tl.constexpr = IDS if IDS > 0 else 1
     t = tl.program_id(0)
     while t < num_tasks:
         b, g = t // HKV, t % HKV
@@ -90,28 +90,35 @@ def attend_pages_tma(Q, KV, PAGES, OUT, num_tasks, ctx, kv_plane, num_slots, pag
         m_i = tl.full((BM,), -1.0e30, tl.float32)
         l_i = tl.zeros((BM,), tl.float32)
         acc = tl.zeros((BM, HD), tl.float32)
-        for p in tl.range(0, tl.cdiv(ctx, PAGE_SIZE), num_stages=STAGES):
-            slot = tl.load(PAGES + b * pages_per_seq + p) * PAGE_SIZE
-            k = k_desc.load([slot, g * HD])
-            v = v_desc.load([slot, g * HD])
-            if DOT_F32:
-                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
-            s = s.to(q.dtype).to(tl.float32) * scale
-            s = s.to(q.dtype).to(tl.float32)
-            j = p * PAGE_SIZE + tl.arange(0, PAGE_SIZE)
-            s = tl.where((j < ctx)[None, :], s, -1.0e30)
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            pr = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(pr, 1)
-            if DOT_F32:
-                pv = tl.dot(pr, v.to(tl.float32), input_precision="ieee")
-            else:
-                pv = tl.dot(pr.to(q.dtype), v)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
+        num_pages = tl.cdiv(ctx, PAGE_SIZE)
+        for w0 in range(0, num_pages, W):
+            if IDS > 0:
+                pw = w0 + tl.arange(0, W)
+                ids = tl.load(PAGES + b * pages_per_seq + pw, mask=pw < num_pages, other=0)
+            for p in tl.range(w0, tl.minimum(w0 + W, num_pages), num_stages=STAGES):
+                if IDS > 0:
+                    slot = tl.sum(tl.where(tl.arange(0, W) == p - w0, ids, 0)) * PAGE_SIZE
+                else:
+                    slot = tl.load(PAGES + b * pages_per_seq + p) * PAGE_SIZE
+                k = k_desc.load([slot, g * HD])
+                v = v_desc.load([slot, g * HD])
+                if DOT_F32:
+                    s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+                else:
+                    s = tl.dot(q, tl.trans(k))
+                j = p * PAGE_SIZE + tl.arange(0, PAGE_SIZE)
+                s = tl.where((j < ctx)[None, :], s, -1.0e30)
+                c = scale * 1.4426950408889634
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                pr = tl.exp2(s * c - (m_new * c)[:, None])
+                alpha = tl.exp2((m_i - m_new) * c)
+                l_i = l_i * alpha + tl.sum(pr, 1)
+                if DOT_F32:
+                    pv = tl.dot(pr, v.to(tl.float32), input_precision="ieee")
+                else:
+                    pv = tl.dot(pr.to(q.dtype), v)
+                acc = acc * alpha[:, None] + pv
+                m_i = m_new
         tl.store(OUT + (b * HKV * REP + head[:, None]) * HD + d[None, :], acc / l_i[:, None], mask=r_ok[:, None])
         t += tl.num_programs(0)
 
@@ -127,6 +134,8 @@ class Variant:
     window: int = 16  # key blocks whose page ids are read at once (the pipeline drains between windows)
     heads: int = 1  # KV heads a task reads side by side (layout 0 only)
     tma: int = 0  # 1: a page a block, each page one bulk tensor copy (`attend_pages_tma`; layout 0, one head)
+    ids: int = 0  # tma: page ids read this many at a time before their pages' loop (0: each in the loop)
+    page: int = 16  # keys a page of the cache
     bf16: int = 0  # 1: scores rounded to bf16 before and after their scaling (`attention_bf16_scores`)
     bm: int = 16  # query rows a block (the group's REP heads; the rest masked)
 
@@ -151,12 +160,13 @@ class Shape:
 def paged_cache(shape: Shape, k: torch.Tensor, v: torch.Tensor, variant: Variant):
     """k, v [B, HKV, ctx, D] written into a paged cache laid out as the variant says; returns (cache, page table
     [B, pages a sequence], head stride, row stride, plane) in elements."""
-    pages_per_seq = -(-shape.ctx // PAGE_SIZE)
+    page_size = variant.page
+    pages_per_seq = -(-shape.ctx // page_size)
     num_pages = shape.batch * pages_per_seq
     order = torch.randperm(num_pages) if variant.shuffled else torch.arange(num_pages)
     table = order.view(shape.batch, pages_per_seq).to(torch.int32)
-    slots = (table.long()[:, :, None] * PAGE_SIZE + torch.arange(PAGE_SIZE)).view(shape.batch, -1)[:, :shape.ctx]
-    num_slots, hkv, hd = num_pages * PAGE_SIZE, shape.kv_heads, shape.head_dim
+    slots = (table.long()[:, :, None] * page_size + torch.arange(page_size)).view(shape.batch, -1)[:, :shape.ctx]
+    num_slots, hkv, hd = num_pages * page_size, shape.kv_heads, shape.head_dim
     plane = num_slots * hkv * hd
     cache = torch.zeros(2, *((num_slots, hkv, hd) if variant.layout == 0 else (hkv, num_slots, hd)),
                         dtype=k.dtype, device=k.device)
@@ -181,12 +191,12 @@ def run(shape: Shape, variant: Variant, q, k, v, ref, bw: float) -> None:
         if variant.tma:
             attend_pages_tma[grid](q, cache, table, out, num_tasks, shape.ctx, plane, plane // (shape.kv_heads *
                                    shape.head_dim), table.shape[1], shape.head_dim ** -0.5, HKV=shape.kv_heads,
-                                   REP=shape.rep, HD=shape.head_dim, BM=16, PAGE_SIZE=PAGE_SIZE,
-                                   STAGES=variant.stages, num_warps=variant.warps)
+                                   REP=shape.rep, HD=shape.head_dim, BM=16, PAGE_SIZE=variant.page,
+                                   STAGES=variant.stages, IDS=variant.ids, num_warps=variant.warps)
             return
         attend_tasks[grid](q, cache, table, out, num_tasks, shape.ctx, plane, head_stride, row_stride,
                            table.shape[1], shape.head_dim ** -0.5, HKV=shape.kv_heads, REP=shape.rep,
-                           HD=shape.head_dim, BM=variant.bm, PAGE_SIZE=PAGE_SIZE, BKV=variant.bkv, STAGES=variant.stages,
+                           HD=shape.head_dim, BM=variant.bm, PAGE_SIZE=variant.page, BKV=variant.bkv, STAGES=variant.stages,
                            WINDOW=variant.window, HEADS=variant.heads, BF16_SCORES=bool(variant.bf16),
                            num_warps=variant.warps)
     out.fill_(float("nan"))
@@ -195,7 +205,7 @@ def run(shape: Shape, variant: Variant, q, k, v, ref, bw: float) -> None:
     us = median_ms(launch, q.device, num_warmup=3, num_reps=50) * 1e3
     floor = shape.kv_bytes / (bw * 1e12) * 1e6
     print(f"programs={variant.programs:3d} bkv={variant.bkv} stages={variant.stages} warps={variant.warps} "
-          f"layout={variant.layout} shuffled={variant.shuffled} window={variant.window} heads={variant.heads} tma={variant.tma} bf16={variant.bf16} bm={variant.bm}: {us:6.1f} us  ({100 * floor / us:5.1f}% of DRAM; "
+          f"layout={variant.layout} shuffled={variant.shuffled} window={variant.window} heads={variant.heads} tma={variant.tma} ids={variant.ids} page={variant.page} bf16={variant.bf16} bm={variant.bm}: {us:6.1f} us  ({100 * floor / us:5.1f}% of DRAM; "
           f"{shape.kv_bytes / us / 1e3 / (variant.programs or num_tasks):5.1f} GB/s a program)  rel err {err:.1e}",
           flush=True)
 
