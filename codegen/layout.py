@@ -64,11 +64,13 @@ class Layout:
 # address them as CONTROL + index, so keep this order.
 CONTROL_FIELDS = ("num_tokens", "num_seqs", "done", "step", "num_requests", "num_eos",
                   "error_flag", "error_step", "error_task", "error_event", "error_value", "error_target",
-                  "task_tickets", "logits_seqs")
+                  "task_tickets", "logits_seqs", "error_kind")
 
-# error_flag: 0 while running; 1 (ABORT_HANG) a wait ran out of spins and recorded where; 2 (ABORT_ASKED) the host
-# asked the kernel to stop, its launch past the runtime's timeout; 3 (ABORT_ASKED_RECORDED) ... and the first wait to
-# see that recorded where it was waiting (bodies/sync.py, `record_hang`)
+# error_flag: 0 while running; else every wait gives up: 1 (ABORT_HANG) a wait ran out of spins, 2 (ABORT_ASKED) the
+# host asked the kernel to stop, its launch past the runtime's timeout. error_kind: who recorded error_step ..
+# error_target, 0 until the first wait to give up does (bodies/sync.py, `record_hang`): 1 (ABORT_HANG) one that ran
+# out of spins, 3 (ABORT_ASKED_RECORDED) one that saw the host's flag. A word of its own, taken by compare-and-swap,
+# so that the host's write of the flag can never undo a record
 ABORT_HANG, ABORT_ASKED, ABORT_ASKED_RECORDED = 1, 2, 3
 HANG_SPLIT_TICKET = -2  # the error_task of a hang in a split-K block's wait for its other splits (`split_slices`)
 

@@ -17,7 +17,8 @@ from safetensors.torch import load_file, save_file
 FORMAT = "blink-megakernel"
 # 2: weight transforms (norms folded into projections, gate/up rows interleaved)
 # 3: the control word `logits_seqs` (the rows of the last step with sequences: `Megakernel.last_step_rows`)
-VERSION = 3
+# 4: the control word `error_kind` (who recorded a hang, apart from the abort flag the host may write)
+VERSION = 4
 
 
 @dataclass(frozen=True)

@@ -298,10 +298,11 @@ class Megakernel:
         control = self.region("control")[0]
         words = self.i32 if state is None else state
         flag, step, task, event, seen, target = words[control + 6:control + 12].tolist()
+        kind = int(words[control + CONTROL_FIELDS.index("error_kind")])
         if not flag:
             return
         late = f"the launch ran past {self.timeout_s:.0f} s and was stopped"
-        if flag == ABORT_ASKED:  # no wait saw the flag: the kernel ended between tasks
+        if not kind:  # the host's flag, and no wait saw it: the kernel ended between tasks
             raise HangError(f"hang: {late} in step {int(words[control + 3])}, no task waiting")
         if task == HANG_SPLIT_TICKET:
             where = f"a split of block {event} waited for the block's other splits: {seen} of {target} arrived"
@@ -309,7 +310,7 @@ class Megakernel:
             name = self.manifest["events"][event] if 0 <= event < len(self.manifest["events"]) else "?"
             who = f"task {task}" if task >= 0 else "the step planner"
             where = f"{who} waited on event {event} ({name}): reached {seen} of {target}"
-        stopped = f"{late}; " if flag == ABORT_ASKED_RECORDED else ""
+        stopped = f"{late}; " if kind == ABORT_ASKED_RECORDED else ""
         raise HangError(f"hang: {stopped}in step {step}, {where}")
 
     def task_profile(self) -> torch.Tensor:

@@ -48,3 +48,16 @@ def build_step(chunks: Sequence[SeqChunk], page_size: int, device: str | torch.d
         "context_lens": i32(context), "page_table": table.to(device), "slot_mapping": i32(slots),
         "logits_indices": i32(logits_rows),
     }
+
+
+def whole_prompts_step(sequences: Sequence[Sequence[int]], page_size: int, device: str | torch.device = "cpu"
+                       ) -> tuple[dict[str, torch.Tensor], int]:
+    """A step that prefills every sequence whole, on pages of its own numbered on from the last sequence's (the
+    first from page 0), and the number of pages it takes: what the reference checks of a kernel's logits run on
+    empty caches."""
+    chunks, next_page = [], 0
+    for tokens in sequences:
+        pages = -(-len(tokens) // page_size)
+        chunks.append(SeqChunk(tokens, 0, range(next_page, next_page + pages)))
+        next_page += pages
+    return build_step(chunks, page_size, device), next_page

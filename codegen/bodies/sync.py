@@ -3,6 +3,12 @@ and signals by adding one after its writes. A wait that spins past the limit rec
 import triton
 import triton.language as tl
 
+# the kernel's source holds these bodies without their imports: codegen/layout.py's values, written out (a test
+# checks that they agree): the control words error_flag and error_kind, and ABORT_HANG, ABORT_ASKED and
+# ABORT_ASKED_RECORDED
+ERROR_FLAG, ERROR_KIND = tl.constexpr(6), tl.constexpr(14)
+HANG, ASKED, ASKED_RECORDED = tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
+
 
 @triton.jit
 def wait_event(EVENTS, I32, CONTROL: tl.constexpr, event, target, step, task, SPIN_LIMIT: tl.constexpr):
@@ -24,13 +30,13 @@ def wait_event(EVENTS, I32, CONTROL: tl.constexpr, event, target, step, task, SP
 
 @triton.jit
 def record_hang(I32, CONTROL: tl.constexpr, step, task, event, seen, target):
-    """Sets the abort flag; the first wait to give up records where (`Megakernel._raise_on_hang` reports it): the
-    first to run out of spins (flag 0 -> 1), or, where the host asked the kernel to stop, the first to see that
-    (2 -> 3: codegen/layout.py, ABORT_*)."""
-    flag = I32 + CONTROL + 6
-    first = tl.atomic_cas(flag, 0, 1) == 0
-    if not first:
-        first = tl.atomic_cas(flag, 2, 3) == 2
+    """The first wait to give up records where (`Megakernel._raise_on_hang` reports it), then raises the abort flag
+    if the host has not: codegen/layout.py, ABORT_*. The record is taken before the flag is raised, so a wait that
+    gives up on seeing a hang's flag finds it taken; a wait that saw the host's flag records that it did."""
+    flag = I32 + CONTROL + ERROR_FLAG
+    asked = tl.load(flag, volatile=True) == ASKED
+    first = tl.atomic_cas(I32 + CONTROL + ERROR_KIND, 0, tl.where(asked, ASKED_RECORDED, HANG)) == 0
+    tl.atomic_cas(flag, 0, HANG)
     if first:
         tl.store(I32 + CONTROL + 7, step)
         tl.store(I32 + CONTROL + 8, task)

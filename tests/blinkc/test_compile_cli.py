@@ -60,7 +60,7 @@ def test_compile_writes_the_artifact_and_caches_the_kernel(capsys, checkpoint, c
     for suffix in (".json", ".py", ".tables.safetensors"):
         assert out.with_name(out.name + suffix).is_file(), suffix
     manifest = _manifest(out)
-    assert (manifest["format"], manifest["version"]) == (FORMAT, VERSION) == ("blink-megakernel", 3)
+    assert (manifest["format"], manifest["version"]) == (FORMAT, VERSION) == ("blink-megakernel", 4)
     assert manifest["model"]["dtype"] == "f32" and manifest["config"]["max_batch"] == 2
     assert manifest["weights"]["source"] == {"kind": "checkpoint", "path": str(Path(directory).resolve())}
     assert manifest["tokenizer"] == str(Path(directory).resolve())

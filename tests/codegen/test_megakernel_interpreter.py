@@ -16,9 +16,9 @@ from blinkc.compile_model import WeightsSource, compile_model
 from blinkc.engine import EngineConfig, ReferenceEngine
 from blinkc.random_checkpoint import write_random_checkpoint
 from blinkc.weights import load_weights
-from codegen.bodies import common
+from codegen.bodies import common, sync
 from codegen.config import CompileConfig
-from codegen.layout import ABORT_ASKED, ABORT_ASKED_RECORDED, ABORT_HANG, HANG_SPLIT_TICKET
+from codegen.layout import ABORT_ASKED, ABORT_ASKED_RECORDED, ABORT_HANG, CONTROL_FIELDS, HANG_SPLIT_TICKET
 from codegen.lower import linear_splits
 from codegen.tasks import FLAGS, PREFILL_ONLY, STREAMS, Kind
 from ir import DType
@@ -27,7 +27,7 @@ from models.presets import TINY_PRESETS, preset_config
 from models.trace import trace_model
 from runtime.megakernel import HangError, Megakernel
 from runtime.sampling import SamplingParams
-from runtime.step import SeqChunk, build_step
+from runtime.step import whole_prompts_step
 from tests.conftest import assert_close, fp32_model
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter tests (CPU)")
@@ -141,13 +141,9 @@ def test_each_steps_logits_match_the_reference_executor(compiled):
 def reference_logits(engine: ReferenceEngine, sequences: list[list[int]]) -> torch.Tensor:
     """The last token's logits of each sequence, prefilled whole in one step by the reference executor on empty
     caches of its own."""
-    chunks, page = [], 0
-    for tokens in sequences:
-        pages = -(-len(tokens) // engine.page_size)
-        chunks.append(SeqChunk(tokens, 0, list(range(page, page + pages))))
-        page += pages
     caches = {name: torch.zeros_like(cache) for name, cache in engine.caches.items()}
-    return execute(engine.graph, engine.params, {**build_step(chunks, engine.page_size), **caches})["logits"]
+    step, _ = whole_prompts_step(sequences, engine.page_size)
+    return execute(engine.graph, engine.params, {**step, **caches})["logits"]
 
 
 def test_a_wait_that_is_never_satisfied_is_reported_as_a_hang(compiled):
@@ -164,23 +160,32 @@ def test_a_wait_that_is_never_satisfied_is_reported_as_a_hang(compiled):
         launch.copy_(saved)
 
 
-@pytest.mark.parametrize("flag, task, message", [
-    (ABORT_HANG, HANG_SPLIT_TICKET, r"hang: in step 3, a split of block 5 waited for the block's other splits: 2 of 4"),
-    (ABORT_ASKED_RECORDED, 7, r"hang: the launch ran past 600 s and was stopped; in step 3, task 7 waited on event 5 "),
-    (ABORT_ASKED, 0, r"hang: the launch ran past 600 s and was stopped in step 1, no task waiting")])
-def test_the_kernels_error_words_are_reported_as_hangs(compiled, flag, task, message):
+@pytest.mark.parametrize("flag, kind, task, message", [
+    (ABORT_HANG, ABORT_HANG, HANG_SPLIT_TICKET,
+     r"hang: in step 3, a split of block 5 waited for the block's other splits: 2 of 4"),
+    (ABORT_ASKED, ABORT_ASKED_RECORDED, 7,
+     r"hang: the launch ran past 600 s and was stopped; in step 3, task 7 waited on event 5 "),
+    (ABORT_ASKED, 0, 0, r"hang: the launch ran past 600 s and was stopped in step 1, no task waiting"),
+    (ABORT_ASKED, ABORT_HANG, 7, r"hang: in step 3, task 7 waited on event 5 ")])
+def test_the_kernels_error_words_are_reported_as_hangs(compiled, flag, kind, task, message):
     """What the runtime makes of the error words a launch leaves (written here by hand; the GPU gives the host
     timeout's, tests/gpu): a split-K block's split that waited for the others past the spin limit (`split_slices`,
     GPU only: it waits where the launch has a program for every split); a launch the host asked to stop after its
-    timeout, where a wait saw the flag and recorded where it was waiting, or none did."""
+    timeout, where a wait saw the flag and recorded where it was waiting, or none did; and a hang the device
+    recorded before the host's timeout wrote its flag over the hang's, which the record outlives."""
     kernel, _ = compiled("tiny-llama")
     assert common.SPLIT_TICKET.value == HANG_SPLIT_TICKET
+    assert (sync.ERROR_FLAG.value, sync.ERROR_KIND.value) == (CONTROL_FIELDS.index("error_flag"),
+                                                              CONTROL_FIELDS.index("error_kind"))
+    assert (sync.HANG.value, sync.ASKED.value, sync.ASKED_RECORDED.value) == (ABORT_HANG, ABORT_ASKED,
+                                                                             ABORT_ASKED_RECORDED)
     control = kernel.region("control")[0]
     words = kernel.i32.clone()
     words[control + 3] = 1  # the step planned last
-    if flag != ABORT_ASKED:
+    if kind:
         words[control + 7:control + 12] = torch.tensor([3, task, 5, 2, 4])
-    words[control + 6] = flag
+    words[control + CONTROL_FIELDS.index("error_flag")] = flag
+    words[control + CONTROL_FIELDS.index("error_kind")] = kind
     with pytest.raises(HangError, match=message):
         kernel._raise_on_hang(words)
 

@@ -22,7 +22,7 @@ from ir.executor import execute
 from models.registry import resolve_model
 from runtime.megakernel import STOP_GRACE_S, HangError, Megakernel
 from runtime.sampling import SamplingParams
-from runtime.step import SeqChunk, build_step
+from runtime.step import whole_prompts_step
 from ir import DType
 from tests.conftest import PRECOMPILE, relative_error
 
@@ -48,15 +48,11 @@ def reference_logits(model, kernel: Megakernel, sequences: list[list[int]], dtyp
     """Last-token logits of each sequence, prefilled in one step by the reference executor on the GPU
     (running the same optimised graph the kernel was lowered from; passes are checked on the CPU)."""
     graph = build_graph(model, CompileConfig(), dtype)
-    chunks, next_page = [], 0
-    for tokens in sequences:
-        n = -(-len(tokens) // 16)
-        chunks.append(SeqChunk(tokens, 0, list(range(next_page, next_page + n))))
-        next_page += n
-    inputs = build_step(chunks, 16, "cuda")
+    page_size = kernel.config.page_size
+    inputs, num_pages = whole_prompts_step(sequences, page_size, "cuda")
     cfg = model.config
     for i in range(cfg.num_hidden_layers):
-        inputs[f"kv_cache.{i}"] = torch.zeros(2, next_page, 16, cfg.num_key_value_heads, cfg.head_dim,
+        inputs[f"kv_cache.{i}"] = torch.zeros(2, num_pages, page_size, cfg.num_key_value_heads, cfg.head_dim,
                                               dtype=dtype.torch, device="cuda")
     with torch.inference_mode():
         return execute(graph, KernelWeights(kernel, dtype), inputs)["logits"]

@@ -1,10 +1,11 @@
-"""runtime.step.build_step: the input tensors of one step, for a prefill chunk, a continued chunk and a decode."""
+"""runtime.step: the input tensors of one step, for a prefill chunk, a continued chunk and a decode, and for
+whole prompts on pages of their own."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from runtime.step import SeqChunk, build_step
+from runtime.step import SeqChunk, build_step, whole_prompts_step
 
 PAGE_SIZE = 4
 PREFILL = SeqChunk(tokens=[11, 12, 13, 14, 15, 16], start=0, pages=[7, 2])
@@ -58,3 +59,12 @@ def test_pages_that_cannot_hold_the_tokens():
 def test_chunk_needs_a_token():
     with pytest.raises(ValueError, match="at least one token"):
         SeqChunk(tokens=[], start=0, pages=[0])
+
+
+def test_whole_prompts_take_consecutive_pages_of_their_own():
+    step, num_pages = whole_prompts_step([[1, 2, 3, 4, 5], [6], [7, 8, 9, 10]], PAGE_SIZE)
+    assert num_pages == 4
+    assert step["page_table"].tolist() == [[0, 1], [2, 0], [3, 0]]
+    assert step["positions"].tolist() == [0, 1, 2, 3, 4, 0, 0, 1, 2, 3]
+    assert step["slot_mapping"].tolist() == [0, 1, 2, 3, 4, 8, 12, 13, 14, 15]
+    assert step["logits_indices"].tolist() == [4, 5, 9]
