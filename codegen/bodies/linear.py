@@ -51,6 +51,10 @@ def store_outputs(desc, y, rows, row_ok, cols, col_ok, ACT, F32, r0=0, num_rows=
     the block is rows r0 .. and columns c0 .. of outputs num_rows x num_cols (every column kept), and its
     residual and activation store go through tensor descriptors: a bulk copy each, where pointer tiles in the
     products' register layout moved 2 bytes a thread an instruction."""
+    # The activations' rows are 16-byte aligned, but not said so here: with the residual's offset and the output's
+    # stride hinted (`word8`) and a mask alike over 8 columns, these accesses take 16 bytes a thread, and the
+    # conversions that feed them cost decode more than they save the prefill (H200: TTFT 512 -3 to -6%, b1 +1%,
+    # b64 up to +3%; benchmarks/explore/NOTES.md, session 50)
     out_off, out_stride, out_kind = word8(desc, 5), word(desc, 6), word(desc, 7)
     res_off, res_stride, out_stats_off = word(desc, 11), word8(desc, 12), word(desc, 14)
     dt: tl.constexpr = ACT.dtype.element_ty
@@ -58,28 +62,26 @@ def store_outputs(desc, y, rows, row_ok, cols, col_ok, ACT, F32, r0=0, num_rows=
     BR: tl.constexpr = y.shape[0]
     BC: tl.constexpr = y.shape[1]
     mask = row_ok[:, None] & col_ok[None, :]
-    if res_off >= 0:  # an activation: 16-byte aligned rows (the lowering checks their widths)
+    if res_off >= 0:  # an activation
         if TMA:
-            res = tl.make_tensor_descriptor(ACT + tl.multiple_of(res_off, 8), shape=[tl.cast(num_rows, i32),
+            res = tl.make_tensor_descriptor(ACT + res_off, shape=[tl.cast(num_rows, i32),
                                             tl.cast(num_cols, i32)], strides=[res_stride, 1],
                                             block_shape=[BR, BC]).load([tl.cast(r0, i32), tl.cast(c0, i32)])
         else:
-            res = tl.load(ACT + tl.multiple_of(res_off, 8) + rows[:, None] * res_stride + cols[None, :], mask=mask,
-                          other=0.0)
+            res = tl.load(ACT + res_off + rows[:, None] * res_stride + cols[None, :], mask=mask, other=0.0)
         y = round_to(res.to(tl.float32) + y, dt)
     if out_kind == 1:  # OUT_F32
         tl.store(F32 + out_off + rows[:, None] * out_stride + cols[None, :], y, mask=mask)
     else:
         # one conversion above both stores (one in each branch broke Triton 3.6's layout pass on sm_90)
         out = y.to(dt)
-        if out_kind == 0:  # OUT_ALIGNED: 16 bytes a thread's store
+        if out_kind == 0:  # OUT_ALIGNED: rows of a multiple of 8 elements
             if TMA:
                 tl.make_tensor_descriptor(ACT + out_off, shape=[tl.cast(num_rows, i32), tl.cast(num_cols, i32)],
-                                          strides=[tl.multiple_of(out_stride, 8), 1],
+                                          strides=[out_stride, 1],
                                           block_shape=[BR, BC]).store([tl.cast(r0, i32), tl.cast(c0, i32)], out)
             else:
-                tl.store(ACT + out_off + rows[:, None] * tl.multiple_of(out_stride, 8) + cols[None, :], out,
-                         mask=mask)
+                tl.store(ACT + out_off + rows[:, None] * out_stride + cols[None, :], out, mask=mask)
         else:
             tl.store(ACT + out_off + rows[:, None] * out_stride + cols[None, :], out, mask=mask)
     if out_stats_off >= 0:

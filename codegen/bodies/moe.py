@@ -419,7 +419,6 @@ def combine_block(desc, ACT, F32, num_tokens, m0, n0, BM: tl.constexpr, BN: tl.c
             y = tl.load(ACT + y_off + (rows * K + j)[:, None] * hidden + cols[None, :], mask=mask, other=0.0)
             out = round_to(out + round_to(y.to(tl.float32) * w[:, None], dt), dt)
     if res_off >= 0:
-        res = tl.load(ACT + tl.multiple_of(res_off, 8) + rows[:, None] * hidden + cols[None, :], mask=mask,
-                      other=0.0)
+        res = tl.load(ACT + res_off + rows[:, None] * hidden + cols[None, :], mask=mask, other=0.0)
         out = round_to(res.to(tl.float32) + out, dt)
     store_rows(ACT, F32, out_off, hidden, rows, row_ok, cols, col_ok, out, out_stats_off, dt)
