@@ -19,8 +19,11 @@ side by side, as one wider row), tma (1: a page a block, each page's keys and va
 layout (0: the kernel's cache, a token's row holding every KV head; 1: each KV head's keys contiguous) and
 shuffled (1: each sequence's pages in random order, as a long-lived pool leaves them; 0: in order, as the runtime
 gives them out today), bf16 (1: scores rounded to bf16 around their scaling, `attention_bf16_scores`) and bm
-(query rows a block: 16, or 64 for the prefill blocks' warp-group dots, the rows past the group's heads masked). `DOT_F32` lets the kernels run in Triton's interpreter (no bf16 dots there) for a check on
-the CPU.
+(query rows a block: 16, or 64 for the prefill blocks' warp-group dots, the rows past the group's heads masked).
+`DOT_F32` lets the kernels run in Triton's interpreter (no bf16 dots there, and `PLACE=False`) for a check on
+the CPU. Each line also gives the kernel's shared memory and registers, and how many programs the hardware put
+on an SM (each program writes its SM id): with `programs=264` and room for more than two programs an SM, some SMs
+may get more than the megakernel's two.
 """
 from __future__ import annotations
 
@@ -38,21 +41,32 @@ from codegen.bodies.attention import attend
 from runtime.megakernel import use_scratch_allocator
 
 @triton.jit
-def attend_tasks(Q, KV, PAGES, OUT, num_tasks, ctx, kv_plane, head_stride, row_stride, pages_per_seq, scale,
+def sm_id():
+    """The SM this program runs on (inline PTX: GPU only)."""
+    return tl.inline_asm_elementwise(asm="mov.u32 $0, %smid;", constraints="=r,r", args=[tl.program_id(0)],
+                                     dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def attend_tasks(Q, KV, PAGES, OUT, SMS, num_tasks, ctx, kv_plane, head_stride, row_stride, pages_per_seq, scale,
                  HKV: tl.constexpr, REP: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr,
                  PAGE_SIZE: tl.constexpr, BKV: tl.constexpr, STAGES: tl.constexpr, WINDOW: tl.constexpr,
-                 HEADS: tl.constexpr, BF16_SCORES: tl.constexpr, DOT_F32: tl.constexpr = False):
+                 HEADS: tl.constexpr, BF16_SCORES: tl.constexpr, DOT_F32: tl.constexpr = False,
+                 PLACE: tl.constexpr = True):
     """Task t: sequence t // (HKV / HEADS)'s one query token against its `ctx` keys, paged, for HEADS KV heads
     side by side (their REP query heads each, padded to BM rows); out = softmax(q k^T * scale) v in fp32. Keys
     at KV + slot * row_stride + head * head_stride, values kv_plane further. HEADS > 1 (heads contiguous in a
     row) reads the heads' keys as one row of HEADS * HD and gives each query row its own head's part of q, the
-    others zero: a query row's scores are then its head's alone, and its output its head's part of the row."""
+    others zero: a query row's scores are then its head's alone, and its output its head's part of the row.
+    PLACE: each program writes the SM it runs on to SMS (GPU only)."""
     groups: tl.constexpr = HKV // HEADS
     d = tl.arange(0, HD * HEADS)
     d_ok = d < HD * HEADS
     r = tl.arange(0, BM)
     r_ok = r < REP * HEADS
     mine = (d[None, :] // HD == r[:, None] // REP) & r_ok[:, None]  # a row's own head's part of the row
+    if PLACE:
+        tl.store(SMS + tl.program_id(0), sm_id())
     t = tl.program_id(0)
     while t < num_tasks:
         b, g = t // groups, (t % groups) * HEADS
@@ -68,9 +82,10 @@ def attend_tasks(Q, KV, PAGES, OUT, num_tasks, ctx, kv_plane, head_stride, row_s
 
 
 @triton.jit
-def attend_pages_tma(Q, KV, PAGES, OUT, num_tasks, ctx, kv_plane, num_slots, pages_per_seq, scale,
+def attend_pages_tma(Q, KV, PAGES, OUT, SMS, num_tasks, ctx, kv_plane, num_slots, pages_per_seq, scale,
                      HKV: tl.constexpr, REP: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr,
-                     PAGE_SIZE: tl.constexpr, STAGES: tl.constexpr, IDS: tl.constexpr, DOT_F32: tl.constexpr = False):
+                     PAGE_SIZE: tl.constexpr, STAGES: tl.constexpr, IDS: tl.constexpr, DOT_F32: tl.constexpr = False,
+                     PLACE: tl.constexpr = True):
     """`attend_tasks` (one head a task) a page a block, each page's keys and values one bulk tensor copy (TMA)
     at coordinates from the page table: no per-element address math, no masks (layout 0 only). IDS > 0 reads
     the page ids IDS at a time before the pages' loop (a window), so that no copy waits on its page id's load."""
@@ -82,6 +97,8 @@ def attend_pages_tma(Q, KV, PAGES, OUT, num_tasks, ctx, kv_plane, num_slots, pag
     r = tl.arange(0, BM)
     r_ok = r < REP
     W: tl.constexpr = IDS if IDS > 0 else 1
+    if PLACE:
+        tl.store(SMS + tl.program_id(0), sm_id())
     t = tl.program_id(0)
     while t < num_tasks:
         b, g = t // HKV, t % HKV
@@ -186,27 +203,31 @@ def run(shape: Shape, variant: Variant, q, k, v, ref, bw: float) -> None:
         raise SystemExit("heads > 1 reads a row's heads together: layout 0 only")
     num_tasks = shape.batch * shape.kv_heads // variant.heads
     grid = (variant.programs or num_tasks,)
+    sms = torch.full(grid, -1, dtype=torch.int32, device=q.device)
 
     def launch():
         if variant.tma:
-            attend_pages_tma[grid](q, cache, table, out, num_tasks, shape.ctx, plane, plane // (shape.kv_heads *
+            return attend_pages_tma[grid](q, cache, table, out, sms, num_tasks, shape.ctx, plane, plane // (shape.kv_heads *
                                    shape.head_dim), table.shape[1], shape.head_dim ** -0.5, HKV=shape.kv_heads,
                                    REP=shape.rep, HD=shape.head_dim, BM=16, PAGE_SIZE=variant.page,
                                    STAGES=variant.stages, IDS=variant.ids, num_warps=variant.warps)
-            return
-        attend_tasks[grid](q, cache, table, out, num_tasks, shape.ctx, plane, head_stride, row_stride,
+        return attend_tasks[grid](q, cache, table, out, sms, num_tasks, shape.ctx, plane, head_stride, row_stride,
                            table.shape[1], shape.head_dim ** -0.5, HKV=shape.kv_heads, REP=shape.rep,
                            HD=shape.head_dim, BM=variant.bm, PAGE_SIZE=variant.page, BKV=variant.bkv, STAGES=variant.stages,
                            WINDOW=variant.window, HEADS=variant.heads, BF16_SCORES=bool(variant.bf16),
                            num_warps=variant.warps)
     out.fill_(float("nan"))
-    launch()
+    compiled = launch()
     err = ((out - ref).norm() / ref.norm()).item()
+    per_sm = torch.bincount(sms.long().cpu())
+    placed = (f"{compiled.metadata.shared // 1024} KB shared, {compiled.n_regs} regs; programs an SM "
+              f"{int(per_sm[per_sm > 0].min())}-{int(per_sm.max())} on {int((per_sm > 0).sum())} SMs")
     us = median_ms(launch, q.device, num_warmup=3, num_reps=50) * 1e3
     floor = shape.kv_bytes / (bw * 1e12) * 1e6
     print(f"programs={variant.programs:3d} bkv={variant.bkv} stages={variant.stages} warps={variant.warps} "
           f"layout={variant.layout} shuffled={variant.shuffled} window={variant.window} heads={variant.heads} tma={variant.tma} ids={variant.ids} page={variant.page} bf16={variant.bf16} bm={variant.bm}: {us:6.1f} us  ({100 * floor / us:5.1f}% of DRAM; "
-          f"{shape.kv_bytes / us / 1e3 / (variant.programs or num_tasks):5.1f} GB/s a program)  rel err {err:.1e}",
+          f"{shape.kv_bytes / us / 1e3 / (variant.programs or num_tasks):5.1f} GB/s a program)  rel err {err:.1e}; "
+          f"{placed}",
           flush=True)
 
 
