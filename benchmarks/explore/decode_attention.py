@@ -28,7 +28,7 @@ may get more than the megakernel's two.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +37,7 @@ import triton.language as tl
 
 from benchmarks.baselines import median_ms, read_bandwidth_tbs
 from benchmarks.explore.variant_fields import with_fields
-from codegen.bodies.attention import attend
+from codegen.bodies.attention import attend, attend_block, attention_start
 from runtime.megakernel import use_scratch_allocator
 
 @triton.jit
@@ -87,8 +87,9 @@ def attend_pages_tma(Q, KV, PAGES, OUT, SMS, num_tasks, ctx, kv_plane, num_slots
                      PAGE_SIZE: tl.constexpr, STAGES: tl.constexpr, IDS: tl.constexpr, DOT_F32: tl.constexpr = False,
                      PLACE: tl.constexpr = True):
     """`attend_tasks` (one head a task) a page a block, each page's keys and values one bulk tensor copy (TMA)
-    at coordinates from the page table: no per-element address math, no masks (layout 0 only). IDS > 0 reads
-    the page ids IDS at a time before the pages' loop (a window), so that no copy waits on its page id's load."""
+    at coordinates from the page table: no per-element address math, no masks (layout 0 only), each block folded in
+    by the kernel's own `attend_block`. IDS > 0 reads the page ids IDS at a time before the pages' loop (a
+    window), so that no copy waits on its page id's load."""
     row: tl.constexpr = HKV * HD
     k_desc = tl.make_tensor_descriptor(KV, shape=[num_slots, row], strides=[row, 1], block_shape=[PAGE_SIZE, HD])
     v_desc = tl.make_tensor_descriptor(KV + kv_plane, shape=[num_slots, row], strides=[row, 1],
@@ -104,9 +105,8 @@ def attend_pages_tma(Q, KV, PAGES, OUT, SMS, num_tasks, ctx, kv_plane, num_slots
         b, g = t // HKV, t % HKV
         head = g * REP + r % REP
         q = tl.load(Q + (b * HKV * REP + head[:, None]) * HD + d[None, :], mask=r_ok[:, None], other=0.0)
-        m_i = tl.full((BM,), -1.0e30, tl.float32)
-        l_i = tl.zeros((BM,), tl.float32)
-        acc = tl.zeros((BM, HD), tl.float32)
+        q_pos = tl.full((BM,), 0, tl.int32) + ctx - 1
+        m_i, l_i, acc = attention_start(q)
         num_pages = tl.cdiv(ctx, PAGE_SIZE)
         for w0 in range(0, num_pages, W):
             if IDS > 0:
@@ -119,23 +119,8 @@ def attend_pages_tma(Q, KV, PAGES, OUT, SMS, num_tasks, ctx, kv_plane, num_slots
                     slot = tl.load(PAGES + b * pages_per_seq + p) * PAGE_SIZE
                 k = k_desc.load([slot, g * HD])
                 v = v_desc.load([slot, g * HD])
-                if DOT_F32:
-                    s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-                else:
-                    s = tl.dot(q, tl.trans(k))
                 j = p * PAGE_SIZE + tl.arange(0, PAGE_SIZE)
-                s = tl.where((j < ctx)[None, :], s, -1.0e30)
-                c = scale * 1.4426950408889634
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                pr = tl.exp2(s * c - (m_new * c)[:, None])
-                alpha = tl.exp2((m_i - m_new) * c)
-                l_i = l_i * alpha + tl.sum(pr, 1)
-                if DOT_F32:
-                    pv = tl.dot(pr, v.to(tl.float32), input_precision="ieee")
-                else:
-                    pv = tl.dot(pr.to(q.dtype), v)
-                acc = acc * alpha[:, None] + pv
-                m_i = m_new
+                m_i, l_i, acc = attend_block(q, k, v, j, ctx, q_pos, m_i, l_i, acc, scale, DOT_F32, False)
         tl.store(OUT + (b * HKV * REP + head[:, None]) * HD + d[None, :], acc / l_i[:, None], mask=r_ok[:, None])
         t += tl.num_programs(0)
 
@@ -207,15 +192,15 @@ def run(shape: Shape, variant: Variant, q, k, v, ref, bw: float) -> None:
 
     def launch():
         if variant.tma:
-            return attend_pages_tma[grid](q, cache, table, out, sms, num_tasks, shape.ctx, plane, plane // (shape.kv_heads *
-                                   shape.head_dim), table.shape[1], shape.head_dim ** -0.5, HKV=shape.kv_heads,
-                                   REP=shape.rep, HD=shape.head_dim, BM=16, PAGE_SIZE=variant.page,
-                                   STAGES=variant.stages, IDS=variant.ids, num_warps=variant.warps)
-        return attend_tasks[grid](q, cache, table, out, sms, num_tasks, shape.ctx, plane, head_stride, row_stride,
-                           table.shape[1], shape.head_dim ** -0.5, HKV=shape.kv_heads, REP=shape.rep,
-                           HD=shape.head_dim, BM=variant.bm, PAGE_SIZE=variant.page, BKV=variant.bkv, STAGES=variant.stages,
-                           WINDOW=variant.window, HEADS=variant.heads, BF16_SCORES=bool(variant.bf16),
-                           num_warps=variant.warps)
+            return attend_pages_tma[grid](
+                q, cache, table, out, sms, num_tasks, shape.ctx, plane, plane // (shape.kv_heads * shape.head_dim),
+                table.shape[1], shape.head_dim ** -0.5, HKV=shape.kv_heads, REP=shape.rep, HD=shape.head_dim, BM=16,
+                PAGE_SIZE=variant.page, STAGES=variant.stages, IDS=variant.ids, num_warps=variant.warps)
+        return attend_tasks[grid](
+            q, cache, table, out, sms, num_tasks, shape.ctx, plane, head_stride, row_stride, table.shape[1],
+            shape.head_dim ** -0.5, HKV=shape.kv_heads, REP=shape.rep, HD=shape.head_dim, BM=variant.bm,
+            PAGE_SIZE=variant.page, BKV=variant.bkv, STAGES=variant.stages, WINDOW=variant.window,
+            HEADS=variant.heads, BF16_SCORES=bool(variant.bf16), num_warps=variant.warps)
     out.fill_(float("nan"))
     compiled = launch()
     err = ((out - ref).norm() / ref.norm()).item()
@@ -224,11 +209,10 @@ def run(shape: Shape, variant: Variant, q, k, v, ref, bw: float) -> None:
               f"{int(per_sm[per_sm > 0].min())}-{int(per_sm.max())} on {int((per_sm > 0).sum())} SMs")
     us = median_ms(launch, q.device, num_warmup=3, num_reps=50) * 1e3
     floor = shape.kv_bytes / (bw * 1e12) * 1e6
-    print(f"programs={variant.programs:3d} bkv={variant.bkv} stages={variant.stages} warps={variant.warps} "
-          f"layout={variant.layout} shuffled={variant.shuffled} window={variant.window} heads={variant.heads} tma={variant.tma} ids={variant.ids} page={variant.page} bf16={variant.bf16} bm={variant.bm}: {us:6.1f} us  ({100 * floor / us:5.1f}% of DRAM; "
+    spec = " ".join(f"{f.name}={getattr(variant, f.name)}" for f in fields(variant))
+    print(f"{spec}: {us:6.1f} us  ({100 * floor / us:5.1f}% of DRAM; "
           f"{shape.kv_bytes / us / 1e3 / (variant.programs or num_tasks):5.1f} GB/s a program)  rel err {err:.1e}; "
-          f"{placed}",
-          flush=True)
+          f"{placed}", flush=True)
 
 
 def main() -> None:
