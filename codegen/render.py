@@ -178,7 +178,8 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
         # a kernel whose decode steps have no more rows than a slice keeps the last split finishing each block
         split_slice_rows=cfg.split_slice_rows if cfg.max_batch > cfg.split_slice_rows else 0,
         timer=not cfg.interpret,  # the global timer is inline PTX too: GPU builds log each step's start
-        step_log=STEP_LOG, dynamic=cfg.dynamic_tasks, tickets_word=CONTROL_FIELDS.index("task_tickets"),
+        step_log=STEP_LOG, dynamic=cfg.dynamic_tasks,
+        ctl=SimpleNamespace(**{name: index for index, name in enumerate(CONTROL_FIELDS)}),
         words=SimpleNamespace(next=NEXT, claim=CLAIM, group_start=GROUP_START, group_size=GROUP_SIZE,
                               flags=FLAGS, prefill_only=PREFILL_ONLY, streams=STREAMS,
                               stream_only=STREAM_ONLY),

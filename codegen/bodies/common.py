@@ -2,7 +2,7 @@
 import triton
 import triton.language as tl
 
-from codegen.bodies.sync import record_hang
+from codegen.bodies.sync import ERROR_FLAG, record_hang
 
 # The norms' sums of squares in fp64 (`CompileConfig.exact_norm_sums`; the generated kernel sets this after the
 # bodies, codegen/templates/megakernel.py.j2), else fp32. Every column tile of a value adds its rows' partial sums by
@@ -131,7 +131,7 @@ def split_slices(F32, I32, part_off, ticket_off, block, split, splits, acc, num_
             seen = tl.atomic_add(ticket, 0.0, sem="acquire").to(tl.int32)
             spins += 1
             if spins % 1024 == 0:
-                if tl.load(I32 + CONTROL_WORDS + 6, volatile=True) != 0:  # a wait elsewhere gave up: aborting
+                if tl.load(I32 + CONTROL_WORDS + ERROR_FLAG, volatile=True) != 0:  # a wait elsewhere gave up: aborting
                     spins = SPIN_LIMIT
         if seen < splits:
             record_hang(I32, CONTROL_WORDS, tl.load(I32 + CONTROL_WORDS + 3), SPLIT_TICKET, block, seen, splits)

@@ -19,7 +19,7 @@ def wait_event(EVENTS, I32, CONTROL: tl.constexpr, event, target, step, task, SP
         seen = tl.atomic_add(EVENTS + event, 0, sem="acquire")
         spins += 1
         if spins % 1024 == 0:
-            if tl.load(I32 + CONTROL + 6, volatile=True) != 0:  # another program aborted, or the host asked
+            if tl.load(I32 + CONTROL + ERROR_FLAG, volatile=True) != 0:  # another program aborted, or the host asked
                 spins = SPIN_LIMIT
     ok = seen >= target
     if not ok:
