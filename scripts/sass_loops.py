@@ -6,6 +6,7 @@ Uses the cuobjdump and nvdisasm that Triton bundles, so it runs on the CPU machi
     python scripts/kernel_resources.py llama3-8b --keep /tmp/k   # writes /tmp/k/kernel.cubin
     python scripts/sass_loops.py /tmp/k/kernel.cubin
     python scripts/sass_loops.py /tmp/k/kernel.cubin --source     # ... and each loop's source lines (kernel.py)
+    python scripts/sass_loops.py /tmp/k/kernel.cubin --opcodes    # ... and each loop's instructions by opcode
 
 `--source` names, under each loop, the lines of the kernel source beside the cubin (`--keep` writes it) that most
 of the loop's instructions come from, and those of its spills: which body a loop is, and whose registers spill.
@@ -76,6 +77,9 @@ def main() -> None:
     parser.add_argument("cubin", type=Path)
     parser.add_argument("--max-length", type=int, default=2000, help="longest loop to list, in instructions")
     parser.add_argument("--source", action="store_true", help="each loop's lines of the kernel.py beside the cubin")
+    parser.add_argument("--opcodes", action="store_true",
+                        help="each loop's instructions by opcode and modifiers, most first (e.g. IMAD.WIDE against "
+                             "IMAD.WIDE.U32: signed and unsigned address arithmetic)")
     args = parser.parse_args()
     code = instructions(args.cubin)
     if args.source:
@@ -94,6 +98,9 @@ def main() -> None:
                 spills = [address for address, text in code[first:last + 1] if opcode(text) in ("LDL", "STL")]
                 if spills:
                     print(f"    spills: {where(spills, lines, source, 3) or 'in Triton library code'}")
+            if args.opcodes:
+                ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", text).split(" ", 1)[0] for text in body)
+                print("    opcodes: " + ", ".join(f"{n} {op}" for op, n in ops.most_common()))
 
 if __name__ == "__main__":
     main()
