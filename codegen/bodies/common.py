@@ -2,7 +2,7 @@
 import triton
 import triton.language as tl
 
-from codegen.bodies.sync import ERROR_FLAG, record_hang
+from codegen.bodies.sync import ERROR_FLAG, STEP_WORD, record_hang
 
 # The norms' sums of squares in fp64 (`CompileConfig.exact_norm_sums`; the generated kernel sets this after the
 # bodies, codegen/templates/megakernel.py.j2), else fp32. Every column tile of a value adds its rows' partial sums by
@@ -134,7 +134,8 @@ def split_slices(F32, I32, part_off, ticket_off, block, split, splits, acc, num_
                 if tl.load(I32 + CONTROL_WORDS + ERROR_FLAG, volatile=True) != 0:  # a wait elsewhere gave up: aborting
                     spins = SPIN_LIMIT
         if seen < splits:
-            record_hang(I32, CONTROL_WORDS, tl.load(I32 + CONTROL_WORDS + 3), SPLIT_TICKET, block, seen, splits)
+            record_hang(I32, CONTROL_WORDS, tl.load(I32 + CONTROL_WORDS + STEP_WORD), SPLIT_TICKET, block, seen,
+                        splits)
         first = split.to(tl.int32)
         step = splits.to(tl.int32)
     tl.debug_barrier()

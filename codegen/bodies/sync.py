@@ -4,9 +4,9 @@ import triton
 import triton.language as tl
 
 # the kernel's source holds these bodies without their imports: codegen/layout.py's values, written out (a test
-# checks that they agree): the control words error_flag and error_kind, and ABORT_HANG, ABORT_ASKED and
-# ABORT_ASKED_RECORDED
-ERROR_FLAG, ERROR_KIND = tl.constexpr(6), tl.constexpr(14)
+# checks that they agree): the control words step, error_flag (error_step .. error_target the five after it) and
+# error_kind, and ABORT_HANG, ABORT_ASKED and ABORT_ASKED_RECORDED
+STEP_WORD, ERROR_FLAG, ERROR_KIND = tl.constexpr(3), tl.constexpr(6), tl.constexpr(14)
 HANG, ASKED, ASKED_RECORDED = tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
 
 
@@ -37,12 +37,12 @@ def record_hang(I32, CONTROL: tl.constexpr, step, task, event, seen, target):
     asked = tl.load(flag, volatile=True) == ASKED
     first = tl.atomic_cas(I32 + CONTROL + ERROR_KIND, 0, tl.where(asked, ASKED_RECORDED, HANG)) == 0
     tl.atomic_cas(flag, 0, HANG)
-    if first:
-        tl.store(I32 + CONTROL + 7, step)
-        tl.store(I32 + CONTROL + 8, task)
-        tl.store(I32 + CONTROL + 9, event)
-        tl.store(I32 + CONTROL + 10, seen)
-        tl.store(I32 + CONTROL + 11, target)
+    if first:  # error_step, error_task, error_event, error_value, error_target
+        tl.store(flag + 1, step)
+        tl.store(flag + 2, task)
+        tl.store(flag + 3, event)
+        tl.store(flag + 4, seen)
+        tl.store(flag + 5, target)
 
 
 @triton.jit

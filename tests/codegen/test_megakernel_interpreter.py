@@ -175,8 +175,10 @@ def test_the_kernels_error_words_are_reported_as_hangs(compiled, flag, kind, tas
     recorded before the host's timeout wrote its flag over the hang's, which the record outlives."""
     kernel, _ = compiled("tiny-llama")
     assert common.SPLIT_TICKET.value == HANG_SPLIT_TICKET
-    assert (sync.ERROR_FLAG.value, sync.ERROR_KIND.value) == (CONTROL_FIELDS.index("error_flag"),
-                                                              CONTROL_FIELDS.index("error_kind"))
+    assert (sync.STEP_WORD.value, sync.ERROR_FLAG.value, sync.ERROR_KIND.value) == (
+        CONTROL_FIELDS.index("step"), CONTROL_FIELDS.index("error_flag"), CONTROL_FIELDS.index("error_kind"))
+    after = sync.ERROR_FLAG.value + 1  # `record_hang` writes the five words after the flag
+    assert CONTROL_FIELDS[after:after + 5] == ("error_step", "error_task", "error_event", "error_value", "error_target")
     assert (sync.HANG.value, sync.ASKED.value, sync.ASKED_RECORDED.value) == (ABORT_HANG, ABORT_ASKED,
                                                                              ABORT_ASKED_RECORDED)
     control = kernel.region("control")[0]
