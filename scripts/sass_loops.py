@@ -63,9 +63,14 @@ def where(addresses: list[int], lines: dict[int, int], source: list[str], most: 
     return "; ".join(f"{n} x {line}: {source[line - 1].strip()[:60]}" for line, n in counts.most_common(most))
 
 
+def mnemonic(text: str) -> str:
+    """An instruction's opcode with its modifiers, without its predicate: `@!P0 LDG.E.128 R4, ...` -> `LDG.E.128`."""
+    return re.sub(r"^@!?U?P\w+\s+", "", text).split(" ", 1)[0]
+
+
 def opcode(text: str) -> str:
     """An instruction's opcode without its modifiers or predicate: `@!P0 LDG.E.128 R4, ...` -> `LDG`."""
-    return re.sub(r"^@!?U?P\w+\s+", "", text).split(" ", 1)[0].split(".", 1)[0]
+    return mnemonic(text).split(".", 1)[0]
 
 
 def count(body: list[str], *opcodes: str) -> int:
@@ -99,7 +104,7 @@ def main() -> None:
                 if spills:
                     print(f"    spills: {where(spills, lines, source, 3) or 'in Triton library code'}")
             if args.opcodes:
-                ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", text).split(" ", 1)[0] for text in body)
+                ops = Counter(map(mnemonic, body))
                 print("    opcodes: " + ", ".join(f"{n} {op}" for op, n in ops.most_common()))
 
 if __name__ == "__main__":
