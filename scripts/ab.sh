@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A change against a base commit on one machine, in one GPU call: the working tree's kernels (A), the base's (B),
-# then A again (its compiles are cached by then), each `benchmarks.megakernel_tpot` over the same variants.
+# then A again (its compiles are cached by then), each `benchmarks.megakernel_tpot` over the same variants
+# (AB_TOOL=profile_step: `benchmarks.profile_step` over the same arguments instead).
 # Timings move a few percent from one machine to the next, so compare only within one such call.
 #
 #   bash scripts/ab.sh prepare REV                  # here: the base's packages into ab-base/ (git-ignored)
@@ -42,7 +43,7 @@ swap_in() {  # the packages of the folder $1 in place of the tree's, files the o
 trap 'swap_in "$change"' EXIT  # whatever happens, the tree ends as it began
 pass() {
   echo "== $1"
-  timeout "${AB_LIMIT:-180}" python -m benchmarks.megakernel_tpot "${@:2}" 2>&1 | grep -v Warning |
+  timeout "${AB_LIMIT:-180}" python -m "benchmarks.${AB_TOOL:-megakernel_tpot}" "${@:2}" 2>&1 | grep -v Warning |
     sed "s/^/$1 | /"
 }
 pass "A change" "$@"
