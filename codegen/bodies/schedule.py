@@ -123,7 +123,8 @@ def _sample(F32, row, vocab, lo, hi, part, tops, chunk, splits, ticket, seed, dr
     The token, or -1 for every other chunk. A function of its own (`noinline`): its registers, and the
     cut's code, stay out of the other bodies' allocation (inlined, greedy Llama-3-8B b64 lost 2-3%;
     outlined, 1%: benchmarks/RESULTS.md, session 25)."""
-    best, index, z_top = _gumbel_draw(F32, row, lo, hi, vocab, VB, seed, draw, temperature)
+    best, index, z_top = _gumbel_max(F32, row, lo, hi, vocab, VB, seed, draw, temperature, float("-inf"),
+                                     float("-inf"))
     tl.store(part + chunk * 2, best)
     tl.store(part + chunk * 2 + 1, index.to(tl.float32))
     tl.store(tops + chunk, z_top)
@@ -134,74 +135,42 @@ def _sample(F32, row, vocab, lo, hi, part, tops, chunk, splits, ticket, seed, dr
     return token
 
 
-PARTS = tl.constexpr(32)  # the chunks' partials read at once (`sample_splits` is at most 32 unless set)
-
-
 @triton.jit
 def _first_max(part, splits):
-    """The token of the largest chunk maximum; the earliest chunk wins a tie, as torch.argmax's first index.
-    The partials are read PARTS at a time, each load independent of the others (read one by one, behind a
-    branch each, they were a trip to memory each: the row's last task spent ~10 us at batch 64)."""
+    """The token of the largest chunk maximum; the earliest chunk wins a tie, as torch.argmax's first index."""
     best = float("-inf")
     token = 0
-    for c0 in range(0, splits, PARTS):
-        c = c0 + tl.arange(0, PARTS)
-        values = tl.load(part + c * 2, mask=c < splits, other=float("-inf"))
-        tokens = tl.load(part + c * 2 + 1, mask=c < splits, other=0.0)
-        top = tl.max(values, 0)
-        if top > best:  # (strictly: an earlier block's equal maximum stays)
-            best = top
-            first = tl.min(tl.where(values == top, c, c0 + PARTS), 0)
-            token = tl.sum(tl.where(c == first, tokens, 0.0), 0).to(tl.int32)
+    for c in range(0, splits):
+        value = tl.load(part + c * 2)
+        if value > best:
+            best = value
+            token = tl.load(part + c * 2 + 1).to(tl.int32)
     return token
 
 
 @triton.jit
 def _largest(values, splits):
-    """The largest of the chunks' `splits` values, read PARTS at a time."""
+    """The largest of the chunks' `splits` values."""
     top = float("-inf")
-    for c0 in range(0, splits, PARTS):
-        c = c0 + tl.arange(0, PARTS)
-        top = tl.maximum(top, tl.max(tl.load(values + c, mask=c < splits, other=float("-inf")), 0))
+    for c in range(0, splits):
+        top = tl.maximum(top, tl.load(values + c))
     return top
 
 
 @triton.jit
 def _argmax(F32, row, lo, hi, VB: tl.constexpr):
-    """(max, first argmax) of the logits v in lo .. hi. Each lane keeps the best of its own column over the
-    blocks, and one reduction after the loop takes the largest and, of equal ones, the first: with no
-    reduction or branch in it the loop's loads pipeline (reduced a block at a time, each block's load waited
-    for the one before: ~1 us an iteration at batch 64)."""
-    best = tl.full((VB,), float("-inf"), tl.float32)
-    first = tl.zeros((VB,), tl.int32)
-    for v0 in tl.range(lo, hi, VB, num_stages=3):
+    """(max, first argmax) of the logits v in lo .. hi."""
+    best_val = float("-inf")
+    best_idx = 0
+    for v0 in range(lo, hi, VB):
         v = v0 + tl.arange(0, VB)
         z = tl.load(F32 + row + v, mask=v < hi, other=float("-inf"))
-        better = z > best  # (strictly: a column's first block of its best stays)
-        best = tl.where(better, z, best)
-        first = tl.where(better, v.to(tl.int32), first)
-    top = tl.max(best, 0)
-    return top, tl.min(tl.where(best == top, first, hi), 0).to(tl.int32)
-
-
-@triton.jit
-def _gumbel_draw(F32, row, lo, hi, vocab, VB: tl.constexpr, seed, draw, temperature):
-    """`_gumbel_max` with no cut (every token of lo .. hi drawn), as `_argmax` runs: each lane keeps its own
-    best over the blocks, one reduction after the loop, so that the loop's loads pipeline."""
-    best = tl.full((VB,), float("-inf"), tl.float32)
-    first = tl.zeros((VB,), tl.int32)
-    z_top = tl.full((VB,), float("-inf"), tl.float32)
-    for v0 in tl.range(lo, hi, VB, num_stages=3):
-        v = v0 + tl.arange(0, VB)
-        z = tl.load(F32 + row + v, mask=v < hi, other=float("-inf")) / temperature
-        z_top = tl.maximum(z_top, z)
-        u = tl.rand(seed, draw * vocab + v)
-        g = tl.where(z > float("-inf"), z - tl.log(-tl.log(tl.maximum(u, 1e-10))), float("-inf"))
-        better = g > best
-        best = tl.where(better, g, best)
-        first = tl.where(better, v.to(tl.int32), first)
-    top = tl.max(best, 0)
-    return top, tl.min(tl.where(best == top, first, hi), 0).to(tl.int32), tl.max(z_top, 0)
+        m = tl.max(z, 0)
+        i = tl.argmax(z, 0)
+        if m > best_val:
+            best_val = m
+            best_idx = (v0 + i).to(tl.int32)
+    return best_val, best_idx
 
 
 @triton.jit
@@ -278,19 +247,17 @@ def _masses(F32, row, vocab, VB: tl.constexpr, temperature, z_cut, at_least, z_t
     """The tokens with z > z_cut: how many, and their probability mass (unnormalized); and the mass of
     those with z >= at_least. A function of its own: inlined into `_sample` (three calls), it raised the
     kernel's spills (Llama-3-8B b64 304 -> 392 B a thread) and greedy b64 lost 1.2%."""
-    # each lane's own sums, reduced once after the loop, whose loads then pipeline (reduced a block at a time,
-    # each block's load waited for the one before: a top-k draw settled in one such pass cost b1 ~60 us a step)
-    count = tl.zeros((VB,), tl.int32)
-    above = tl.zeros((VB,), tl.float32)
-    kept = tl.zeros((VB,), tl.float32)
-    for v0 in tl.range(0, vocab, VB, num_stages=3):
+    count = 0
+    above = 0.0
+    kept = 0.0
+    for v0 in range(0, vocab, VB):
         v = v0 + tl.arange(0, VB)
         z = tl.load(F32 + row + v, mask=v < vocab, other=float("-inf")) / temperature
         p = tl.exp(z - z_top)
-        count += (z > z_cut).to(tl.int32)
-        above += tl.where(z > z_cut, p, 0.0)
-        kept += tl.where(z >= at_least, p, 0.0)
-    return tl.sum(count, 0), tl.sum(above, 0), tl.sum(kept, 0)
+        count += tl.sum((z > z_cut).to(tl.int32), 0)
+        above += tl.sum(tl.where(z > z_cut, p, 0.0), 0)
+        kept += tl.sum(tl.where(z >= at_least, p, 0.0), 0)
+    return count, above, kept
 
 
 @triton.jit

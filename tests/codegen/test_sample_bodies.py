@@ -10,8 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from codegen.bodies.schedule import (_argmax, _draw_within, _first_max, _gumbel_draw, _gumbel_max, _kth_largest,
-                                     _largest)
+from codegen.bodies.schedule import _argmax, _draw_within, _first_max, _gumbel_max, _kth_largest, _largest
 from runtime.sampling import SamplingParams, probabilities
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -36,16 +35,15 @@ def _kth_kernel(F32, LOW, CANDS, OUT, vocab, temperature, k, VB: tl.constexpr):
 @triton.jit
 def _draw_kernel(F32, CANDS, OUT, vocab, seed, num_draws, temperature, top_k, top_p, cut, VB: tl.constexpr):
     """Draw i with the sampler (the whole row's draw, then the cut), beside it the draw over the tokens with
-    z >= cut alone, the whole row's draw, and the whole row's draw by `_gumbel_max` with no cut."""
+    z >= cut alone, and the whole row's draw."""
     for i in range(num_draws):
-        best, token, z_top = _gumbel_draw(F32, 0, 0, vocab, vocab, VB, seed, i, temperature)
-        tl.store(OUT + 4 * i, _draw_within(F32, 0, vocab, VB, VB // 2, seed, i, temperature, top_k, top_p, token, z_top,
+        best, token, z_top = _gumbel_max(F32, 0, 0, vocab, vocab, VB, seed, i, temperature, float("-inf"),
+                                         float("-inf"))
+        tl.store(OUT + 3 * i, _draw_within(F32, 0, vocab, VB, VB // 2, seed, i, temperature, top_k, top_p, token, z_top,
                                            CANDS))
-        tl.store(OUT + 4 * i + 1, _gumbel_max(F32, 0, 0, vocab, vocab, VB, seed, i, temperature, float("-inf"),
+        tl.store(OUT + 3 * i + 1, _gumbel_max(F32, 0, 0, vocab, vocab, VB, seed, i, temperature, float("-inf"),
                                               cut)[1])
-        tl.store(OUT + 4 * i + 2, token)
-        tl.store(OUT + 4 * i + 3, _gumbel_max(F32, 0, 0, vocab, vocab, VB, seed, i, temperature, float("-inf"),
-                                              float("-inf"))[1])
+        tl.store(OUT + 3 * i + 2, token)
 
 
 @triton.jit
@@ -59,12 +57,12 @@ def _argmax_kernel(F32, OUT, vocab, lo, hi, VB: tl.constexpr):
 
 def test_greedy_takes_the_first_of_equal_maxima():
     """The first index of the largest logit in lo .. hi, as torch.argmax: ties within a block, across blocks and
-    in one lane of two blocks; a maximum in the last, partial block; logits past hi larger still."""
+    at the same place of two blocks; a maximum in the last, partial block; logits past hi larger still."""
     vocab, lo, hi = 300, 10, 237  # blocks of VB from lo; the last one partial
     rows = (torch.randn(6, vocab, generator=torch.Generator().manual_seed(2)) * 3).round()
     rows[:, hi:] = 100.0  # past hi: never taken
     rows[1, [40, 41, 200]] = 50.0  # ties in a block and a later one
-    rows[2, [20, 20 + VB]] = 50.0  # ties in one lane of two blocks
+    rows[2, [20, 20 + VB]] = 50.0  # ties at the same place of two blocks
     rows[3, 236] = 50.0  # the last, partial block
     rows[4, lo:hi] = -7.0  # every logit alike
     rows[5, 150] = float("inf")
@@ -83,10 +81,10 @@ def _parts_kernel(PARTS, OUT, splits):
     tl.store(OUT + 2 * i + 1, _largest(PARTS + i * splits * 2, splits * 2))
 
 
-@pytest.mark.parametrize("splits", [5, 40])  # one block of partials, and two (the second partial)
+@pytest.mark.parametrize("splits", [5, 40])
 def test_the_first_chunk_with_the_largest_maximum_gives_the_token(splits):
-    """`_first_max` over the chunks' (max, token) pairs: the earliest of equal maxima, within a block of
-    partials and across two; `_largest` over all the words."""
+    """`_first_max` over the chunks' (max, token) pairs: the earliest of equal maxima, the last chunk's, every
+    chunk alike; `_largest` over all the words."""
     generator = torch.Generator().manual_seed(3)
     values = (torch.randn(4, splits, generator=generator) * 2).round()
     values[1, [1, splits - 1]] = 9.0  # a tie: the first chunk's token
@@ -146,13 +144,12 @@ def test_a_draw_under_a_cut_is_the_draw_over_the_kept_tokens(params):
     expected = probabilities(logits, params)
     z = logits / params.temperature  # the cut halfway to the next token down: the GPU's division may round
     cut = float((z[expected > 0].min() + z[expected == 0].max()) / 2) if bool((expected == 0).any()) else -1e30
-    out = torch.zeros(4 * num_draws, dtype=torch.int32, device=DEVICE)
+    out = torch.zeros(3 * num_draws, dtype=torch.int32, device=DEVICE)
     _draw_kernel[(1,)](logits.to(DEVICE), torch.zeros(VB + 1, device=DEVICE), out, vocab, 7, num_draws,
                        params.temperature, params.top_k, params.top_p, cut, VB)
     host = out.cpu()
-    drawn, within, whole, uncut = host[0::4], host[1::4], host[2::4], host[3::4]
+    drawn, within, whole = host[0::3], host[1::3], host[2::3]
     assert drawn.tolist() == within.tolist()
-    assert whole.tolist() == uncut.tolist()  # the chunks' pipelined draw is the cut's draw with no cut
     print(f"the whole row's draw kept {int((drawn == whole).sum())} times of {num_draws}")
     assert bool((expected[drawn.long()] > 0).all())
     observed = torch.bincount(drawn.long(), minlength=vocab).double() / num_draws
