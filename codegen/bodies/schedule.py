@@ -22,54 +22,80 @@ def plan_step(I32, F32, step, CONTROL: tl.constexpr, INPUT_IDS: tl.constexpr, PO
               REQ_PROMPT_LEN: tl.constexpr, REQ_CACHED: tl.constexpr, REQ_FINISHED: tl.constexpr,
               REQ_LAST: tl.constexpr, REQ_PAGES: tl.constexpr, PROMPTS: tl.constexpr,
               PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, MAX_TOKENS: tl.constexpr,
-              STATS_OFF: tl.constexpr, STATS_SIZE: tl.constexpr, CHUNK: tl.constexpr):
+              STATS_OFF: tl.constexpr, STATS_SIZE: tl.constexpr, CHUNK: tl.constexpr, REQS: tl.constexpr):
+    """Every request at once (REQS lanes, a power of two at least the launch's requests): each unfinished one
+    takes its next prompt chunk, or one token, of what is left of the step's token budget, in request order,
+    and its place in the step (sequence b, first token t) from prefix sums. A request of one token is written
+    by its own lane; a longer chunk a request at a time. (A loop over the requests, a few dependent loads
+    each, took ~2 us a request: ~120 us of a batch-64 step between its sampling and its first task.)"""
     for z in range(0, STATS_SIZE, CHUNK):
         zs = z + tl.arange(0, CHUNK)
         tl.store(F32 + STATS_OFF + zs, tl.zeros((CHUNK,), tl.float32), mask=zs < STATS_SIZE)
     num_requests = tl.load(I32 + CONTROL + 4)
-    t = 0
-    b = 0
-    active = 0
-    for r in range(num_requests):
-        if tl.load(I32 + REQ_FINISHED + r) == 0:
-            active += 1
-            cached = tl.load(I32 + REQ_CACHED + r)
-            prompt_len = tl.load(I32 + REQ_PROMPT_LEN + r)
-            n = tl.minimum(tl.maximum(prompt_len - cached, 1), MAX_TOKENS - t)
-            if n > 0:
-                offs = tl.arange(0, CHUNK)
-                for c in range(0, n, CHUNK):
-                    i = c + offs
-                    ok = i < n
-                    pos = cached + i
-                    from_prompt = tl.load(I32 + PROMPTS + tl.load(I32 + REQ_PROMPT_OFF + r) + pos,
-                                          mask=ok & (pos < prompt_len), other=0)
-                    token = tl.where(pos < prompt_len, from_prompt, tl.load(I32 + REQ_LAST + r))
-                    page = tl.load(I32 + REQ_PAGES + r * PAGES_PER_SEQ + pos // PAGE_SIZE, mask=ok, other=0)
-                    tl.store(I32 + INPUT_IDS + t + i, token, mask=ok)
-                    tl.store(I32 + POSITIONS + t + i, pos, mask=ok)
-                    tl.store(I32 + SLOTS + t + i, page * PAGE_SIZE + pos % PAGE_SIZE, mask=ok)
-                tl.store(I32 + SEQ_STARTS + b, t)
-                tl.store(I32 + CONTEXT_LENS + b, cached + n)
-                tl.store(I32 + SEQ_REQ + b, r)
-                tl.store(I32 + LOGITS_ROWS + b, t + n - 1)
-                tl.store(I32 + SEQ_FINAL + b, (cached + n >= prompt_len).to(tl.int32))
-                # every warp reads `cached` before thread 0 (which stores scalars) moves it on. Warps are not in
-                # step: one that read the new value would take n = 1 for this request and write its share of
-                # the later requests' tokens at rows of its own. H200, 64 prompts of 40-249 tokens in one step,
-                # without the barrier: runs of 32 rows of token ids, positions and slots wrong in 4 of 12
-                # launches (`benchmarks/explore/region_diff.py`)
-                tl.debug_barrier()
-                tl.store(I32 + REQ_CACHED + r, cached + n)
-                t += n
-                b += 1
-    tl.store(I32 + SEQ_STARTS + b, t)
-    tl.store(I32 + CONTROL + 0, t)
-    tl.store(I32 + CONTROL + 1, b)
-    if b > 0:  # the last step with sequences: its logits rows outlast the empty plan that ends a launch
-        tl.store(I32 + CONTROL + 13, b)
-    tl.store(I32 + CONTROL + 2, (active == 0).to(tl.int32))
+    r = tl.arange(0, REQS)
+    unfinished = (r < num_requests) & (tl.load(I32 + REQ_FINISHED + r, mask=r < num_requests, other=1) == 0)
+    cached = tl.load(I32 + REQ_CACHED + r, mask=unfinished, other=0)
+    prompt_len = tl.load(I32 + REQ_PROMPT_LEN + r, mask=unfinished, other=0)
+    want = tl.where(unfinished, tl.maximum(prompt_len - cached, 1), 0)
+    before = tl.cumsum(want, 0) - want  # what the requests before want
+    n = tl.minimum(want, tl.maximum(MAX_TOKENS - before, 0))  # as they take it in order: the budget's rest
+    t = tl.minimum(before, MAX_TOKENS)
+    has = (n > 0).to(tl.int32)
+    b = tl.cumsum(has, 0) - has
+    one = n == 1  # the token at `cached`: the prompt's next, or the last one sampled
+    in_prompt = one & (cached < prompt_len)
+    offset = tl.load(I32 + REQ_PROMPT_OFF + r, mask=in_prompt, other=0)
+    token = tl.where(in_prompt, tl.load(I32 + PROMPTS + offset + cached, mask=in_prompt, other=0),
+                     tl.load(I32 + REQ_LAST + r, mask=one, other=0))
+    page = tl.load(I32 + REQ_PAGES + r * PAGES_PER_SEQ + cached // PAGE_SIZE, mask=one, other=0)
+    if tl.max(n, 0) > 1:
+        for q in range(num_requests):
+            _write_chunk(I32, q, tl.sum(tl.where(r == q, n, 0), 0), tl.sum(tl.where(r == q, cached, 0), 0),
+                         tl.sum(tl.where(r == q, prompt_len, 0), 0), tl.sum(tl.where(r == q, t, 0), 0),
+                         INPUT_IDS, POSITIONS, SLOTS, REQ_PROMPT_OFF, REQ_LAST, REQ_PAGES, PROMPTS, PAGES_PER_SEQ,
+                         PAGE_SIZE, CHUNK)
+    # every warp has read the requests' state before any warp moves it on: warps are not in step, and a lane's
+    # values may be held by threads of two warps. (Without such a barrier a 64-prompt prefill wrote runs of 32
+    # rows of token ids, positions and slots wrong in 4 of 12 launches: `benchmarks/explore/region_diff.py`.)
+    tl.debug_barrier()
+    tl.store(I32 + INPUT_IDS + t, token, mask=one)
+    tl.store(I32 + POSITIONS + t, cached, mask=one)
+    tl.store(I32 + SLOTS + t, page * PAGE_SIZE + cached % PAGE_SIZE, mask=one)
+    seq = n > 0
+    tl.store(I32 + SEQ_STARTS + b, t, mask=seq)
+    tl.store(I32 + CONTEXT_LENS + b, cached + n, mask=seq)
+    tl.store(I32 + SEQ_REQ + b, r, mask=seq)
+    tl.store(I32 + LOGITS_ROWS + b, t + n - 1, mask=seq)
+    tl.store(I32 + SEQ_FINAL + b, (cached + n >= prompt_len).to(tl.int32), mask=seq)
+    tl.store(I32 + REQ_CACHED + r, cached + n, mask=seq)
+    num_tokens = tl.sum(n, 0)
+    num_seqs = tl.sum(has, 0)
+    tl.store(I32 + SEQ_STARTS + num_seqs, num_tokens)
+    tl.store(I32 + CONTROL + 0, num_tokens)
+    tl.store(I32 + CONTROL + 1, num_seqs)
+    if num_seqs > 0:  # the last step with sequences: its logits rows outlast the empty plan that ends a launch
+        tl.store(I32 + CONTROL + 13, num_seqs)
+    tl.store(I32 + CONTROL + 2, (tl.sum(unfinished.to(tl.int32), 0) == 0).to(tl.int32))
     tl.store(I32 + CONTROL + 3, step)
+
+
+@triton.jit
+def _write_chunk(I32, q, n, cached, prompt_len, t, INPUT_IDS: tl.constexpr, POSITIONS: tl.constexpr,
+                 SLOTS: tl.constexpr, REQ_PROMPT_OFF: tl.constexpr, REQ_LAST: tl.constexpr, REQ_PAGES: tl.constexpr,
+                 PROMPTS: tl.constexpr, PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, CHUNK: tl.constexpr):
+    """Request q's n tokens from position `cached` (where n > 1) at the step's rows t ..: ids, positions, slots."""
+    if n > 1:
+        for c in range(0, n, CHUNK):
+            i = c + tl.arange(0, CHUNK)
+            ok = i < n
+            pos = cached + i
+            from_prompt = tl.load(I32 + PROMPTS + tl.load(I32 + REQ_PROMPT_OFF + q) + pos,
+                                  mask=ok & (pos < prompt_len), other=0)
+            token = tl.where(pos < prompt_len, from_prompt, tl.load(I32 + REQ_LAST + q))
+            page = tl.load(I32 + REQ_PAGES + q * PAGES_PER_SEQ + pos // PAGE_SIZE, mask=ok, other=0)
+            tl.store(I32 + INPUT_IDS + t + i, token, mask=ok)
+            tl.store(I32 + POSITIONS + t + i, pos, mask=ok)
+            tl.store(I32 + SLOTS + t + i, page * PAGE_SIZE + pos % PAGE_SIZE, mask=ok)
 
 
 @triton.jit
