@@ -169,8 +169,9 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
         sample_event=sample.event, num_sample_tasks=sample.count, plan_event=lw.plan_event,
         spin_limit=cfg.spin_limit, pages_per_seq=cfg.max_pages_per_seq, page_size=cfg.page_size,
         max_tokens_per_step=cfg.max_tokens_per_step, stats_off=lw.constants["STATS_OFF"],
-        stats_size=lw.constants["STATS_SIZE"], chunk=128, requests=_pow2(cfg.max_batch), task_words=TASK_WORDS, desc_words=DESC_WORDS,
-        max_waits=MAX_WAITS, profile=cfg.profile and not cfg.interpret, profile_step=cfg.profile_step,
+        stats_size=lw.constants["STATS_SIZE"], chunk=128, requests=_pow2(cfg.max_batch), task_words=TASK_WORDS,
+        desc_words=DESC_WORDS, max_waits=MAX_WAITS, profile=cfg.profile and not cfg.interpret,
+        profile_step=cfg.profile_step,
         prefetch=not cfg.interpret,  # inline PTX: the interpreter cannot run it
         exact_norm_sums=cfg.exact_norm_sums, epilogue_tma=cfg.epilogue_tma, gated_tma=cfg.gated_tma,
         attention_step_keys=cfg.attention_step_keys,

@@ -26,8 +26,9 @@ def plan_step(I32, F32, step, CONTROL: tl.constexpr, INPUT_IDS: tl.constexpr, PO
     """Every request at once (REQS lanes, a power of two at least the launch's requests): each unfinished one
     takes its next prompt chunk, or one token, of what is left of the step's token budget, in request order,
     and its place in the step (sequence b, first token t) from prefix sums. A request of one token is written
-    by its own lane; a longer chunk a request at a time. (A loop over the requests, a few dependent loads
-    each, took ~2 us a request: ~120 us of a batch-64 step between its sampling and its first task.)"""
+    by its own lane; a longer chunk a request at a time. (A loop over the requests, a few dependent loads and
+    a barrier each: a batch-64 step spent ~120 us between its last sampling task and its next first task, and
+    taking the requests at once gave back 30-70 us of it on an H200: benchmarks/RESULTS.md, session 52.)"""
     for z in range(0, STATS_SIZE, CHUNK):
         zs = z + tl.arange(0, CHUNK)
         tl.store(F32 + STATS_OFF + zs, tl.zeros((CHUNK,), tl.float32), mask=zs < STATS_SIZE)
