@@ -10,7 +10,6 @@ import random
 import pytest
 import torch
 import triton
-import triton.language as tl
 
 from codegen.bodies.schedule import plan_step
 from codegen.layout import CONTROL_FIELDS, Layout, add_step_regions
@@ -29,19 +28,6 @@ def layout(max_tokens: int) -> Layout:
     lay = Layout()
     add_step_regions(lay, T=max_tokens, B=R, R=R, P=P, M=M, O=4)
     return lay
-
-
-@triton.jit
-def _plan_kernel(I32, F32, step, CONTROL: tl.constexpr, INPUT_IDS: tl.constexpr, POSITIONS: tl.constexpr,
-                 SLOTS: tl.constexpr, SEQ_STARTS: tl.constexpr, CONTEXT_LENS: tl.constexpr, SEQ_REQ: tl.constexpr,
-                 LOGITS_ROWS: tl.constexpr, SEQ_FINAL: tl.constexpr, REQ_PROMPT_OFF: tl.constexpr,
-                 REQ_PROMPT_LEN: tl.constexpr, REQ_CACHED: tl.constexpr, REQ_FINISHED: tl.constexpr,
-                 REQ_LAST: tl.constexpr, REQ_PAGES: tl.constexpr, PROMPTS: tl.constexpr,
-                 PAGES_PER_SEQ: tl.constexpr, PAGE_SIZE: tl.constexpr, MAX_TOKENS: tl.constexpr,
-                 REQS: tl.constexpr):
-    plan_step(I32, F32, step, CONTROL, INPUT_IDS, POSITIONS, SLOTS, SEQ_STARTS, CONTEXT_LENS, SEQ_REQ, LOGITS_ROWS,
-              SEQ_FINAL, REQ_PROMPT_OFF, REQ_PROMPT_LEN, REQ_CACHED, REQ_FINISHED, REQ_LAST, REQ_PAGES, PROMPTS,
-              PAGES_PER_SEQ, PAGE_SIZE, MAX_TOKENS, 0, 16, 16, REQS)
 
 
 def serial_plan(requests: list[dict], max_tokens: int) -> dict:
@@ -93,10 +79,10 @@ def test_the_plan_is_the_requests_taken_in_order(seed, max_tokens):
         i32[at["req_pages"] + r * P:at["req_pages"] + (r + 1) * P] = torch.tensor(q["pages"])
     i32 = i32.to(DEVICE)
     f32 = torch.ones(16, device=DEVICE)
-    _plan_kernel[(1,)](i32, f32, STEP, *(at[name] for name in (
+    plan_step[(1,)](i32, f32, STEP, *(at[name] for name in (  # a jit function that returns nothing: a kernel too
         "control", "input_ids", "positions", "slots", "seq_starts", "context_lens", "seq_req", "logits_rows",
         "seq_final", "req_prompt_off", "req_prompt_len", "req_cached", "req_finished", "req_last", "req_pages",
-        "prompts")), P, PAGE, max_tokens, triton.next_power_of_2(R))
+        "prompts")), P, PAGE, max_tokens, 0, 16, 16, triton.next_power_of_2(R))  # statistics: F32[0:16]
     out = i32.cpu()
     expected = serial_plan(requests, max_tokens)
     control = {name: int(out[at["control"] + i]) for i, name in enumerate(CONTROL_FIELDS)}
