@@ -11,9 +11,9 @@ eager loop over the experts for prefill. Prints one table; `--json FILE` also wr
 
 Each row times a kernel compiled for it (`megakernel_tpot.decode_config`, `ttft_config`): max_batch is the row's
 batch, and a decode row's prefill budget min(2,048, batch x context) tokens a step, a TTFT row's the prompt. A
-kernel compiled for 1,024 tokens a step or more takes 128-row prefill tiles, which cost batch-1 decode 2-6% up
-to session 36 and ~1% since the carveout fix (`megakernel_tpot.prefill_budget`): b1 ctx512's kernel (512 a step)
-does not pay it, TTFT 2048's has the tiles.
+kernel compiled for 512 tokens a step or more takes 128-row prefill tiles, which cost batch-1 decode 2-6% up to
+session 36 and ~0.3% since (`megakernel_tpot.prefill_budget`): every decode row's kernel and TTFT 512's and 2048's
+have them, TTFT 128's does not.
 """
 from __future__ import annotations
 

@@ -28,7 +28,8 @@ class CompileConfig:
     expert_block_k: int = 64
     expert_stages: int = 4
     # token rows of an expert's dot blocks where it has more than block_m rows in a step (a prefill); 0: 128 where
-    # a step prefills 1,024 tokens or more, else 64 (`expert_prefill_rows`), as for `prefill_m`; block_m: none.
+    # a step prefills 1,024 tokens or more, else 64 (`expert_prefill_rows`; `prefill_m`'s rule for the projections
+    # starts at 512, not measured for experts); block_m: none.
     # Each block reads its expert's whole weight slice, so 16-row blocks read it again for every 16 tokens. They
     # pipeline at most 3 stages deep (codegen/render.py). H200, Qwen3-30B-A3B, one call each: 64 / 16 rows TPOT
     # b1 ctx512 4.05 / 4.01 ms, b8 11.90 / 11.40 (spills 264 -> 302 B a thread), TTFT 2048 165.09 against 387
@@ -89,14 +90,17 @@ class CompileConfig:
     # take the same rows. H200, Llama-3-8B b32 ctx512, 32 / 64: 6.63 / 7.13 ms (b24 6.59 / 6.99 with 64-row QKV
     # dots for both)
     wide_m: int = 0
-    # prefill_m 0: 128 rows where a step prefills 1,024 tokens or more (max_tokens_per_step), else 64
-    # (`prefill_rows`). [128, 128] tiles read a third fewer bytes from L2 a flop than [64, 128], but their
-    # accumulator (128 registers a thread) spills elsewhere in the kernel (54 -> 180 B) and their 96 KB of shared
-    # memory a program shrink L1. H200, Llama-3-8B, 64 / 128 rows, one call each (session 33): TTFT 2048 69.68 /
-    # 62.16 ms and 70.50 / 62.92, 1024 32.87 / 29.71, 512 18.52 / 18.11 and 18.98 / 18.31; TPOT b1 ctx512 4.67 /
-    # 4.78, b8 5.38 / 5.46, b64 7.28 / 7.39 and 7.26 / 7.34. 128 rows at 2 stages (64 KB): TTFT 2048 77.21, b1 4.73
-    # H100 (with the epilogue in halves): TTFT 2048 78.37 / 68.69, b64 9.24 / 9.39. A 512-token kernel (session
-    # 34, H200): TTFT 512 18.55 / 17.75, but b1 4.61 / 4.89 in the same kernel, so it keeps 64
+    # prefill_m 0: 128 rows where a step prefills 512 tokens or more (max_tokens_per_step), else 64
+    # (`prefill_rows`). [128, 128] tiles read a third fewer bytes from L2 a flop than [64, 128], and a prefill's
+    # projection groups are bound by what their programs read from L2 together (benchmarks/explore/NOTES.md,
+    # session 53); but their accumulator (128 registers a thread) spills elsewhere in the kernel (58 -> 194 B) and
+    # their 96 KB of shared memory a program shrink L1. H200, Llama-3-8B, 64 / 128 rows, one call (session 53,
+    # twice each): TTFT 512 19.15 / 17.27 ms and 18.73 / 17.05, TPOT b1 ctx512 4.51 / 4.52 and 4.50 / 4.52 (the same
+    # kernel); TTFT 128 in a 128-token kernel 9.24 / 10.10 and 8.92 / 9.55, so below 512 it keeps 64. Session 33:
+    # TTFT 2048 69.68 / 62.16 and 70.50 / 62.92, 1024 32.87 / 29.71; b8 5.38 / 5.46, b64 7.28 / 7.39 and 7.26 /
+    # 7.34. 128 rows at 2 stages (64 KB): TTFT 2048 77.21, b1 4.73. H100 (with the epilogue in halves): TTFT 2048
+    # 78.37 / 68.69, b64 9.24 / 9.39. (At 512 tokens they cost b1 6% before the carveout fix, session 36, and saved
+    # TTFT 512 only 4% before gate/up's tiles were gated whole, session 47)
     prefill_m: int = 0
     # input columns per chunk of the prefill tiles (QKV's too); 0: block_k_dot. H100, 128-row tiles, TTFT 2048:
     # chunks of 64 at 3 stages (96 KB) 72.48 ms; of 32 at 4 / 5 / 6 stages (64 / 80 / 96 KB) 78.47 / 80.27 / 82.47
@@ -374,7 +378,7 @@ class CompileConfig:
     @property
     def prefill_rows(self) -> int:
         """Rows of the projections' prefill tiles (`prefill_m`, or its default for max_tokens_per_step)."""
-        return self.prefill_m or (128 if self.max_tokens_per_step >= 1024 else 64)
+        return self.prefill_m or (128 if self.max_tokens_per_step >= 512 else 64)
 
     @property
     def streams_gemv(self) -> bool:

@@ -285,7 +285,7 @@ def test_decode_attention_in_key_blocks_of_its_own_matches_the_reference_engine(
                          ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()) or "default")
 def test_prefill_tiles_of_128_rows_match_the_reference_engine(checkpoint, tmp_path, fields):
     """A 100-token prompt beside a 3-token one, prefilled in one step on [128, 32] tiles (`prefill_m` 128, the
-    default where a step prefills 1,024 tokens or more): both halves of a tile's epilogue hold rows. With
+    default where a step prefills 512 tokens or more): both halves of a tile's epilogue hold rows. With
     `epilogue_tma`, the halves' residuals and stores go through tensor descriptors, rows past the step's last
     neither read nor written. By default (`gated_tma`) gate/up's tiles are gated and stored over all 128 rows at
     once, through a tensor descriptor."""

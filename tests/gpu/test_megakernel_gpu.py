@@ -194,6 +194,16 @@ def test_a_short_prompt_splits_k_on_gpu(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+def test_a_512_token_prompt_on_128_row_tiles_on_gpu(tmp_path):
+    """A kernel of 512 tokens a step (the batch-1 benchmark's) prefills on [128, 128] tiles (`prefill_rows`)."""
+    config = dataclasses.replace(case_config(1), max_tokens_per_step=512, max_model_len=600)
+    assert config.prefill_rows == 128
+    check_against_reference("llama3-8b", 1, config, tmp_path, lengths=[512])
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("length, field, on", [(1100, "epilogue_tma", True), (400, "epilogue_tma", True),
                                                (1100, "gated_tma", False)])
 def test_prefill_epilogue_variants_on_gpu(length, field, on, tmp_path):
