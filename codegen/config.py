@@ -78,6 +78,10 @@ class CompileConfig:
     block_m: int = 16  # token rows per dot (the minimum tl.dot takes)
     block_k_dot: int = 64  # input columns per tensor-core chunk of the batched blocks and prefill tiles
     qkv_block_m: int = 64  # token rows per QKV block: up to this many, heads split K; beyond, row blocks
+    # rows of QKV's prefill tiles; 0: the projections' (`prefill_rows`), at least qkv_block_m. H200, Llama-3-8B,
+    # 64 / 128 rows beside 128-row projections, one call, twice each (session 53): TTFT 512 17.05, 16.84 / 16.55,
+    # 16.65 ms, 2048 59.49, 59.79 / 58.66, 59.14; TPOT b1 ctx512 4.52, 4.52 / 4.53, 4.52, b64 6.61 / 6.61
+    qkv_prefill_m: int = 0
     # input columns per chunk of those split heads' dots (more than block_m rows). H200, Llama-3-8B ctx512, 64 / 32
     # (the rule before: 2048 // qkv_block_m): b64 8.04 / 8.19 ms, b32 7.09 / 7.25; spills 200 / 216 B a thread
     qkv_batch_k: int = 64
@@ -344,15 +348,17 @@ class CompileConfig:
                      "block_m", "qkv_block_m", "attention_block_m", "wide_m", "prefill_m", "wide_n", "batch_n",
                      "whole_batch_n", "block_kv", "decode_block_kv", "page_size", "stream_tiles", "stream_block_k",
                      "qkv_batch_k", "decode_window_keys", "prefill_window_keys", "expert_prefill_m",
-                     "expert_prefill_n", "expert_tail_m", "split_slice_rows"):
+                     "expert_prefill_n", "expert_tail_m", "split_slice_rows", "qkv_prefill_m"):
             value = getattr(self, name)
             # 0: another field's value, or a choice of the lowering's
             zero_ok = name in ("prefill_block_k", "wide_m", "prefill_m", "whole_batch_n", "decode_block_kv",
-                               "expert_prefill_m", "expert_tail_m", "split_slice_rows")
+                               "expert_prefill_m", "expert_tail_m", "split_slice_rows", "qkv_prefill_m")
             if (value <= 0 or value & (value - 1)) and not (zero_ok and value == 0):
                 raise ValueError(f"{name} must be a power of two, got {value}")
-        if min(self.block_m, self.qkv_block_m, self.attention_block_m) < 16:
-            raise ValueError("block_m, qkv_block_m and attention_block_m must be at least 16 (tl.dot)")
+        if self.qkv_prefill_m > 128:  # (an epilogue of more rows than two halves of 64 would spill)
+            raise ValueError(f"qkv_prefill_m must be at most 128, got {self.qkv_prefill_m}")
+        if min(self.block_m, self.qkv_block_m, self.qkv_prefill_rows, self.attention_block_m) < 16:
+            raise ValueError("block_m, qkv_block_m, qkv_prefill_m and attention_block_m must be at least 16 (tl.dot)")
         unknown = set(filter(None, self.outline.split(","))) - set(OUTLINE_GROUPS)
         if unknown:
             raise ValueError(f"outline: unknown groups {sorted(unknown)}; known: {sorted(OUTLINE_GROUPS)}")
@@ -379,6 +385,11 @@ class CompileConfig:
     def prefill_rows(self) -> int:
         """Rows of the projections' prefill tiles (`prefill_m`, or its default for max_tokens_per_step)."""
         return self.prefill_m or (128 if self.max_tokens_per_step >= 512 else 64)
+
+    @property
+    def qkv_prefill_rows(self) -> int:
+        """Rows of QKV's prefill tiles (`qkv_prefill_m`, or the projections' and at least qkv_block_m)."""
+        return self.qkv_prefill_m or max(self.qkv_block_m, self.prefill_rows)
 
     @property
     def streams_gemv(self) -> bool:

@@ -3,8 +3,8 @@ of k and v to the paged cache. q heads go to the activation buffer the attention
 import triton
 import triton.language as tl
 
-from codegen.bodies.common import SPLIT_SLICE_ROWS, STEP_KEYS, round_to, split_slices, sum_of_splits, sum_split_rows
-from codegen.bodies.common import word, word8, word_f32
+from codegen.bodies.common import SPLIT_SLICE_ROWS, STEP_KEYS, round_to, row_halves, split_slices, sum_of_splits
+from codegen.bodies.common import sum_split_rows, word, word8, word_f32
 from codegen.bodies.linear import row_inv_rms, tile_product
 
 QKV_FIELDS = ("x_off", "k", "w_off", "num_q_heads", "num_kv_heads", "head_dim", "rotary_dim", "stats_off",
@@ -170,20 +170,21 @@ def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: 
              SLOTS: tl.constexpr, BM: tl.constexpr, BMW: tl.constexpr, BMP: tl.constexpr, BK: tl.constexpr,
              BKP: tl.constexpr, HDP: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
              FULL_ROTARY: tl.constexpr, BKD: tl.constexpr, PREFILL_STAGES: tl.constexpr, PREFILL_TMA: tl.constexpr,
-             EVEN_K: tl.constexpr, EVEN_D: tl.constexpr):
+             EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, BMQ: tl.constexpr):
     """Task (head, split). A step of up to BMP rows (decode, batched decode) splits each head's K range over
     `splits` tasks (K chunks of BKP where more than BM rows are staged: BMW of them up to BMW, the batched
     decode's rows, if fewer than BMP); longer (prefill) steps share the (head, BMP rows) tiles instead, loaded
     as the projections' prefill tiles are (chunks of BKD, PREFILL_STAGES deep, through tensor descriptors with
     PREFILL_TMA). The group's tasks past the (head, split) ones (`num_tasks`, one a program) only prefill.
-    EVEN_K, EVEN_D: every K chunk of the pointer tiles is whole, every head fills HDP (`head_partial`)."""
+    EVEN_K, EVEN_D: every K chunk of the pointer tiles is whole, every head fills HDP (`head_partial`). BMQ: the
+    prefill tiles' rows (at least BMP)."""
     splits = word(desc, 17)
     head = tile // splits
     split = tile % splits
     if head >= word(desc, 3) + 2 * word(desc, 4):
         if num_tokens > BMP:
-            qkv_prefill(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS, SLOTS, BMP, HDP, DOT_F32,
-                        FULL_ROTARY, BKD, PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_D)
+            qkv_prefill(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS, SLOTS, BMQ, HDP,
+                        DOT_F32, FULL_ROTARY, BKD, PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_D)
     elif num_tokens <= BM:
         qkv_rows(desc, head, split, num_tokens, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, BM, BK, HDP,
                  DOT_F32, STAGES, FULL_ROTARY, EVEN_K, EVEN_D)
@@ -194,8 +195,8 @@ def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: 
         split_head(desc, head, split, tl.arange(0, BMP), tl.arange(0, BMP) < num_tokens, W, ACT, F32, I32, KV,
                    kv_plane, POSITIONS, SLOTS, BMP, BKP, HDP, DOT_F32, STAGES, FULL_ROTARY, EVEN_K, EVEN_D)
     else:
-        qkv_prefill(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS, SLOTS, BMP, HDP, DOT_F32,
-                    FULL_ROTARY, BKD, PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_D)
+        qkv_prefill(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS, SLOTS, BMQ, HDP,
+                    DOT_F32, FULL_ROTARY, BKD, PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_D)
 
 
 @triton.jit
@@ -211,11 +212,25 @@ def qkv_prefill(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITION
     row_blocks = tl.cdiv(num_tokens, BMP)
     for item in range(tile, num_heads * row_blocks, word(desc, 20)):
         m0 = (item % row_blocks) * BMP
-        rows = m0 + tl.arange(0, BMP)
-        row_ok = rows < num_tokens
         acc = tile_product(x_off, K, K, w_off, num_heads * HD, m0, item // row_blocks * HD, 0, K, num_tokens,
                            W, ACT, BMP, HDP, BKD, DOT_F32, PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_D)
-        inv = row_inv_rms(F32, stats_off, rows, row_ok, K, eps)
-        acc = tl.where((tl.arange(0, HDP) < HD)[None, :], acc * inv[:, None], 0.0)  # past HD: the next head
-        head_epilogue(desc, item // row_blocks, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS,
-                      SLOTS, HDP, FULL_ROTARY)
+        if BMP > 64:  # the epilogue a half at a time, as the projections' 128-row tiles (`row_halves`)
+            top, bottom = row_halves(acc)
+            _prefill_epilogue(desc, item // row_blocks, top, m0, num_tokens, K, stats_off, eps, HD, W, ACT, F32, I32,
+                              KV, kv_plane, POSITIONS, SLOTS, HDP, FULL_ROTARY)
+            _prefill_epilogue(desc, item // row_blocks, bottom, m0 + BMP // 2, num_tokens, K, stats_off, eps, HD, W,
+                              ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP, FULL_ROTARY)
+        else:
+            _prefill_epilogue(desc, item // row_blocks, acc, m0, num_tokens, K, stats_off, eps, HD, W, ACT, F32, I32,
+                              KV, kv_plane, POSITIONS, SLOTS, HDP, FULL_ROTARY)
+
+
+@triton.jit
+def _prefill_epilogue(desc, head, acc, m0, num_tokens, K, stats_off, eps, HD, W, ACT, F32, I32, KV, kv_plane,
+                      POSITIONS: tl.constexpr, SLOTS: tl.constexpr, HDP: tl.constexpr, FULL_ROTARY: tl.constexpr):
+    """Rows m0 .. of a prefill tile: the norm's row scales, then `head_epilogue`."""
+    rows = m0 + tl.arange(0, acc.shape[0])
+    row_ok = rows < num_tokens
+    inv = row_inv_rms(F32, stats_off, rows, row_ok, K, eps)
+    acc = tl.where((tl.arange(0, HDP) < HD)[None, :], acc * inv[:, None], 0.0)  # past HD: the next head
+    head_epilogue(desc, head, acc, rows, row_ok, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, HDP, FULL_ROTARY)

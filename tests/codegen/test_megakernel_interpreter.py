@@ -281,14 +281,15 @@ def test_decode_attention_in_key_blocks_of_its_own_matches_the_reference_engine(
 
 
 @pytest.mark.parametrize("fields", [{}, {"epilogue_tma": True}, {"gated_tma": False},
-                                    {"gated_tma": False, "epilogue_tma": True}],
+                                    {"gated_tma": False, "epilogue_tma": True}, {"qkv_prefill_m": 64}],
                          ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()) or "default")
 def test_prefill_tiles_of_128_rows_match_the_reference_engine(checkpoint, tmp_path, fields):
     """A 100-token prompt beside a 3-token one, prefilled in one step on [128, 32] tiles (`prefill_m` 128, the
     default where a step prefills 512 tokens or more): both halves of a tile's epilogue hold rows. With
     `epilogue_tma`, the halves' residuals and stores go through tensor descriptors, rows past the step's last
     neither read nor written. By default (`gated_tma`) gate/up's tiles are gated and stored over all 128 rows at
-    once, through a tensor descriptor."""
+    once, through a tensor descriptor. QKV's tiles take 128 rows too (`qkv_prefill_rows`), their epilogue a half at
+    a time, or with `qkv_prefill_m` 64 their own 64."""
     config = dataclasses.replace(CONFIG, max_tokens_per_step=128, max_model_len=128, prefill_m=128, wide_n=32,
                                  **fields)
     _, check = _tiny_kernel(checkpoint, tmp_path / "rows128.cubin", config)
