@@ -88,6 +88,9 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=INT",
                         help="a CompileConfig field for every kernel of the run (e.g. wide_n=128), repeatable")
     parser.add_argument("--no-precompile", action="store_true", help="compile each kernel when its row runs")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="compile the run's kernels into the cache and stop (no GPU needed): a GPU run with the "
+                             "same BLINK_CACHE_DIR and its cubins then compiles nothing")
     parser.add_argument("--torch-experts", choices=["auto", *baselines.EXPERT_MODES], default="auto",
                         help="how the torch baselines run an MoE model's experts (auto: grouped GEMMs where torch "
                              "has them, else gathered weights for decode and an eager loop for prefill)")
@@ -98,10 +101,12 @@ def main() -> None:
     prompt_lens = [int(v) for v in filter(None, args.ttft.split(","))]
     # room for (c)'s steps, which need more than the megakernel's `tpot_ms`
     decode_configs = {(b, c): decode_config(b, c, GRAPH_REPLAYS + 2, **overrides) for b, c in pairs}
-    if not args.no_precompile:  # the run's kernels side by side, before anything is timed
+    if args.compile_only or not args.no_precompile:  # the run's kernels side by side, before anything is timed
         configs = list(decode_configs.values()) + [ttft_config(n, **overrides) for n in prompt_lens]
         seconds = compile_many([(args.preset, config) for config in configs])
         print(f"compiled {len(configs)} kernels side by side in {seconds:.0f} s", flush=True)
+        if args.compile_only:
+            return
     cfg = resolve_model(args.preset).config
     device = torch.device("cuda")
     bandwidth = baselines.read_bandwidth_tbs(device)
