@@ -37,7 +37,8 @@ def prefill_budget(batch: int, context: int) -> int:
     tiles take 128 rows (`CompileConfig.prefill_rows`), whose registers and shared memory cost the decode bodies
     (H200, Llama-3-8B b1 ctx512 in one kernel, 64 / 128 rows: 4.61 / 4.78 ms in session 36 with 28 KB of L1; since
     fbfaf3e gave such kernels 60 KB, 4.62-4.63 / 4.67-4.68 in session 37; 4.50-4.51 / 4.52 in session 53, when
-    they became the default at 512 tokens a step for TTFT 512 -9%). So every decode row's kernel (512 tokens a step or more) has 128-row tiles."""
+    they became the default at 512 tokens a step for TTFT 512 -9%). So every decode row's kernel (512 tokens a step
+    or more) has 128-row tiles."""
     return max(256, min(2048, batch * context))
 
 

@@ -173,11 +173,11 @@ def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: 
              EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, BMQ: tl.constexpr):
     """Task (head, split). A step of up to BMP rows (decode, batched decode) splits each head's K range over
     `splits` tasks (K chunks of BKP where more than BM rows are staged: BMW of them up to BMW, the batched
-    decode's rows, if fewer than BMP); longer (prefill) steps share the (head, BMP rows) tiles instead, loaded
+    decode's rows, if fewer than BMP); longer (prefill) steps share the (head, BMQ rows) tiles instead, loaded
     as the projections' prefill tiles are (chunks of BKD, PREFILL_STAGES deep, through tensor descriptors with
     PREFILL_TMA). The group's tasks past the (head, split) ones (`num_tasks`, one a program) only prefill.
     EVEN_K, EVEN_D: every K chunk of the pointer tiles is whole, every head fills HDP (`head_partial`). BMQ: the
-    prefill tiles' rows (at least BMP)."""
+    prefill tiles' rows (`CompileConfig.qkv_prefill_rows`)."""
     splits = word(desc, 17)
     head = tile // splits
     split = tile % splits
