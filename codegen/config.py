@@ -355,10 +355,10 @@ class CompileConfig:
                                "expert_prefill_m", "expert_tail_m", "split_slice_rows", "qkv_prefill_m")
             if (value <= 0 or value & (value - 1)) and not (zero_ok and value == 0):
                 raise ValueError(f"{name} must be a power of two, got {value}")
-        if self.qkv_prefill_m > 128:  # (an epilogue of more rows than two halves of 64 would spill)
-            raise ValueError(f"qkv_prefill_m must be at most 128, got {self.qkv_prefill_m}")
-        if min(self.block_m, self.qkv_block_m, self.qkv_prefill_rows, self.attention_block_m) < 16:
-            raise ValueError("block_m, qkv_block_m, qkv_prefill_m and attention_block_m must be at least 16 (tl.dot)")
+        if min(self.block_m, self.qkv_block_m, self.attention_block_m) < 16:
+            raise ValueError("block_m, qkv_block_m and attention_block_m must be at least 16 (tl.dot)")
+        if self.qkv_prefill_m and not 16 <= self.qkv_prefill_m <= 128:  # (tl.dot; an epilogue of two halves at most)
+            raise ValueError(f"qkv_prefill_m must be 0 or between 16 and 128, got {self.qkv_prefill_m}")
         unknown = set(filter(None, self.outline.split(","))) - set(OUTLINE_GROUPS)
         if unknown:
             raise ValueError(f"outline: unknown groups {sorted(unknown)}; known: {sorted(OUTLINE_GROUPS)}")

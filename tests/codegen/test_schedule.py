@@ -185,6 +185,7 @@ def test_lowering_without_the_lowering_prep_passes_names_the_unsupported_ops():
     (dict(expert_tail_m=48), "expert_tail_m must be a power of two, got 48"),
     (dict(stream_whole_kb=-1), "stream_whole_kb must be at least 0, got -1"),
     (dict(stream_whole_kb=5000), "stream_whole_kb must be at most 4096, got 5000"),
+    (dict(qkv_prefill_m=256), "qkv_prefill_m must be 0 or between 16 and 128, got 256"),
 ])
 def test_compile_config_rejects(fields, message):
     with pytest.raises(ValueError, match=message):
