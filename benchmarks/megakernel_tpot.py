@@ -50,11 +50,12 @@ def decode_tokens(batch: int, context: int, tokens_per_step: int, num_tokens: in
 
 def decode_config(batch: int, context: int, num_tokens: int, **fields) -> CompileConfig:
     """The kernel a decode benchmark compiles: prompts of `context` tokens, and room for at least `num_tokens`
-    steps that decode the whole batch; `max_tokens_per_step` among the fields replaces `prefill_budget`'s."""
+    steps that decode the whole batch; `max_tokens_per_step` among the fields replaces `prefill_budget`'s, and
+    any other field these (`max_batch=8`: a batch of 1 in a kernel compiled for 8)."""
     per_step = fields.pop("max_tokens_per_step", prefill_budget(batch, context))
     new_tokens = decode_tokens(batch, context, per_step, num_tokens)
-    return CompileConfig(max_batch=batch, max_tokens_per_step=per_step, max_model_len=context + new_tokens + 8,
-                         max_new_tokens=new_tokens, **fields)
+    return CompileConfig(**{**dict(max_batch=batch, max_tokens_per_step=per_step, max_model_len=context + new_tokens
+                                   + 8, max_new_tokens=new_tokens), **fields})
 
 
 def tpot_ms(kernel: Megakernel, batch: int, context: int, num_tokens: int, sampling: dict | None = None) -> float:
@@ -78,9 +79,10 @@ def full_batch_step_ms(steps: list[tuple[int, int, int]], batch: int) -> float:
 
 
 def ttft_config(prompt_len: int, **fields) -> CompileConfig:
-    """The kernel a time-to-first-token benchmark compiles: one prompt of `prompt_len` tokens in one chunk."""
-    return CompileConfig(max_batch=1, max_tokens_per_step=prompt_len, max_model_len=prompt_len + 8,
-                         max_new_tokens=40, **fields)
+    """The kernel a time-to-first-token benchmark compiles: one prompt of `prompt_len` tokens in one chunk.
+    `fields` may replace any of these (`max_batch=8,max_tokens_per_step=256`: `blinkc compile`'s defaults)."""
+    return CompileConfig(**{**dict(max_batch=1, max_tokens_per_step=prompt_len, max_model_len=prompt_len + 8,
+                                   max_new_tokens=40), **fields})
 
 
 def seeded_prompt(prompt_len: int) -> list[int]:

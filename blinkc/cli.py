@@ -121,7 +121,8 @@ def _add_compile(sub) -> None:
     weights.add_argument("--random-weights", action="store_true", help="random weights made on the device from --seed")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-batch", type=int, default=8)
-    p.add_argument("--max-tokens-per-step", type=int, default=256, help="prefill chunk budget")
+    p.add_argument("--max-tokens-per-step", type=int, default=2048,
+                   help="prefill chunk budget: a longer prompt prefills over several steps (default 2048)")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-new-tokens", type=int, default=1024)
     p.add_argument("--page-size", type=int, default=16)
