@@ -80,7 +80,8 @@ def full_batch_step_ms(steps: list[tuple[int, int, int]], batch: int) -> float:
 
 def ttft_config(prompt_len: int, **fields) -> CompileConfig:
     """The kernel a time-to-first-token benchmark compiles: one prompt of `prompt_len` tokens in one chunk.
-    `fields` may replace any of these (`max_batch=8,max_tokens_per_step=256`: `blinkc compile`'s defaults)."""
+    `fields` may replace any of these (`max_batch=8,max_tokens_per_step=2048,max_model_len=2048`: `blinkc compile`'s
+    defaults)."""
     return CompileConfig(**{**dict(max_batch=1, max_tokens_per_step=prompt_len, max_model_len=prompt_len + 8,
                                    max_new_tokens=40), **fields})
 

@@ -9,7 +9,10 @@ from codegen.bodies import OUTLINE_GROUPS
 @dataclass(frozen=True)
 class CompileConfig:
     max_batch: int = 8  # requests per launch = sequences per step
-    max_tokens_per_step: int = 256  # prefill chunk budget
+    # prefill chunk budget: a longer prompt prefills over several steps, each reading every weight again. H200,
+    # Llama-3-8B, max_batch 8, 256 / 2,048 (session 54): TTFT 512 24.60 / 17.12 ms, 2000 101.94 / 59.42; TPOT b1
+    # ctx512 4.74 / 4.78, b8 5.15 / 5.30 (from 512 the prefill tiles take 128 rows: `prefill_rows`)
+    max_tokens_per_step: int = 2048
     max_model_len: int = 2048  # prompt + generated tokens of one request
     max_new_tokens: int = 1024
     page_size: int = 16
@@ -237,15 +240,18 @@ class CompileConfig:
     # a one-row step of a projection of at least stream_waves tiles a program shares out its (tile, K chunk)
     # units evenly, a contiguous range a program, instead of a tile a task (codegen/bodies/linear.py,
     # `gemv_stream`): K chunks of stream_block_k, pipelined stream_stages deep, the epilogue stream_tiles tiles
-    # at a time. 1: on, 0: off, -1: on where max_batch is 1 and a layer's projection streams (not an LM head
-    # alone: H200, Qwen3-30B-A3B b1 5.23 / 5.07 ms on / off). What the balance gains (H200, Llama-3-8B b1: gate/up
-    # 62.8 against 67.7 us a layer, the LM head 248 against 267) the body, compiled in, takes back from the batched
-    # steps' registers: H200, Llama-3-8B ctx512, on / off in one call (session 30), b1 4.62 / 4.70, 4.62 / 4.73
-    # ms; b8 5.36 / 5.30; b64 7.57 / 7.35 (spills 74 -> 110 B); TTFT 512 20.18 / 19.79 and 19.72 / 20.08, 2048
-    # 73.25 / 72.60 (a kernel of max_batch 1 runs no batched decode step). With the GEMV bodies outlined
-    # (`outline=rows`): b1 4.69, b8 5.34, b64 7.36. The H100 loses: b1 6.12 / 6.01 and 6.12 / 5.99 (session 30),
-    # so a kernel for one there wants `blinkc compile --set stream_gemv=0`.
+    # at a time. 1: on, 0: off, -1: on where max_batch is at most stream_max_batch and a layer's projection streams
+    # (not an LM head alone: H200, Qwen3-30B-A3B b1 5.23 / 5.07 ms on / off). What the balance gains (H200,
+    # Llama-3-8B b1: gate/up 62.8 against 67.7 us a layer, the LM head 248 against 267) the body, compiled in,
+    # takes back from the batched steps' registers where their blocks have 64 rows (`wide_rows`). H200,
+    # Llama-3-8B ctx512, off / on, twice each in one call (session 54): b64 6.65, 6.74 / 6.84, 6.89 ms (spills 154
+    # -> 240 B), b32 5.70, 5.69 / 5.71, 5.69; the default kernel (max_batch 8, 2,048 tokens a step) b1 4.77, 4.77 /
+    # 4.58, 4.58, b8 5.30, 5.31 / 5.31, 5.30. (Session 30, on / off: b1 4.62 / 4.70, b8 5.36 / 5.30, b64 7.57 /
+    # 7.35; TTFT 512 20.18 / 19.79 and 19.72 / 20.08, 2048 73.25 / 72.60; with the GEMV bodies outlined,
+    # `outline=rows`: b1 4.69, b8 5.34, b64 7.36.) The H100 loses: b1 6.12 / 6.01 and 6.12 / 5.99 (session 30), so
+    # a kernel for one there wants `blinkc compile --set stream_gemv=0`.
     stream_gemv: int = -1
+    stream_max_batch: int = 32
     stream_waves: int = 4
     stream_block_k: int = 256
     stream_stages: int = 5
@@ -331,10 +337,10 @@ class CompileConfig:
                      "prefill_claimed_part"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("stream_gemv", "moe_combine_in_down", "moe_route_in_router"):
+        for name, where in (("stream_gemv", "max_batch is at most stream_max_batch"),
+                            ("moe_combine_in_down", "max_batch is 1"), ("moe_route_in_router", "max_batch is 1")):
             if getattr(self, name) not in (-1, 0, 1):
-                raise ValueError(f"{name} must be 1 (on), 0 (off) or -1 (on where max_batch is 1), "
-                                 f"got {getattr(self, name)}")
+                raise ValueError(f"{name} must be 1 (on), 0 (off) or -1 (on where {where}), got {getattr(self, name)}")
         if self.rows_gemv < 0 or self.rows_gemv & (self.rows_gemv - 1):
             raise ValueError(f"rows_gemv must be 0 or a power of two, got {self.rows_gemv}")
         if not 1 <= self.rows_max <= self.block_m:
@@ -393,9 +399,9 @@ class CompileConfig:
 
     @property
     def streams_gemv(self) -> bool:
-        """Whether one-row steps may stream their projections (`stream_gemv`, -1 read as max_batch 1;
-        `codegen.lower.Lowering.streamed_widths` says which do)."""
-        return self._switch(self.stream_gemv)
+        """Whether one-row steps may stream their projections (`stream_gemv`, -1 read as max_batch at most
+        stream_max_batch; `codegen.lower.Lowering.streamed_widths` says which do)."""
+        return self.stream_gemv == 1 or (self.stream_gemv == -1 and self.max_batch <= self.stream_max_batch)
 
     @property
     def combines_in_down(self) -> bool:

@@ -66,9 +66,9 @@ class Lowering:
     @cached_property
     def streamed_widths(self) -> frozenset[int]:
         """Output widths of the projections whose one-row steps stream (`gemv_stream`): the `streamable` ones
-        where `stream_gemv` is on; where it is -1 (on at max_batch 1), only if some layer's projection is one of
-        them, since the LM head alone does not pay for the body (H200, Qwen3-30B-A3B b1, whose LM head is its
-        only such projection: 5.23 ms with it, 5.07 without)."""
+        where `stream_gemv` is on; where it is -1 (on up to `stream_max_batch`), only if some layer's projection
+        is one of them, since the LM head alone does not pay for the body (H200, Qwen3-30B-A3B b1, whose LM head
+        is its only such projection: 5.23 ms with it, 5.07 without)."""
         cfg = self.config
         if not cfg.streams_gemv:
             return frozenset()

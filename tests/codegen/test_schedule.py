@@ -584,14 +584,15 @@ def test_projections_of_many_tiles_a_program_stream_their_one_row_steps():
     assert not any(t.streams for t in lw.tasks.tasks) and "tickets:stream" not in lw.layout.regions
 
 
-@pytest.mark.parametrize("preset,max_batch,streams", [("tiny-llama", 1, True), ("tiny-llama", 2, False),
-                                                      ("tiny-qwen3-moe", 1, False)])
-def test_streaming_by_default_only_where_a_layer_streams_at_batch_1(preset, max_batch, streams):
-    """`stream_gemv` -1 (the default) streams a kernel of max_batch 1, whose batched steps are only prefills, and
-    only where some layer's projection streams: an MoE model's experts leave it the LM head alone (with 15
-    tiles needed, tiny-qwen3-moe's one dense layer has 14; tiny-llama's gate/up 25)."""
+@pytest.mark.parametrize("preset,max_batch,streams", [("tiny-llama", 1, True), ("tiny-llama", 2, True),
+                                                      ("tiny-llama", 9, False), ("tiny-qwen3-moe", 1, False)])
+def test_streaming_by_default_only_where_a_layer_streams_and_batches_are_small(preset, max_batch, streams):
+    """`stream_gemv` -1 (the default) streams a kernel of at most `stream_max_batch` sequences (here 8), whose
+    batched steps' blocks the body's registers do not cost, and only where some layer's projection streams: an
+    MoE model's experts leave it the LM head alone (with 15 tiles needed, tiny-qwen3-moe's one dense layer has 14;
+    tiny-llama's gate/up 25)."""
     config = dataclasses.replace(CONFIG, interpret=False, target_programs=3, stream_waves=5, stream_gemv=-1,
-                                 max_batch=max_batch)
+                                 max_batch=max_batch, stream_max_batch=8)
     lw = lower(build_graph(resolve_model(preset), config), config)
     streamed = {lw.tasks.event_names[t.signal] for t in lw.tasks.tasks if t.streams}
     assert bool(streamed) == streams
