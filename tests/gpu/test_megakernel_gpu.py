@@ -111,6 +111,16 @@ def test_megakernel_matches_reference_on_gpu(preset, batch, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+def test_a_lone_request_streams_in_a_kernel_for_8_on_gpu(tmp_path):
+    """One request in the batch-8 case's kernel: its decode steps have one row, whose projections stream over
+    every program (`stream_gemv` -1 streams kernels of up to `stream_max_batch` sequences)."""
+    assert case_config(8).streams_gemv
+    check_against_reference("llama3-8b", 1, case_config(8), tmp_path, lengths=[21])
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_the_loads_off_by_default_on_gpu(tmp_path):
     """The tile loads the defaults do not take: the first step prefills 64 prompts on wide tiles of masked
     pointers (`prefill_tma` off), the decode steps' batched blocks load through tensor descriptors made in
