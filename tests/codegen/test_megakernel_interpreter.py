@@ -401,8 +401,11 @@ def test_narrow_projections_prefill_on_tasks_of_their_own(checkpoint, tmp_path):
     50-token prompt's [16, 16] tiles spread over 8 tasks, and the decode steps' on the column tiles' 4 as before;
     so do the steps that prefill too few rows for tiles (two 3-token prompts, then 20 rows of two prompts: the
     few-row and the batched paths), where the tasks past the column tiles have nothing to do."""
+    # (not streamed: on the interpreter's one program o_proj's and down's 4 tiles would stream their one-row steps,
+    # and a streamed group takes no prefill-only tasks; on a GPU's grid a streamed projection has stream_waves
+    # tiles a program, a narrow one under half a tile, so none is both)
     config = dataclasses.replace(CONFIG, max_tokens_per_step=64, target_programs=8, block_n=16, prefill_m=16,
-                                 wide_n=16)
+                                 wide_n=16, stream_gemv=0)
     kernel, check = _tiny_kernel(checkpoint, tmp_path / "narrow.cubin", config, "tiny-qwen3-moe")
     linear = kernel.tasks[kernel.tasks[:, 0] == Kind.LINEAR]
     assert ((linear[:, FLAGS] & PREFILL_ONLY) != 0).sum() >= 3 * 3  # at least the router's in each layer
