@@ -162,8 +162,10 @@ class CompileConfig:
     rows_gemv: int = 2
     # steps of up to rows_max rows (at most block_m) take the GEMV or those dots, more the batched blocks, which
     # read each input column once for every batch_n weight rows instead of every block_n. H200, Llama-3-8B
-    # ctx512, rows_max 2 / 16: b4 6.07 / 6.78 ms, b8 6.18 / 6.84 (4: 6.18), b16 6.43 / 7.06, b1 4.80 / 4.81
-    rows_max: int = 2
+    # ctx512, rows_max 2 / 16: b4 6.07 / 6.78 ms, b8 6.18 / 6.84 (4: 6.18), b16 6.43 / 7.06, b1 4.80 / 4.81. And
+    # 2 / 1 (session 54, the default kernel: max_batch 8, 2,048 tokens a step, one call): b2 6.13, 6.13 / 5.14,
+    # 5.15 (two rows' GEMV against the batched blocks' 32 rows), b1 4.58 / 4.58, b4 5.22 / 5.21
+    rows_max: int = 1
     rows_stages: int = 4  # (the QKV heads' few-row dots stay at num_stages: 2 / 4 gave b8 7.74 / 7.67 against 7.59)
     prefill_stages: int = 3
     # ... and of attention's key loop. H100, with claimed tasks (one call): 3 / 2 stages b1 6.77 / 6.75 ms,

@@ -26,7 +26,7 @@ from runtime.step import whole_prompts_step
 from ir import DType
 from tests.conftest import PRECOMPILE, relative_error
 
-# batch 2: the two-row GEMV (`rows_gemv`); 8 and 64: the batched blocks (32 and 64 rows)
+# batch 2 and 8: the batched blocks of 32 rows (`rows_max` 1; at 2, batch 2 took the two-row GEMV); 64: 64 rows
 CASES = [("llama3-8b", 1), ("llama3-8b", 2), ("llama3-8b", 8), ("llama3-8b", 64), ("qwen3-30b-a3b", 1),
          ("qwen3-30b-a3b", 8), ("qwen3-30b-a3b", 64), ("phi-4", 1), ("qwen3-32b", 1)]
 
