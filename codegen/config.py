@@ -347,7 +347,7 @@ class CompileConfig:
             raise ValueError(f"rows_gemv must be 0 or a power of two, got {self.rows_gemv}")
         if not 1 <= self.rows_max <= self.block_m:
             raise ValueError(f"rows_max must be between 1 and block_m, got {self.rows_max}")
-        for name in ("rows_stages", "route_loop_rows", "batch_splits", "stream_whole_kb"):
+        for name in ("rows_stages", "route_loop_rows", "batch_splits", "stream_whole_kb", "stream_max_batch"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be at least 0, got {getattr(self, name)}")
         if self.stream_whole_kb > 4096:  # (the kernel weighs it times the parts in int32)
