@@ -158,7 +158,9 @@ class CompileConfig:
     # H100, Llama-3-8B ctx512, against the dots at 3 stages: b2 rows_gemv 2 7.41-7.44 ms against 7.83 (4 / 8:
     # 10.38 / 18.36 at b4 / b8: a row at a time is compute-bound there, and stages the rows' inputs past 73.7 KB
     # of shared memory); rows_stages 4 at b4, b8, b16 7.52 / 7.60 / 7.99 against 7.76 / 7.84 / 8.29; the dots
-    # over K chunks of 128 (half the GEMV's, at most 256) at 8 stages 7.83 (b8)
+    # over K chunks of 128 (half the GEMV's, at most 256) at 8 stages 7.83 (b8). Compiled in only where rows_max
+    # is 2 or more: under rows_max 1 no step reaches it, and without it the default kernel (max_batch 8) spills
+    # 210 B against 216, H200 b8 5.34 / 5.35 ms against 5.46, b1 and b2 level (session 55)
     rows_gemv: int = 2
     # steps of up to rows_max rows (at most block_m) take the GEMV or those dots, more the batched blocks, which
     # read each input column once for every batch_n weight rows instead of every block_n. H200, Llama-3-8B

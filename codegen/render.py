@@ -49,12 +49,13 @@ def _dispatch(lw: Lowering, dot_f32: bool) -> list[tuple[int, str]]:
     decode_bkv = c.get("DECODE_BLOCK_KV", cfg.block_kv)
     vocab = lw.graph.outputs["logits"].shape[1]
     sample_block = min(1024, _pow2(-(-vocab // sample_splits(lw))))  # logits per iteration of a chunk's loop
+    rows_gemv = cfg.rows_gemv if cfg.rows_max > 1 else 0  # (no step of 2 rows or more takes `linear_rows`)
     calls = {
         Kind.LINEAR: f"linear_task(desc, tile, parts, W, ACT, F32, I32, num_tokens, num_seqs, {bm}, {bn}, {bk}, "
                      f"{bk_rows}, {cfg.wide_rows}, {cfg.prefill_rows}, {cfg.wide_n}, {cfg.batch_n}, "
                      f"{cfg.whole_batch_n or cfg.batch_n}, {cfg.block_k_dot}, {dot_f32}, "
                      f"{cfg.num_stages}, {cfg.batch_stages}, {cfg.prefill_stages}, {cfg.batch_tma}, {cfg.prefill_tma}, "
-                     f"{c.get('PREFILL_PARTS', 0)}, {cfg.prefill_splits}, {cfg.rows_gemv}, "
+                     f"{c.get('PREFILL_PARTS', 0)}, {cfg.prefill_splits}, {rows_gemv}, "
                      f"{cfg.rows_stages or cfg.num_stages}, {cfg.rows_max}, {prefill_bk}, {stream_out}, "
                      f"{stream_parts}, {stream_tickets}, {cfg.stream_block_k if streamed else 0}, "
                      f"{cfg.stream_stages}, {cfg.stream_tiles}, {cfg.stream_whole_kb * 1024}, "

@@ -427,7 +427,7 @@ def linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM: tl.constexpr, BN: 
     elif num_rows <= ROWS_GEMV:
         if ROWS_GEMV > 1:
             gemv_rows(desc, tile, num_rows, W, ACT, F32, ROWS_GEMV, BN, BK, STAGES)
-    elif ROWS_MAX > ROWS_GEMV:
+    elif (ROWS_MAX > ROWS_GEMV) and (ROWS_MAX > 1):
         dot_block(desc, 0, tile * BN, num_rows, W, ACT, F32, BM, BN, BKM, DOT_F32, ROWS_STAGES, False, EVEN_K,
                   EVEN_N)
 
