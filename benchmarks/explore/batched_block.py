@@ -29,13 +29,14 @@ from codegen.bodies.linear import tile_product
 
 @triton.jit
 def split_blocks(X, W, PARTS, OUT, M, N, K, splits, part_off, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                 STAGES: tl.constexpr, TMA: tl.constexpr, REDUCE: tl.constexpr, ROTATE: tl.constexpr):
+                 STAGES: tl.constexpr, TMA: tl.constexpr, REDUCE: tl.constexpr, ROTATE: tl.constexpr,
+                 SWAP: tl.constexpr = False):
     """Task t (block t // splits, split t % splits; programs take every grid-th task) computes the fp32 product
     of all M rows (M = BM) and the block's BN weight rows over its split's K range. Without REDUCE it stores it
     to its split's [M, N] plane of the partials at PARTS + part_off. With REDUCE, as the megakernel does, a
     whole block stores it to OUT; a split stores it to the block's slot at PARTS + part_off, and the split that
     takes the block's ticket (PARTS[block]) last sums the partials in order into OUT and zeroes the ticket for
-    the next launch."""
+    the next launch. M may be fewer rows than BM (the rest masked). SWAP: `swapped_product` instead."""
     num_blocks = tl.cdiv(N, BN)
     chunk = tl.cdiv(tl.cdiv(K, splits), BK) * BK
     rows = tl.arange(0, BM)
@@ -48,20 +49,42 @@ def split_blocks(X, W, PARTS, OUT, M, N, K, splits, part_off, BM: tl.constexpr, 
         # wraps around (two loops), so that the programs' loads at one moment fall on different offsets within
         # the weight rows (a power-of-two stride)
         rot = (block % tl.cdiv(k_hi - k_lo, BK)) * BK if ROTATE else 0
-        acc = tile_product(0, K, K, 0, N, 0, n0, k_lo + rot, k_hi, M, W, X, BM, BN, BK, False, STAGES, TMA)
+        if SWAP:
+            acc = swapped_product(X, W, K, N, n0, k_lo, k_hi, M, BM, BN, BK, STAGES)
+        else:
+            acc = tile_product(0, K, K, 0, N, 0, n0, k_lo + rot, k_hi, M, W, X, BM, BN, BK, False, STAGES, TMA)
         if ROTATE:
             acc += tile_product(0, K, K, 0, N, 0, n0, k_lo, k_lo + rot, M, W, X, BM, BN, BK, False, STAGES, TMA)
         if REDUCE:
             if splits == 1:
-                tl.store(OUT + rows[:, None] * N + cols[None, :], acc, mask=(cols < N)[None, :])
+                tl.store(OUT + rows[:, None] * N + cols[None, :], acc, mask=(rows < M)[:, None] & (cols < N)[None, :])
             else:
                 last, total = sum_of_splits(PARTS, part_off, 0, block, split, splits, acc, rows, BM)
                 if last:
                     tl.store(PARTS + block, 0.0)
-                    tl.store(OUT + rows[:, None] * N + cols[None, :], total, mask=(cols < N)[None, :])
+                    tl.store(OUT + rows[:, None] * N + cols[None, :], total,
+                             mask=(rows < M)[:, None] & (cols < N)[None, :])
         else:
             tl.store(PARTS + part_off + split * M * N + rows[:, None] * N + cols[None, :], acc,
                      mask=(rows < M)[:, None] & (cols < N)[None, :])
+
+
+@triton.jit
+def swapped_product(X, W, K, N, n0, k_lo, k_hi, num_rows, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                    STAGES: tl.constexpr):
+    """`tile_product` with the operands swapped: the BN weight rows are the dot's M (a warp group's wgmma takes
+    64 rows of M, where up to 32 input rows as M take the mma.sync path) and the input rows its N; [BM, BN]."""
+    cols = n0 + tl.arange(0, BN)
+    rows = tl.arange(0, BM)
+    x_rows = X + rows[:, None] * K
+    w_rows = W + cols[:, None].to(tl.int64) * K
+    acc = tl.zeros((BN, BM), tl.float32)
+    for k0 in tl.range(k_lo, k_hi, BK, num_stages=STAGES):
+        ks = k0 + tl.arange(0, BK)
+        w = tl.load(w_rows + ks[None, :], mask=(cols < N)[:, None], other=0.0)
+        x = tl.load(x_rows + ks[None, :], mask=(rows < num_rows)[:, None], other=0.0)
+        acc += tl.dot(w, tl.trans(x))
+    return tl.trans(acc)
 
 
 @dataclass(frozen=True)
@@ -75,6 +98,7 @@ class Variant:
     tma: int = 0
     rotate: int = 0  # 1: each block starts its K range at a different chunk
     reduce: int = 1  # the last split sums the partials (the megakernel's `sum_of_splits`); 0: stores only
+    swap: int = 0  # 1: the weight rows as the dot's M (`swapped_product`)
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -94,13 +118,15 @@ def run_variant(v: Variant, x: torch.Tensor, w: torch.Tensor, expected: torch.Te
     n = w.shape[0]
     blocks = triton.cdiv(n, v.bn)
     part_off = -(-blocks // 16) * 16  # the blocks' tickets, then the partials (16-float aligned)
-    scratch = torch.zeros(part_off + v.splits * m * n, device=x.device, dtype=torch.float32)
-    parts = scratch[part_off:].view(v.splits, m, n)  # (without REDUCE: split-major)
+    bm = max(16, triton.next_power_of_2(m))  # the dot's rows (the partials' too), m of them real
+    scratch = torch.zeros(part_off + v.splits * bm * n, device=x.device, dtype=torch.float32)
+    parts = scratch[part_off:part_off + v.splits * m * n].view(v.splits, m, n)  # (without REDUCE: split-major)
     out = torch.empty(m, n, device=x.device, dtype=torch.float32)
     grid = (v.programs or blocks * v.splits,)
     launch = lambda: split_blocks[grid](  # noqa: E731
-        x, w, scratch, out, m, n, k, v.splits, part_off, BM=m, BN=v.bn, BK=v.bk, STAGES=v.stages, TMA=bool(v.tma),
-        REDUCE=bool(v.reduce), ROTATE=bool(v.rotate), num_warps=v.warps)
+        x, w, scratch, out, m, n, k, v.splits, part_off, BM=bm, BN=v.bn, BK=v.bk,
+        STAGES=v.stages, TMA=bool(v.tma), REDUCE=bool(v.reduce), ROTATE=bool(v.rotate), SWAP=bool(v.swap),
+        num_warps=v.warps)
     launch()
     result = out if v.reduce else parts.sum(0)
     error = (result - expected).abs().max().item() / expected.abs().max().item()
