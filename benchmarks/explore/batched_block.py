@@ -8,9 +8,11 @@ A probe for the megakernel's batched path, not part of it:
     python -m benchmarks.explore.batched_block                     # Llama-3-8B's gate/up, the default variants
     python -m benchmarks.explore.batched_block --shape 4096x14336  # down
     python -m benchmarks.explore.batched_block --variants "bn=64,splits=4 bn=128,splits=4,warps=8"
+    python -m benchmarks.explore.batched_block --shape 4096x4096 --rows 8 --variants "default swap=1"
 
 A variant is comma-separated fields of `Variant` (bn, bk, splits, stages, warps, programs (0: one per task),
-tma (0/1), rotate (0/1), reduce (0/1)); "default" is the megakernel's batched block at 64 columns, 4 splits.
+tma (0/1), rotate (0/1), reduce (0/1), swap (0/1)); "default" is the megakernel's batched block at 64 columns,
+4 splits. GPU only: the interpreter's bf16 dots are not numpy's to compute.
 """
 from __future__ import annotations
 
