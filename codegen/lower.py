@@ -373,11 +373,12 @@ def linear_splits(config: CompileConfig, n: int) -> int:
     """Tasks per block of batch_n output columns when a step has more than rows_max rows (batched decode): the
     fewest splits of each block's K range (powers of two, up to batch_n // block_n) that give the group a task
     for every program, so that a group of many blocks (gate/up, an LM head) owns them whole and sums no
-    partials; 1 where the blocks do not divide the columns. `batch_splits` sets it for every group whose
-    blocks divide. H200, Llama-3-8B b64 ctx512, gate/up's 448 blocks at 1 / 2 / 4 splits: 72 / 87 / 92-96 us a
-    layer (`profile_step`; o_proj's and down's 64 blocks keep 4: at 1, 30 and 77 us against 22 and 46)."""
+    partials; 1 where the blocks do not divide the columns, or where no step takes them (`wide_rows` rows at
+    most rows_max). `batch_splits` sets it for every group whose blocks divide. H200, Llama-3-8B b64 ctx512,
+    gate/up's 448 blocks at 1 / 2 / 4 splits: 72 / 87 / 92-96 us a layer (`profile_step`; o_proj's and down's 64
+    blocks keep 4: at 1, 30 and 77 us against 22 and 46)."""
     most = config.batch_n // config.block_n
-    if config.wide_rows <= config.block_m or most <= 1 or n % config.batch_n:
+    if config.wide_rows <= config.rows_max or most <= 1 or n % config.batch_n:
         return 1
     if config.batch_splits:
         return min(config.batch_splits, most)
