@@ -98,6 +98,10 @@ class CompileConfig:
     # with 64-row QKV dots for both); the default kernel (max_batch 8), 32 / 16 in one call (session 55): b8 5.33,
     # 5.34 / 5.12, 5.08 ms, b4 5.23 / 5.01, b2 5.16 / 4.94, b1 4.58 / 4.59 (the blocks' inputs are half padding less)
     wide_m: int = 0
+    # ... and a step of at most this many rows takes blocks of this many rows instead, where the kernel's are more
+    # (a kernel for many sequences with a few running); 0: never. H200, Llama-3-8B ctx512, a kernel for 64, 16 / 0
+    # in one call (session 55): b8 5.16 / 5.37 ms, b16 5.27 / 5.43, b64 6.75, 6.74 / 6.80, 6.74 (spills alike)
+    narrow_batch_rows: int = 16
     # prefill_m 0: 128 rows where a step prefills 512 tokens or more (max_tokens_per_step), else 64
     # (`prefill_rows`). [128, 128] tiles read a third fewer bytes from L2 a flop than [64, 128], and a prefill's
     # projection groups are bound by what their programs read from L2 together (benchmarks/explore/NOTES.md,
@@ -359,15 +363,18 @@ class CompileConfig:
                      "block_m", "qkv_block_m", "attention_block_m", "wide_m", "prefill_m", "wide_n", "batch_n",
                      "whole_batch_n", "block_kv", "decode_block_kv", "page_size", "stream_tiles", "stream_block_k",
                      "qkv_batch_k", "decode_window_keys", "prefill_window_keys", "expert_prefill_m",
-                     "expert_prefill_n", "expert_tail_m", "split_slice_rows", "qkv_prefill_m"):
+                     "expert_prefill_n", "expert_tail_m", "split_slice_rows", "qkv_prefill_m", "narrow_batch_rows"):
             value = getattr(self, name)
             # 0: another field's value, or a choice of the lowering's
-            zero_ok = name in ("prefill_block_k", "wide_m", "prefill_m", "whole_batch_n", "decode_block_kv",
-                               "expert_prefill_m", "expert_tail_m", "split_slice_rows", "qkv_prefill_m")
+            zero_ok = name in ("prefill_block_k", "wide_m", "narrow_batch_rows", "prefill_m", "whole_batch_n",
+                               "decode_block_kv", "expert_prefill_m", "expert_tail_m", "split_slice_rows",
+                               "qkv_prefill_m")
             if (value <= 0 or value & (value - 1)) and not (zero_ok and value == 0):
                 raise ValueError(f"{name} must be a power of two, got {value}")
         if min(self.block_m, self.qkv_block_m, self.attention_block_m) < 16:
             raise ValueError("block_m, qkv_block_m and attention_block_m must be at least 16 (tl.dot)")
+        if 0 < self.narrow_batch_rows < 16:
+            raise ValueError(f"narrow_batch_rows must be 0 or at least 16 (tl.dot), got {self.narrow_batch_rows}")
         if self.qkv_prefill_m and not 16 <= self.qkv_prefill_m <= 128:  # (tl.dot; an epilogue of two halves at most)
             raise ValueError(f"qkv_prefill_m must be 0 or between 16 and 128, got {self.qkv_prefill_m}")
         unknown = set(filter(None, self.outline.split(","))) - set(OUTLINE_GROUPS)

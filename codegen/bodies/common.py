@@ -9,6 +9,7 @@ from codegen.bodies.sync import ERROR_FLAG, STEP_WORD, record_hang
 # atomics, in an order that varies from launch to launch: in fp32 the sum's last bits vary with it.
 NORM_SUMS_F64 = tl.constexpr(False)
 SPLIT_SLICE_ROWS = tl.constexpr(0)  # CompileConfig.split_slice_rows (`split_slices`)
+NARROW_ROWS = tl.constexpr(0)  # CompileConfig.narrow_batch_rows where fewer than the kernel's batched rows
 EPILOGUE_TMA = tl.constexpr(False)  # CompileConfig.epilogue_tma (`store_outputs`)
 GATED_TMA = tl.constexpr(False)  # CompileConfig.gated_tma (`dot_block`)
 STEP_KEYS = tl.constexpr(False)  # CompileConfig.attention_step_keys (`head_epilogue`, `prefill_rows`)

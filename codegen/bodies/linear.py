@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 
 from codegen.bodies.common import arrives_last, prefill_splits, round_to, row_halves, store_split, sum_of_splits
-from codegen.bodies.common import EPILOGUE_TMA, GATED_TMA, INLINE_PTX, SPLIT_SLICE_ROWS, split_slices, sum_split_rows
+from codegen.bodies.common import EPILOGUE_TMA, GATED_TMA, INLINE_PTX, NARROW_ROWS, SPLIT_SLICE_ROWS
+from codegen.bodies.common import split_slices, sum_split_rows
 from codegen.bodies.sync import bulk_stores_done
 from codegen.bodies.common import add_norm_sums, norm_sums, word, word8, word_f32
 
@@ -406,6 +407,24 @@ def split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, I32, BM: tl.conste
 
 
 @triton.jit
+def batched_block(desc, tile, num_tasks, num_rows, W, ACT, F32, I32, BMW: tl.constexpr, BN: tl.constexpr,
+                  BNW: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr,
+                  EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+    """`split_block` over BMW rows, or over NARROW_ROWS where the step has no more (`narrow_batch_rows`: a kernel
+    for many sequences running a few pays for the padding rows' inputs and dots only where it has them)."""
+    if (NARROW_ROWS > 0) and (NARROW_ROWS < BMW):
+        if num_rows <= NARROW_ROWS:
+            split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, I32, NARROW_ROWS, BN, BNW, BK, DOT_F32, STAGES,
+                        TMA, EVEN_K, EVEN_N)
+        else:
+            split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, I32, BMW, BN, BNW, BK, DOT_F32, STAGES, TMA,
+                        EVEN_K, EVEN_N)
+    else:
+        split_block(desc, tile, num_tasks, num_rows, W, ACT, F32, I32, BMW, BN, BNW, BK, DOT_F32, STAGES, TMA, EVEN_K,
+                    EVEN_N)
+
+
+@triton.jit
 def linear_rows(desc, tile, parts, num_rows, W, ACT, F32, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                 BKM: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr, ROWS_GEMV: tl.constexpr,
                 ROWS_STAGES: tl.constexpr, ROWS_MAX: tl.constexpr, STREAM_OUT: tl.constexpr,
@@ -474,11 +493,11 @@ def linear_task(desc, tile, parts, W, ACT, F32, I32, num_tokens, num_seqs, BM: t
     elif num_rows <= BMW:  # batched decode: BNB (or BNBW) columns a dot, so that inputs are read no more than weights
         if PREFILL_ONLY:
             if tile < tl.cdiv(word(desc, 4), BN):
-                split_block(desc, tile, tl.cdiv(word(desc, 4), BN), num_rows, W, ACT, F32, I32, BMW, BNB, BNBW, BKD,
-                            DOT_F32, BATCH_STAGES, BATCH_TMA, EVEN_K, EVEN_N)
+                batched_block(desc, tile, tl.cdiv(word(desc, 4), BN), num_rows, W, ACT, F32, I32, BMW, BNB, BNBW,
+                              BKD, DOT_F32, BATCH_STAGES, BATCH_TMA, EVEN_K, EVEN_N)
         else:
-            split_block(desc, tile, tl.cdiv(word(desc, 4), BN), num_rows, W, ACT, F32, I32, BMW, BNB, BNBW, BKD,
-                        DOT_F32, BATCH_STAGES, BATCH_TMA, EVEN_K, EVEN_N)
+            batched_block(desc, tile, tl.cdiv(word(desc, 4), BN), num_rows, W, ACT, F32, I32, BMW, BNB, BNBW, BKD,
+                          DOT_F32, BATCH_STAGES, BATCH_TMA, EVEN_K, EVEN_N)
     else:  # prefill: [BMP, BNW] tiles, row blocks innermost (the programs running at once share weights in L2)
         K, N, part_off, ticket_off = word8(desc, 2), word(desc, 4), word(desc, 19), word(desc, 20)
         row_blocks = tl.cdiv(num_rows, BMP)

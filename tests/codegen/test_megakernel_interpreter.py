@@ -217,7 +217,8 @@ def test_split_tasks_match_the_reference_engine(checkpoint, tmp_path, qkv_block_
     block) tiles likewise), or fits one block of 32 rows: QKV heads split K (32-row dots, also where qkv_block_m
     is 64 and wide_m, the batched decode's rows, 32), and so do projections whose columns divide into blocks
     of 32 (each block's K over two tasks of 16 columns); the others' tasks own whole blocks (gate/up: 272
-    columns; the LM head). Tasks are taken from the ticket counter (dynamic_tasks), carried over from step to
+    columns; the LM head). Where wide_m is 32 the decode steps (three sequences) take blocks of 16 rows
+    (`narrow_batch_rows`). Tasks are taken from the ticket counter (dynamic_tasks), carried over from step to
     step. With `tma`, the wide tiles ("prefill") or the blocks of 32 columns ("batch") load through tensor
     descriptors (rows and columns past the ends read as zeros). With
     `prefill_splits`, the first step's wide tiles also split K (chunks of 16: with 3 splits, [0, 32),
