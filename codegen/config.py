@@ -93,14 +93,17 @@ class CompileConfig:
     # (batched decode) takes blocks of batch_n columns, each block's K split over batch_n // block_n tasks;
     # a longer one (prefill) shares [prefill_m, wide_n] tiles among the group's tasks. TTFT 512 at wide_n 64 /
     # 128 (H100, session 5): 33.04 / 26.66 ms, at prefill_m 64 / 128: 25.76 / 30.57 (128 rows spill: 338 -> 758 B
-    # a thread). wide_m 0: max_batch rounded up to a power of two, at least block_m and at most 64 (`wide_rows`);
-    # the QKV heads' dots take the same rows. H200, Llama-3-8B b32 ctx512, 32 / 64: 6.63 / 7.13 ms (b24 6.59 / 6.99
-    # with 64-row QKV dots for both); the default kernel (max_batch 8), 32 / 16 in one call (session 55): b8 5.33,
-    # 5.34 / 5.12, 5.08 ms, b4 5.23 / 5.01, b2 5.16 / 4.94, b1 4.58 / 4.59 (the blocks' inputs are half padding less)
+    # a thread). wide_m 0: 32 rows where max_batch is at most 32, else 64 (`wide_rows`); the QKV heads' dots
+    # take the same rows. H200, Llama-3-8B b32 ctx512, 32 / 64: 6.63 / 7.13 ms (b24 6.59 / 6.99 with 64-row QKV
+    # dots for both). A step of up to wide_m rows also prefills on them, so fewer rows cost short prompts: the
+    # default kernel (max_batch 8) at 16 / 32 rows (session 55), TTFT of a 24-token prompt 9.64, 9.20 / 6.23 ms
+    # (the prefill tiles' 128 rows instead), for b8 5.13 / 5.35 (before narrow_batch_rows, below)
     wide_m: int = 0
-    # ... and a step of at most this many rows takes blocks of this many rows instead, where the kernel's are more
-    # (a kernel for many sequences with a few running); 0: never. H200, Llama-3-8B ctx512, a kernel for 64, 16 / 0
-    # in one call (session 55): b8 5.16 / 5.37 ms, b16 5.27 / 5.43, b64 6.75, 6.74 / 6.80, 6.74 (spills alike)
+    # ... and a step of at most this many rows takes blocks of this many rows instead, where the kernel's are more:
+    # a batch of a few sequences (in the default kernel, every decode step), a kernel for many with a few running.
+    # 0: never. H200, Llama-3-8B ctx512, a kernel for 64, 16 / 0 in one call (session 55): b8 5.16 / 5.37 ms, b16
+    # 5.27 / 5.43, b64 6.75, 6.74 / 6.80, 6.74 (spills alike). The default kernel (32-row blocks) with 16 was not
+    # timed; 16-row blocks there throughout gave b8 5.33, 5.34 -> 5.12, 5.08, b4 5.23 -> 5.01, b2 5.16 -> 4.94
     narrow_batch_rows: int = 16
     # prefill_m 0: 128 rows where a step prefills 512 tokens or more (max_tokens_per_step), else 64
     # (`prefill_rows`). [128, 128] tiles read a third fewer bytes from L2 a flop than [64, 128], and a prefill's
@@ -396,9 +399,8 @@ class CompileConfig:
 
     @property
     def wide_rows(self) -> int:
-        """Rows of the batched decode blocks (`wide_m`, or its default: max_batch rounded up to a power of two,
-        from a dot's block_m to 64)."""
-        return self.wide_m or max(self.block_m, min(64, 1 << (self.max_batch - 1).bit_length()))
+        """Rows of the batched decode blocks (`wide_m`, or its default for max_batch)."""
+        return self.wide_m or (32 if self.max_batch <= 32 else 64)
 
     @property
     def prefill_rows(self) -> int:
