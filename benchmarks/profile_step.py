@@ -59,13 +59,15 @@ def summarize(kernel: Megakernel) -> list[str]:
 def profile_config(batch: int, context: int, prefill: bool, **fields) -> CompileConfig:
     """A profiling build for `batch` prompts of `context` tokens: it records the step that prefills them
     all (`prefill`) or a decode step well after the prefill (sequences that finish their prefill early
-    decode beside the others' chunks, so the first steps after it are mixed)."""
+    decode beside the others' chunks, so the first steps after it are mixed). `fields` may replace any of the
+    budget's fields (`max_tokens_per_step=2048,max_batch=8`: the prompts in the CLI's default kernel)."""
     prompt_tokens = batch * context
-    per_step = prompt_tokens if prefill else prefill_budget(batch, context)
+    per_step = fields.pop("max_tokens_per_step", prompt_tokens if prefill else prefill_budget(batch, context))
     new_tokens = decode_tokens(batch, context, per_step, 16)
-    return CompileConfig(max_batch=batch, max_tokens_per_step=per_step, max_model_len=context + new_tokens + 8,
-                         max_new_tokens=new_tokens, profile=True,
-                         profile_step=0 if prefill else -(-prompt_tokens // per_step) + 8, **fields)
+    return CompileConfig(**{**dict(max_batch=batch, max_tokens_per_step=per_step,
+                                   max_model_len=context + new_tokens + 8, max_new_tokens=new_tokens),
+                            **fields, "profile": True,
+                            "profile_step": 0 if prefill else -(-prompt_tokens // per_step) + 8})
 
 
 def main() -> None:
