@@ -117,6 +117,16 @@ class CompileConfig:
     # 78.37 / 68.69, b64 9.24 / 9.39. (At 512 tokens they cost b1 6% before the carveout fix, session 36, and saved
     # TTFT 512 only 4% before gate/up's tiles were gated whole, session 47)
     prefill_m: int = 0
+    # ... and a prefill step of at most this many tokens takes tiles of 64 rows (QKV's at least qkv_block_m) where
+    # the kernel's have more: a short prompt in a kernel whose budget gives 128 rows (the CLI's default) has too
+    # few such tiles for the programs. 0: never. Off, since the second set of tiles costs the decode bodies
+    # registers: H200, Llama-3-8B, the CLI's default kernel (max_batch 8, 2,048 tokens a step), 256 / 0 in one
+    # call (session 56): TTFT of 128 tokens 9.37, 9.79 / 10.66 ms, of 256 12.78, 13.06 / 12.36 (so at most 128 if
+    # on), TPOT b1 ctx512 4.68, 4.68 / 4.63, b8 level; the benchmarks' b64 kernel 6.81, 6.85 / 6.68 and TTFT 2048
+    # 59.11, 58.84 / 58.12 (stack 664 -> 1,176 B; QKV's tiles alone 1,152, the projections' alone 1,096). Where
+    # a 128-token prefill's layer goes (`profile_step --prefill --context 128`, critical us, 64 / 128 rows): QKV
+    # 48 / 66, o_proj 36 / 53, gate/up 98 / 85, down 58 / 74
+    short_prefill_tokens: int = 0
     # input columns per chunk of the prefill tiles (QKV's too); 0: block_k_dot. H100, 128-row tiles, TTFT 2048:
     # chunks of 64 at 3 stages (96 KB) 72.48 ms; of 32 at 4 / 5 / 6 stages (64 / 80 / 96 KB) 78.47 / 80.27 / 82.47
     prefill_block_k: int = 0
@@ -341,6 +351,8 @@ class CompileConfig:
     profile_step: int = 2
 
     def __post_init__(self) -> None:
+        if self.short_prefill_tokens < 0:
+            raise ValueError(f"short_prefill_tokens must be at least 0, got {self.short_prefill_tokens}")
         if self.prefill_splits < 0:
             raise ValueError(f"prefill_splits must be at least 0, got {self.prefill_splits}")
         for name in ("max_batch", "max_tokens_per_step", "max_model_len", "max_new_tokens", "page_size",
@@ -406,6 +418,11 @@ class CompileConfig:
     def prefill_rows(self) -> int:
         """Rows of the projections' prefill tiles (`prefill_m`, or its default for max_tokens_per_step)."""
         return self.prefill_m or (128 if self.max_tokens_per_step >= 512 else 64)
+
+    @property
+    def short_prefill(self) -> int:
+        """`short_prefill_tokens` where it applies: the kernel's prefill tiles have more than 64 rows."""
+        return self.short_prefill_tokens if self.prefill_rows > 64 else 0
 
     @property
     def qkv_prefill_rows(self) -> int:

@@ -180,6 +180,7 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
         # a kernel whose decode steps have no more rows than a slice keeps the last split finishing each block
         split_slice_rows=cfg.split_slice_rows if cfg.max_batch > cfg.split_slice_rows else 0,
         narrow_rows=cfg.narrow_batch_rows if cfg.narrow_batch_rows < cfg.wide_rows else 0,
+        short_prefill=cfg.short_prefill,
         timer=not cfg.interpret,  # the global timer is inline PTX too: GPU builds log each step's start
         step_log=STEP_LOG, dynamic=cfg.dynamic_tasks,
         ctl=SimpleNamespace(**{name: index for index, name in enumerate(CONTROL_FIELDS)}),

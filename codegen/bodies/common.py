@@ -10,6 +10,7 @@ from codegen.bodies.sync import ERROR_FLAG, STEP_WORD, record_hang
 NORM_SUMS_F64 = tl.constexpr(False)
 SPLIT_SLICE_ROWS = tl.constexpr(0)  # CompileConfig.split_slice_rows (`split_slices`)
 NARROW_ROWS = tl.constexpr(0)  # CompileConfig.narrow_batch_rows where fewer than the kernel's batched rows
+SHORT_PREFILL = tl.constexpr(0)  # CompileConfig.short_prefill_tokens where the prefill tiles have more than 64 rows
 EPILOGUE_TMA = tl.constexpr(False)  # CompileConfig.epilogue_tma (`store_outputs`)
 GATED_TMA = tl.constexpr(False)  # CompileConfig.gated_tma (`dot_block`)
 STEP_KEYS = tl.constexpr(False)  # CompileConfig.attention_step_keys (`head_epilogue`, `prefill_rows`)

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from codegen.bodies.common import arrives_last, prefill_splits, round_to, row_halves, store_split, sum_of_splits
-from codegen.bodies.common import EPILOGUE_TMA, GATED_TMA, INLINE_PTX, NARROW_ROWS, SPLIT_SLICE_ROWS
+from codegen.bodies.common import EPILOGUE_TMA, GATED_TMA, INLINE_PTX, NARROW_ROWS, SHORT_PREFILL, SPLIT_SLICE_ROWS
 from codegen.bodies.common import split_slices, sum_split_rows
 from codegen.bodies.sync import bulk_stores_done
 from codegen.bodies.common import add_norm_sums, norm_sums, word, word8, word_f32
@@ -498,57 +498,76 @@ def linear_task(desc, tile, parts, W, ACT, F32, I32, num_tokens, num_seqs, BM: t
         else:
             batched_block(desc, tile, tl.cdiv(word(desc, 4), BN), num_rows, W, ACT, F32, I32, BMW, BNB, BNBW, BKD,
                           DOT_F32, BATCH_STAGES, BATCH_TMA, EVEN_K, EVEN_N)
-    else:  # prefill: [BMP, BNW] tiles, row blocks innermost (the programs running at once share weights in L2)
-        K, N, part_off, ticket_off = word8(desc, 2), word(desc, 4), word(desc, 19), word(desc, 20)
-        row_blocks = tl.cdiv(num_rows, BMP)
-        tiles = row_blocks * tl.cdiv(N, BNW)
-        # The group's first P tasks (a program each, not claimed) take every P-th tile (or K split) of all but
-        # the last of its rounds of P, one in CLAIMED rounds down; each later task, claimed by whichever program
-        # is free first, one of the rest. A task a tile is costly (its fetch, wait and signal: gate/up's 1,792
-        # tiles at 512 tokens as a claimed task each, TTFT 19.76 ms against 18.50 a program's share), and claimed
-        # tiles balance the tail (codegen.config, `prefill_claimed_part`).
-        if PREFILL_ONLY:
-            tasks = word(desc, 21)  # the group's: a narrow projection has tasks past its column tiles
+    elif (SHORT_PREFILL > 0) and (BMP > 64):  # prefill, on 64-row tiles where the step is short
+        if num_rows <= SHORT_PREFILL:
+            prefill_tiles(desc, tile, num_rows, W, ACT, F32, I32, BN, 64, BNW, DOT_F32, PREFILL_STAGES, PREFILL_TMA,
+                          PREFILL_PARTS, PREFILL_SPLITS, PREFILL_BK, CLAIMED, EVEN_K, EVEN_N, PREFILL_ONLY)
         else:
-            tasks = tl.cdiv(N, BN)
-        P = tl.minimum(tasks, tl.num_programs(0))
-        splits = prefill_splits(tiles, P, K, PREFILL_PARTS, ticket_off, PREFILL_SPLITS, PREFILL_BK)
-        items = tiles * splits
-        rounds = tl.cdiv(items, P)
-        static = tl.where(tasks > P, tl.minimum(tl.maximum(rounds - rounds // CLAIMED, 1) * P, items), items)
-        first = tile < P
-        start = tl.where(first, tile, static + tile - P)
-        stop = tl.where(first, static, items)
-        step = tl.where(first, P, tl.maximum(tasks - P, 1))
-        if splits == 1 and PREFILL_TMA and (EPILOGUE_TMA or (GATED_TMA and BMP > 64)):
-            # a while loop, not a for: Triton hoists a descriptor store's staging buffer out of an enclosing for
-            # loop, where it cannot share the K loop's pipeline buffers' shared memory (+24 KB a program: one
-            # program an SM at 2,048 tokens)
-            item = start
-            while item < stop:
-                dot_block(desc, (item % row_blocks) * BMP, (item // row_blocks) * BNW, num_rows, W, ACT, F32,
-                          BMP, BNW, PREFILL_BK, DOT_F32, PREFILL_STAGES, True, EVEN_K, EVEN_N, True)
-                item += step
-            if INLINE_PTX:  # the tiles' bulk stores written before the task signals
-                bulk_stores_done(tile)
-        elif splits == 1:
-            for item in range(start, stop, step):
-                dot_block(desc, (item % row_blocks) * BMP, (item // row_blocks) * BNW, num_rows, W, ACT, F32,
-                          BMP, BNW, PREFILL_BK, DOT_F32, PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_N)
-        else:  # ... or (tile, K split) items, splits of a tile side by side
-            chunk = tl.cdiv(tl.cdiv(K, splits), PREFILL_BK) * PREFILL_BK
-            for item in range(start, stop, step):
-                m0 = (item % row_blocks) * BMP
-                split = item // row_blocks % splits
-                n0 = item // (row_blocks * splits) * BNW
-                k_lo = split * chunk
-                k_hi = tl.multiple_of(tl.minimum(K, k_lo + chunk), 8)  # both are: keeps the K mask vector-wide
-                acc = dot_product(desc, m0, n0, k_lo, k_hi, num_rows, W, ACT, BMP, BNW, PREFILL_BK, DOT_F32,
-                                  PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_N)
-                last, base = store_split(F32, part_off, ticket_off, n0 // BNW * row_blocks + m0 // BMP, split,
-                                         splits, acc)
-                if last:  # the epilogue 16 rows at a time, up to the step's last row
-                    for r0 in range(0, tl.minimum(BMP, num_rows - m0), 16):
-                        rows = m0 + r0 + tl.arange(0, 16)
-                        linear_epilogue(desc, sum_split_rows(F32, base, splits, r0, BMP, BNW, 16), rows,
-                                        rows < num_rows, n0, W, ACT, F32)
+            prefill_tiles(desc, tile, num_rows, W, ACT, F32, I32, BN, BMP, BNW, DOT_F32, PREFILL_STAGES, PREFILL_TMA,
+                          PREFILL_PARTS, PREFILL_SPLITS, PREFILL_BK, CLAIMED, EVEN_K, EVEN_N, PREFILL_ONLY)
+    else:
+        prefill_tiles(desc, tile, num_rows, W, ACT, F32, I32, BN, BMP, BNW, DOT_F32, PREFILL_STAGES, PREFILL_TMA,
+                      PREFILL_PARTS, PREFILL_SPLITS, PREFILL_BK, CLAIMED, EVEN_K, EVEN_N, PREFILL_ONLY)
+
+
+@triton.jit
+def prefill_tiles(desc, tile, num_rows, W, ACT, F32, I32, BN: tl.constexpr, BMP: tl.constexpr, BNW: tl.constexpr,
+                  DOT_F32: tl.constexpr, PREFILL_STAGES: tl.constexpr, PREFILL_TMA: tl.constexpr,
+                  PREFILL_PARTS: tl.constexpr, PREFILL_SPLITS: tl.constexpr, PREFILL_BK: tl.constexpr,
+                  CLAIMED: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PREFILL_ONLY: tl.constexpr):
+    """A prefill step's task `tile` of a projection: its share of the [BMP, BNW] tiles, row blocks innermost (the
+    programs running at once share weights in L2), or of their K splits where the tiles are too few
+    (`linear_task` names the constexprs)."""
+    K, N, part_off, ticket_off = word8(desc, 2), word(desc, 4), word(desc, 19), word(desc, 20)
+    row_blocks = tl.cdiv(num_rows, BMP)
+    tiles = row_blocks * tl.cdiv(N, BNW)
+    # The group's first P tasks (a program each, not claimed) take every P-th tile (or K split) of all but
+    # the last of its rounds of P, one in CLAIMED rounds down; each later task, claimed by whichever program
+    # is free first, one of the rest. A task a tile is costly (its fetch, wait and signal: gate/up's 1,792
+    # tiles at 512 tokens as a claimed task each, TTFT 19.76 ms against 18.50 a program's share), and claimed
+    # tiles balance the tail (codegen.config, `prefill_claimed_part`).
+    if PREFILL_ONLY:
+        tasks = word(desc, 21)  # the group's: a narrow projection has tasks past its column tiles
+    else:
+        tasks = tl.cdiv(N, BN)
+    P = tl.minimum(tasks, tl.num_programs(0))
+    splits = prefill_splits(tiles, P, K, PREFILL_PARTS, ticket_off, PREFILL_SPLITS, PREFILL_BK)
+    items = tiles * splits
+    rounds = tl.cdiv(items, P)
+    static = tl.where(tasks > P, tl.minimum(tl.maximum(rounds - rounds // CLAIMED, 1) * P, items), items)
+    first = tile < P
+    start = tl.where(first, tile, static + tile - P)
+    stop = tl.where(first, static, items)
+    step = tl.where(first, P, tl.maximum(tasks - P, 1))
+    if splits == 1 and PREFILL_TMA and (EPILOGUE_TMA or (GATED_TMA and BMP > 64)):
+        # a while loop, not a for: Triton hoists a descriptor store's staging buffer out of an enclosing for
+        # loop, where it cannot share the K loop's pipeline buffers' shared memory (+24 KB a program: one
+        # program an SM at 2,048 tokens)
+        item = start
+        while item < stop:
+            dot_block(desc, (item % row_blocks) * BMP, (item // row_blocks) * BNW, num_rows, W, ACT, F32,
+                      BMP, BNW, PREFILL_BK, DOT_F32, PREFILL_STAGES, True, EVEN_K, EVEN_N, True)
+            item += step
+        if INLINE_PTX:  # the tiles' bulk stores written before the task signals
+            bulk_stores_done(tile)
+    elif splits == 1:
+        for item in range(start, stop, step):
+            dot_block(desc, (item % row_blocks) * BMP, (item // row_blocks) * BNW, num_rows, W, ACT, F32,
+                      BMP, BNW, PREFILL_BK, DOT_F32, PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_N)
+    else:  # ... or (tile, K split) items, splits of a tile side by side
+        chunk = tl.cdiv(tl.cdiv(K, splits), PREFILL_BK) * PREFILL_BK
+        for item in range(start, stop, step):
+            m0 = (item % row_blocks) * BMP
+            split = item // row_blocks % splits
+            n0 = item // (row_blocks * splits) * BNW
+            k_lo = split * chunk
+            k_hi = tl.multiple_of(tl.minimum(K, k_lo + chunk), 8)  # both are: keeps the K mask vector-wide
+            acc = dot_product(desc, m0, n0, k_lo, k_hi, num_rows, W, ACT, BMP, BNW, PREFILL_BK, DOT_F32,
+                              PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_N)
+            last, base = store_split(F32, part_off, ticket_off, n0 // BNW * row_blocks + m0 // BMP, split,
+                                     splits, acc)
+            if last:  # the epilogue 16 rows at a time, up to the step's last row
+                for r0 in range(0, tl.minimum(BMP, num_rows - m0), 16):
+                    rows = m0 + r0 + tl.arange(0, 16)
+                    linear_epilogue(desc, sum_split_rows(F32, base, splits, r0, BMP, BNW, 16), rows,
+                                    rows < num_rows, n0, W, ACT, F32)

@@ -3,7 +3,8 @@ of k and v to the paged cache. q heads go to the activation buffer the attention
 import triton
 import triton.language as tl
 
-from codegen.bodies.common import SPLIT_SLICE_ROWS, STEP_KEYS, round_to, row_halves, split_slices, sum_of_splits
+from codegen.bodies.common import SHORT_PREFILL, SPLIT_SLICE_ROWS, STEP_KEYS, round_to, row_halves, split_slices
+from codegen.bodies.common import sum_of_splits
 from codegen.bodies.common import sum_split_rows, word, word8, word_f32
 from codegen.bodies.linear import row_inv_rms, tile_product
 
@@ -183,8 +184,8 @@ def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: 
     split = tile % splits
     if head >= word(desc, 3) + 2 * word(desc, 4):
         if num_tokens > BMP:
-            qkv_prefill(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS, SLOTS, BMQ, HDP,
-                        DOT_F32, FULL_ROTARY, BKD, PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_D)
+            qkv_prefill_rows(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS, SLOTS, BM, BMQ, HDP,
+                             DOT_F32, FULL_ROTARY, BKD, PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_D)
     elif num_tokens <= BM:
         qkv_rows(desc, head, split, num_tokens, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, BM, BK, HDP,
                  DOT_F32, STAGES, FULL_ROTARY, EVEN_K, EVEN_D)
@@ -195,8 +196,29 @@ def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: 
         split_head(desc, head, split, tl.arange(0, BMP), tl.arange(0, BMP) < num_tokens, W, ACT, F32, I32, KV,
                    kv_plane, POSITIONS, SLOTS, BMP, BKP, HDP, DOT_F32, STAGES, FULL_ROTARY, EVEN_K, EVEN_D)
     else:
-        qkv_prefill(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS, SLOTS, BMQ, HDP,
-                    DOT_F32, FULL_ROTARY, BKD, PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_D)
+        qkv_prefill_rows(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS, SLOTS, BM, BMQ, HDP,
+                         DOT_F32, FULL_ROTARY, BKD, PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_D)
+
+
+@triton.jit
+def qkv_prefill_rows(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: tl.constexpr,
+                     SLOTS: tl.constexpr, BM: tl.constexpr, BMQ: tl.constexpr, HDP: tl.constexpr,
+                     DOT_F32: tl.constexpr, FULL_ROTARY: tl.constexpr, BKD: tl.constexpr,
+                     PREFILL_STAGES: tl.constexpr, PREFILL_TMA: tl.constexpr, EVEN_K: tl.constexpr,
+                     EVEN_D: tl.constexpr):
+    """`qkv_prefill` on BMQ-row tiles, or on 64-row ones (at least BM) where the step has at most SHORT_PREFILL
+    tokens and BMQ is more (`CompileConfig.short_prefill_tokens`)."""
+    SHORT: tl.constexpr = 64 if BM < 64 else BM
+    if (SHORT_PREFILL > 0) and (BMQ > SHORT):
+        if num_tokens <= SHORT_PREFILL:
+            qkv_prefill(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS, SLOTS, SHORT, HDP,
+                        DOT_F32, FULL_ROTARY, BKD, PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_D)
+        else:
+            qkv_prefill(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS, SLOTS, BMQ, HDP,
+                        DOT_F32, FULL_ROTARY, BKD, PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_D)
+    else:
+        qkv_prefill(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS, SLOTS, BMQ, HDP, DOT_F32,
+                    FULL_ROTARY, BKD, PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_D)
 
 
 @triton.jit

@@ -282,7 +282,8 @@ def test_decode_attention_in_key_blocks_of_its_own_matches_the_reference_engine(
 
 
 @pytest.mark.parametrize("fields", [{}, {"epilogue_tma": True}, {"gated_tma": False},
-                                    {"gated_tma": False, "epilogue_tma": True}, {"qkv_prefill_m": 64}],
+                                    {"gated_tma": False, "epilogue_tma": True}, {"qkv_prefill_m": 64},
+                                    {"short_prefill_tokens": 128}],
                          ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()) or "default")
 def test_prefill_tiles_of_128_rows_match_the_reference_engine(checkpoint, tmp_path, fields):
     """A 100-token prompt beside a 3-token one, prefilled in one step on [128, 32] tiles (`prefill_m` 128, the
@@ -290,9 +291,10 @@ def test_prefill_tiles_of_128_rows_match_the_reference_engine(checkpoint, tmp_pa
     `epilogue_tma`, the halves' residuals and stores go through tensor descriptors, rows past the step's last
     neither read nor written. By default (`gated_tma`) gate/up's tiles are gated and stored over all 128 rows at
     once, through a tensor descriptor. QKV's tiles take 128 rows too (`qkv_prefill_rows`), their epilogue a half at
-    a time, or with `qkv_prefill_m` 64 their own 64."""
+    a time, or with `qkv_prefill_m` 64 their own 64. With `short_prefill_tokens` 128 the step (103 tokens) takes
+    the kernel's 64-row tiles instead, QKV's included (0, the other cases: a step never does)."""
     config = dataclasses.replace(CONFIG, max_tokens_per_step=128, max_model_len=128, prefill_m=128, wide_n=32,
-                                 **fields)
+                                 **{"short_prefill_tokens": 0} | fields)
     _, check = _tiny_kernel(checkpoint, tmp_path / "rows128.cubin", config)
     check((4, 4), [[(7 * i + 3) % 250 + 1 for i in range(100)], PROMPTS[1]])
 
