@@ -214,6 +214,17 @@ def test_a_512_token_prompt_on_128_row_tiles_on_gpu(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+def test_a_short_prompt_on_64_row_tiles_in_a_kernel_of_128_on_gpu(tmp_path):
+    """`short_prefill_tokens`: in a kernel whose prefill tiles have 128 rows (512 tokens a step), a 128-token
+    prompt takes the 64-row tiles, QKV's too, with their K splits."""
+    config = dataclasses.replace(case_config(1), max_tokens_per_step=512, max_model_len=600, short_prefill_tokens=128)
+    assert config.short_prefill == 128
+    check_against_reference("llama3-8b", 1, config, tmp_path, lengths=[128])
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("length, field, on", [(1100, "epilogue_tma", True), (400, "epilogue_tma", True),
                                                (1100, "gated_tma", False)])
 def test_prefill_epilogue_variants_on_gpu(length, field, on, tmp_path):
