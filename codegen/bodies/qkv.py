@@ -4,8 +4,7 @@ import triton
 import triton.language as tl
 
 from codegen.bodies.common import SHORT_PREFILL, SPLIT_SLICE_ROWS, STEP_KEYS, round_to, row_halves, split_slices
-from codegen.bodies.common import sum_of_splits
-from codegen.bodies.common import sum_split_rows, word, word8, word_f32
+from codegen.bodies.common import sum_of_splits, sum_split_rows, word, word8, word_f32
 from codegen.bodies.linear import row_inv_rms, tile_product
 
 QKV_FIELDS = ("x_off", "k", "w_off", "num_q_heads", "num_kv_heads", "head_dim", "rotary_dim", "stats_off",
