@@ -183,7 +183,7 @@ def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: 
     split = tile % splits
     if head >= word(desc, 3) + 2 * word(desc, 4):
         if num_tokens > BMP:
-            qkv_prefill_rows(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS, SLOTS, BM, BMQ, HDP,
+            qkv_prefill_rows(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS, SLOTS, BMP, BMQ, HDP,
                              DOT_F32, FULL_ROTARY, BKD, PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_D)
     elif num_tokens <= BM:
         qkv_rows(desc, head, split, num_tokens, W, ACT, F32, I32, KV, kv_plane, POSITIONS, SLOTS, BM, BK, HDP,
@@ -195,19 +195,19 @@ def qkv_task(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: 
         split_head(desc, head, split, tl.arange(0, BMP), tl.arange(0, BMP) < num_tokens, W, ACT, F32, I32, KV,
                    kv_plane, POSITIONS, SLOTS, BMP, BKP, HDP, DOT_F32, STAGES, FULL_ROTARY, EVEN_K, EVEN_D)
     else:
-        qkv_prefill_rows(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS, SLOTS, BM, BMQ, HDP,
+        qkv_prefill_rows(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS, SLOTS, BMP, BMQ, HDP,
                          DOT_F32, FULL_ROTARY, BKD, PREFILL_STAGES, PREFILL_TMA, EVEN_K, EVEN_D)
 
 
 @triton.jit
 def qkv_prefill_rows(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS: tl.constexpr,
-                     SLOTS: tl.constexpr, BM: tl.constexpr, BMQ: tl.constexpr, HDP: tl.constexpr,
+                     SLOTS: tl.constexpr, QKV_M: tl.constexpr, BMQ: tl.constexpr, HDP: tl.constexpr,
                      DOT_F32: tl.constexpr, FULL_ROTARY: tl.constexpr, BKD: tl.constexpr,
                      PREFILL_STAGES: tl.constexpr, PREFILL_TMA: tl.constexpr, EVEN_K: tl.constexpr,
                      EVEN_D: tl.constexpr):
-    """`qkv_prefill` on BMQ-row tiles, or on 64-row ones (at least BM) where the step has at most SHORT_PREFILL
-    tokens and BMQ is more (`CompileConfig.short_prefill_tokens`)."""
-    SHORT: tl.constexpr = 64 if BM < 64 else BM
+    """`qkv_prefill` on BMQ-row tiles, or on 64-row ones (at least QKV_M, the decode blocks' `qkv_block_m`) where
+    the step has at most SHORT_PREFILL tokens and BMQ is more (`CompileConfig.short_prefill_tokens`)."""
+    SHORT: tl.constexpr = 64 if QKV_M < 64 else QKV_M
     if (SHORT_PREFILL > 0) and (BMQ > SHORT):
         if num_tokens <= SHORT_PREFILL:
             qkv_prefill(desc, tile, W, ACT, F32, I32, KV, kv_plane, num_tokens, POSITIONS, SLOTS, SHORT, HDP,
