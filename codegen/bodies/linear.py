@@ -473,7 +473,8 @@ def linear_task(desc, tile, parts, W, ACT, F32, I32, num_tokens, num_seqs, BM: t
     results, partials and tickets are the F32 regions at STREAM_OUT, STREAM_PARTS and STREAM_TICKETS, whose K
     chunk is STREAM_BK (0: no group streams), pipelined STREAM_STAGES deep, whose epilogue takes STREAM_TILES
     tiles at a time, and whose parts take whole tiles where that costs no more than STREAM_WHOLE bytes;
-    CLAIMED: one in this many rounds of a prefill step's tiles (a tile a program) is claimed;
+    CLAIMED: one in this many rounds of a prefill step's tiles (a tile a program) is claimed; a prefill step of at
+    most SHORT_PREFILL tokens takes 64-row tiles where BMP is more (`short_prefill_tokens`);
     EVEN_K, EVEN_N: every K chunk, every column tile of the pointer tiles is whole (`tile_product`);
     PREFILL_ONLY: some projection has tasks past its column tiles that only prefill steps give work
     (`codegen.lower._prefill_tasks`)."""
@@ -505,7 +506,7 @@ def linear_task(desc, tile, parts, W, ACT, F32, I32, num_tokens, num_seqs, BM: t
         else:
             prefill_tiles(desc, tile, num_rows, W, ACT, F32, I32, BN, BMP, BNW, DOT_F32, PREFILL_STAGES, PREFILL_TMA,
                           PREFILL_PARTS, PREFILL_SPLITS, PREFILL_BK, CLAIMED, EVEN_K, EVEN_N, PREFILL_ONLY)
-    else:
+    else:  # prefill
         prefill_tiles(desc, tile, num_rows, W, ACT, F32, I32, BN, BMP, BNW, DOT_F32, PREFILL_STAGES, PREFILL_TMA,
                       PREFILL_PARTS, PREFILL_SPLITS, PREFILL_BK, CLAIMED, EVEN_K, EVEN_N, PREFILL_ONLY)
 
