@@ -102,8 +102,9 @@ class CompileConfig:
     # ... and a step of at most this many rows takes blocks of this many rows instead, where the kernel's are more:
     # a batch of a few sequences (in the default kernel, every decode step), a kernel for many with a few running.
     # 0: never. H200, Llama-3-8B ctx512, a kernel for 64, 16 / 0 in one call (session 55): b8 5.16 / 5.37 ms, b16
-    # 5.27 / 5.43, b64 6.75, 6.74 / 6.80, 6.74 (spills alike). The default kernel (32-row blocks) with 16 was not
-    # timed; 16-row blocks there throughout gave b8 5.33, 5.34 -> 5.12, 5.08, b4 5.23 -> 5.01, b2 5.16 -> 4.94
+    # 5.27 / 5.43, b64 6.75, 6.74 / 6.80, 6.74 (spills alike). The default kernel (32-row blocks) with 16, against
+    # 16-row blocks throughout (session 56, one call): b8 5.11, 5.11 / 5.09, b2 4.96, 4.95 / 4.93, TTFT of a 24-token
+    # prompt 6.13, 5.67 / 8.93 (its 32-row blocks, before: 5.33, 5.34 at b8)
     narrow_batch_rows: int = 16
     # prefill_m 0: 128 rows where a step prefills 512 tokens or more (max_tokens_per_step), else 64
     # (`prefill_rows`). [128, 128] tiles read a third fewer bytes from L2 a flop than [64, 128], and a prefill's
