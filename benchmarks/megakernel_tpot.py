@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.baselines import read_bandwidth_tbs
-from blinkc.compile_model import WeightsSource, build_graph, compile_many, compile_model
+from blinkc.build import build_graph
+from blinkc.compile_model import WeightsSource, compile_many, compile_model
 from codegen.config import CompileConfig
 from ir.analysis import decode_bytes
 from models.registry import resolve_model

@@ -1,9 +1,15 @@
-"""Element types of IR values and their torch equivalents."""
+"""Element types of IR values and their torch equivalents.
+
+torch is imported only when a torch dtype is asked for: a compile that the cache answers reads dtypes and
+never needs torch (whose import is most of such a command's time).
+"""
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 class DType(enum.Enum):
@@ -15,11 +21,13 @@ class DType(enum.Enum):
 
     @property
     def torch(self) -> torch.dtype:
-        return _TO_TORCH[self]
+        import torch
+
+        return getattr(torch, _TORCH_NAMES[self])
 
     @property
     def itemsize(self) -> int:
-        return _TO_TORCH[self].itemsize
+        return _ITEMSIZE[self]
 
     @property
     def is_float(self) -> bool:
@@ -36,19 +44,15 @@ class DType(enum.Enum):
 
     @classmethod
     def from_torch(cls, dtype: torch.dtype) -> DType:
-        for ours, theirs in _TO_TORCH.items():
-            if theirs == dtype:
+        for ours in cls:
+            if ours.torch == dtype:
                 return ours
         raise ValueError(f"unsupported torch dtype {dtype}")
 
 
-_TO_TORCH = {
-    DType.bf16: torch.bfloat16,
-    DType.f16: torch.float16,
-    DType.f32: torch.float32,
-    DType.i32: torch.int32,
-    DType.i64: torch.int64,
-}
+_TORCH_NAMES = {DType.bf16: "bfloat16", DType.f16: "float16", DType.f32: "float32", DType.i32: "int32",
+                DType.i64: "int64"}
+_ITEMSIZE = {DType.bf16: 2, DType.f16: 2, DType.f32: 4, DType.i32: 4, DType.i64: 8}
 _ALIASES = {
     "bfloat16": "bf16", "float16": "f16", "half": "f16", "float32": "f32", "float": "f32",
     "int32": "i32", "int64": "i64",

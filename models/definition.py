@@ -1,13 +1,19 @@
-"""What a model family provides: how to read its config and how to trace its forward step."""
+"""What a model family provides: how to read its config and how to trace its forward step.
+
+A family's module imports the blocks (and through them the ops' torch reference code) inside `forward`:
+resolving a model to its config, all a compile answered from the cache does, then needs no torch.
+"""
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ir import Tensor, Tracer
-from models.blocks import Step
 from models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from ir import Tensor, Tracer
+    from models.blocks import Step
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,4 @@
 """Phi-3 / Phi-4: fused qkv_proj and gate_up_proj in the checkpoint; optional partial rotary."""
-from models.blocks import decoder_lm, gated_mlp_fused, qkv_fused
 from models.definition import ModelDefinition
 from models.hf_config import parse_common
 
@@ -9,6 +8,8 @@ def parse_config(d):
 
 
 def forward(tr, cfg, step, caches):
+    from models.blocks import decoder_lm, gated_mlp_fused, qkv_fused
+
     return decoder_lm(tr, cfg, step, caches, qkv_fused, lambda layer: gated_mlp_fused)
 
 

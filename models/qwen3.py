@@ -1,5 +1,4 @@
 """Qwen3 dense: Llama's shape plus per-head RMSNorm of q and k before rope, and an explicit head_dim."""
-from models.blocks import decoder_lm, gated_mlp, qkv_separate
 from models.definition import ModelDefinition
 from models.hf_config import parse_common
 
@@ -9,6 +8,8 @@ def parse_config(d):
 
 
 def forward(tr, cfg, step, caches):
+    from models.blocks import decoder_lm, gated_mlp, qkv_separate
+
     return decoder_lm(tr, cfg, step, caches, qkv_separate, lambda layer: gated_mlp)
 
 

@@ -1,5 +1,4 @@
 """Qwen3-MoE: Qwen3 attention; sparse MoE MLPs except in `mlp_only_layers` (dense) per decoder_sparse_step."""
-from models.blocks import decoder_lm, gated_mlp, qkv_separate, sparse_moe
 from models.definition import ModelDefinition
 from models.hf_config import get_field, parse_common
 
@@ -17,6 +16,8 @@ def parse_config(d):
 
 
 def forward(tr, cfg, step, caches):
+    from models.blocks import decoder_lm, gated_mlp, qkv_separate, sparse_moe
+
     return decoder_lm(tr, cfg, step, caches, qkv_separate,
                       lambda layer: sparse_moe if cfg.is_moe_layer(layer) else gated_mlp)
 

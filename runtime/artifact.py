@@ -1,6 +1,9 @@
 """The compiled artifact: `model.cubin` plus, beside it, a versioned manifest (`model.cubin.json`), the
 kernel source (`model.cubin.py`, what the Triton interpreter runs on a CPU) and the task tables
-(`model.cubin.tables.safetensors`). The runtime checks the manifest before it loads anything."""
+(`model.cubin.tables.safetensors`). The runtime checks the manifest before it loads anything.
+
+torch and safetensors load with the tables, not with this module: a compile that the cache answers
+copies an artifact's files and writes its manifest without them."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,10 +12,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from safetensors.torch import load_file, save_file
+if TYPE_CHECKING:
+    import torch
 
 FORMAT = "blink-megakernel"
 # 2: weight transforms (norms folded into projections, gate/up rows interleaved)
@@ -43,10 +46,14 @@ class Artifact:
         if manifest.get("version") != VERSION:
             raise ValueError(f"{manifest_path}: manifest version {manifest.get('version')}, "
                              f"this runtime reads {VERSION}")
+        from safetensors.torch import load_file
+
         cubin = path if path.exists() and manifest["kernel"].get("cubin") else None
         return cls(manifest, load_file(companion(path, ".tables.safetensors")), companion(path, ".py"), cubin)
 
     def save(self, path: Path, cubin: bytes | None) -> None:
+        from safetensors.torch import save_file
+
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         companion(path, ".json").write_text(json.dumps(self.manifest, indent=1) + "\n")

@@ -37,7 +37,7 @@ STOP_GRACE_S = 5.0  # how long a kernel asked to stop (its launch ran past the t
 POLL_S = 1e-4  # how often the host asks whether a launch has ended (`wait_for`)
 
 
-class HangError(RuntimeError):
+class HangError(TimeoutError):
     """The kernel stopped waiting: which step, task and event it was waiting on."""
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import codegen.render as render
 from benchmarks.megakernel_tpot import parse_field
-from blinkc.compile_model import build_graph
+from blinkc.build import build_graph
 from codegen.compile import CUOBJDUMP, compile_kernel, resource_usage
 from codegen.config import CompileConfig
 from codegen.kernel_abi import KERNEL_NAME

@@ -148,6 +148,19 @@ def test_compile_and_run_with_random_weights_made_at_load_time(capsys, cache, tm
     assert len(ids) == 2 and all(0 <= i < manifest["model"]["vocab_size"] for i in ids)
 
 
+def test_a_compile_from_the_cache_imports_neither_torch_nor_triton(capsys, cache, tmp_path):
+    """The issue's "from cache under 2 s" as wall time: a hit only copies files, and torch's import alone is
+    about 2 s on a 2-core machine. A fresh process (the cache in BLINK_CACHE_DIR) must not load it."""
+    argv = ["compile", "tiny-llama", "--random-weights", "-o", str(tmp_path / "m.cubin"), *SMALL]
+    assert "(cold)" in _compile(capsys, "tiny-llama", tmp_path / "m.cubin", "--random-weights")
+    probe = ("import sys; from blinkc.cli import main; code = main(sys.argv[1:]); "
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'triton', 'safetensors', 'jinja2'})); "
+             "sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "(from cache)" in result.stdout and result.stdout.splitlines()[-1] == "[]", result.stdout
+
+
 def test_kernels_compiled_side_by_side_are_found_in_the_cache(cache, tmp_path):
     from blinkc.compile_model import WeightsSource, compile_many, compile_model
     from codegen.config import CompileConfig
@@ -164,7 +177,7 @@ def test_kernels_compiled_side_by_side_are_found_in_the_cache(cache, tmp_path):
 
 
 def test_a_compile_that_fails_leaves_nothing_in_the_cache(cache, tmp_path, monkeypatch):
-    import codegen.compile
+    import blinkc.build
     from blinkc.compile_model import WeightsSource, compile_model
     from codegen.config import CompileConfig
     from models.registry import resolve_model
@@ -172,7 +185,7 @@ def test_a_compile_that_fails_leaves_nothing_in_the_cache(cache, tmp_path, monke
     def ptxas_fails(*args, **kwargs):
         raise RuntimeError("ptxas failed")
 
-    monkeypatch.setattr(codegen.compile, "compile_cubin", ptxas_fails)
+    monkeypatch.setattr(blinkc.build, "compile_cubin", ptxas_fails)
     config = CompileConfig(max_batch=1, max_tokens_per_step=16, max_model_len=48, max_new_tokens=8, page_size=4)
     with pytest.raises(RuntimeError, match="ptxas failed"):
         compile_model(resolve_model("tiny-llama"), config, tmp_path / "m.cubin", WeightsSource(seed=0))
@@ -203,7 +216,7 @@ def test_a_rebuilt_artifact_takes_its_cubin_from_the_cubin_cache(cache, tmp_path
     skips ptxas and has the same cubin."""
     import shutil
 
-    import codegen.compile
+    import blinkc.build
     from blinkc.compile_model import WeightsSource, compile_model
     from codegen.config import CompileConfig
     from codegen.kernel_abi import Resources
@@ -215,8 +228,8 @@ def test_a_rebuilt_artifact_takes_its_cubin_from_the_cubin_cache(cache, tmp_path
         compiles.append(args)
         return b"a cubin", {"shared": 4096, "name": "blink_megakernel"}
 
-    monkeypatch.setattr(codegen.compile, "compile_cubin", ptxas)
-    monkeypatch.setattr(codegen.compile, "resource_usage", lambda path: Resources(128, 0, 0))
+    monkeypatch.setattr(blinkc.build, "compile_cubin", ptxas)
+    monkeypatch.setattr(blinkc.build, "resource_usage", lambda path: Resources(128, 0, 0))
     config = CompileConfig(max_batch=1, max_tokens_per_step=16, max_model_len=48, max_new_tokens=8, page_size=4)
     first = compile_model(resolve_model("tiny-llama"), config, tmp_path / "a.cubin", WeightsSource(seed=0))
     shutil.rmtree(cache / "artifacts")

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from blinkc.compile_model import build_graph
+from blinkc.build import build_graph
 from codegen.check import ScheduleError, check_schedule, check_shared_activations
 from codegen.bodies.linear import LINEAR_FIELDS
 from codegen.bodies.moe import COMBINE_FIELDS, EXPERT_FIELDS, ROUTE_FIELDS

@@ -16,7 +16,8 @@ import time
 import pytest
 import torch
 
-from blinkc.compile_model import WeightsSource, build_graph, compile_many, compile_model
+from blinkc.build import build_graph
+from blinkc.compile_model import WeightsSource, compile_many, compile_model
 from codegen.config import CompileConfig
 from ir.executor import execute
 from models.registry import resolve_model
