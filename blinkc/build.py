@@ -63,9 +63,9 @@ def build_into(entry: Path, model: ResolvedModel, config: CompileConfig, dtype: 
                 cubin, triton_metadata = (cubins / "model.cubin").read_bytes(), json.loads(
                     (cubins / "metadata.json").read_text())
             else:
-                progress(f"compiling for sm_{arch} with Triton {version('triton')} (ptxas)...")
+                progress(f"compiling for sm_{arch} with Triton {version('triton')}...")
                 cubin, metadata = compile_cubin(tmp / "model.cubin.py", model_dtype, arch, config.num_warps,
-                                               config.max_registers, config.pin_thread_ids)
+                                               config.max_registers, config.pin_thread_ids, progress)
                 triton_metadata = json.loads(json.dumps(metadata, default=vars))
                 _keep_cubin(cubins, cubin, triton_metadata)
             (tmp / "model.cubin").write_bytes(cubin)

@@ -2,10 +2,15 @@
 bundled ptxas does it), and the resource usage that decides how many programs fit on an SM."""
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
+
 import triton
+import triton.knobs as knobs
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -16,22 +21,54 @@ from runtime.artifact import import_source
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"  # Triton's, CPU or GPU
 
 
+# Triton's stages in the order they run. A full-size kernel spends about half its cold compile in TritonGPU IR,
+# nearly all of that in one pass (Coalesce: benchmarks/explore/NOTES.md, session 57).
+STAGES = {"ttir": "Triton IR", "ttgir": "TritonGPU IR", "llir": "LLVM IR", "ptx": "PTX", "cubin": "cubin (ptxas)"}
+
+
 def compile_kernel(fn, model_dtype: str, arch: int, num_warps: int, max_registers: int = 0,
-                   pin_thread_ids: bool = True):
+                   pin_thread_ids: bool = True, progress: Callable[[str], None] = lambda _: None):
     """The megakernel `fn` compiled by Triton (its `asm` holds every stage). max_registers: a cap on registers a
-    thread (0: none); pin_thread_ids: `codegen.llir`'s LLVM stage."""
+    thread (0: none); pin_thread_ids: `codegen.llir`'s LLVM stage; progress: told each stage's time as it ends
+    (nothing when Triton's cache has the kernel)."""
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(ARGS) if name.isupper()}
     src = ASTSource(fn, signature(model_dtype), {}, attrs)
     options = {"num_warps": num_warps, "maxnreg": max_registers or None}
-    with pinned_thread_ids(pin_thread_ids):
+    with pinned_thread_ids(pin_thread_ids), timed_stages(progress):
         return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
+@contextlib.contextmanager
+def timed_stages(progress: Callable[[str], None]):
+    """Within: `triton.compile` reports each stage's seconds through `progress`, around whatever stages an enclosing
+    hook (`pinned_thread_ids`) put in. The output is the same, so Triton's cache is shared."""
+    inner = knobs.runtime.add_stages_inspection_hook
+
+    def hook(backend, stages, options, language, capability) -> None:
+        if inner is not None:
+            inner(backend, stages, options, language, capability)
+        for name, stage in list(stages.items()):
+            stages[name] = _timed(STAGES.get(name, name), stage, progress)
+
+    with knobs.runtime.scope():
+        knobs.runtime.add_stages_inspection_hook = hook
+        yield
+
+
+def _timed(label: str, stage, progress: Callable[[str], None]):
+    def run(src, metadata):
+        start = time.perf_counter()
+        out = stage(src, metadata)
+        progress(f"{label} in {time.perf_counter() - start:.1f} s")
+        return out
+    return run
+
+
 def compile_cubin(source_path: Path, model_dtype: str, arch: int, num_warps: int, max_registers: int = 0,
-                  pin_thread_ids: bool = True):
+                  pin_thread_ids: bool = True, progress: Callable[[str], None] = lambda _: None):
     """-> (cubin bytes, Triton's metadata dict) of the rendered kernel at source_path (`compile_kernel`)."""
     kernel = compile_kernel(getattr(import_source(source_path), KERNEL_NAME), model_dtype, arch, num_warps,
-                            max_registers, pin_thread_ids)
+                            max_registers, pin_thread_ids, progress)
     metadata = {k: v for k, v in kernel.metadata._asdict().items()}
     metadata["target"] = {"backend": "cuda", "arch": arch, "warp_size": 32}
     return kernel.asm["cubin"], metadata

@@ -241,10 +241,12 @@ def test_a_rebuilt_artifact_takes_its_cubin_from_the_cubin_cache(cache, tmp_path
 
 def test_compile_for_the_gpu_prints_the_kernels_resources(cache, tmp_path):
     """The sm_90 compile (Triton's bundled ptxas: no GPU needed; a process of its own, since the tests run
-    Triton as the interpreter) reports registers, spills and the shared memory a program takes, Triton's
-    dynamic allocation included (the cubin alone lists only its static part)."""
+    Triton as the interpreter) shows each of Triton's stages as it ends, and reports registers, spills and the
+    shared memory a program takes, Triton's dynamic allocation included (the cubin alone lists only its static
+    part)."""
     out = tmp_path / "m.cubin"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")  # a kernel Triton has not seen: every stage runs
     result = subprocess.run([sys.executable, "-m", "blinkc.cli", "compile", "tiny-llama", "--random-weights",
                              "-o", str(out), *[a for a in SMALL if a != "--interpret"]],
                             capture_output=True, text=True, timeout=240, env=env)
@@ -254,3 +256,5 @@ def test_compile_for_the_gpu_prints_the_kernels_resources(cache, tmp_path):
     assert used["registers"] > 0 and dynamic > 0 and used["shared_bytes"] >= dynamic
     assert f"{used['registers']} registers, {used['stack_bytes']} B stack (spills), {used['shared_bytes']} B shared" \
         in result.stdout
+    stages = [line.strip().split(" in ")[0] for line in result.stderr.splitlines() if line.strip().endswith(" s")]
+    assert stages == ["Triton IR", "TritonGPU IR", "LLVM IR", "PTX", "cubin (ptxas)"], result.stderr
