@@ -296,11 +296,18 @@ class CompileConfig:
     # H100 (session 10) 6.73 / 6.71
     prefetch_attention_kb: int = 0
     # task bodies compiled as functions of their own (`noinline`), comma-separated groups of
-    # codegen.bodies.OUTLINE_GROUPS (why, and which cannot be: there). None by default: with pinned thread ids and
-    # parked state, outlining no longer pays, and calls cost MoE layers. H200 ctx512, one build each, none /
-    # rows,small,decode_attention (the default until 2026-11-24) / rows,decode_attention: Qwen3-30B-A3B b1 5.46 /
-    # 7.74 / 6.20 ms; Llama-3-8B b1 4.80 / 4.86 / 4.80, b8 6.16 / 6.14, b64 8.12 / 8.09, TTFT 512 20.11 / 19.98
-    outline: str = ""
+    # codegen.bodies.OUTLINE_GROUPS (why, and which cannot be: there). The GEMV and few-row bodies (`rows`) by
+    # default, for the compile's sake: Triton's Coalesce pass walks the whole kernel function for each of its
+    # tensor loads and stores, about half a cold compile, and a body of its own takes its accesses and its code out
+    # of that function. The Llama-3-8B default kernel's cold compile, 2-core CPU machine: 117 s with every body
+    # inlined, 82 with `rows`, 77 with `rows,decode_attention` (benchmarks/explore/NOTES.md, session 57). Decode
+    # does not feel `rows`: H200, ctx512, none / rows, each twice in one call: the default kernel b1 4.65, 4.66 /
+    # 4.66, 4.66 ms, b8 5.17 / 5.15, TTFT 512 17.13, 17.12 / 17.00, 16.88; b64 6.66, 6.67 / 6.68, 6.66;
+    # Qwen3-30B-A3B b1 4.09, 4.09 / 4.06, 4.06. `decode_attention` too costs b64 and MoE: rows / rows,
+    # decode_attention b64 6.61, 6.60 / 6.71, 6.69, Qwen3-30B-A3B b1 4.06 / 4.13. (Session 24, before the
+    # step's state was parked: none / rows,small,decode_attention / rows,decode_attention: Qwen3-30B-A3B b1 5.46 /
+    # 7.74 / 6.20 ms.)
+    outline: str = "rows"
     # every thread-id read stays where the lowering put it, so no body's index math is hoisted out of the task
     # loop and spilled (codegen/llir.py); Llama-3-8B: 976 -> 416 B of spills a thread
     pin_thread_ids: bool = True

@@ -8,7 +8,8 @@ to it) and the step's metadata, and is unit-tested on its own against the op's r
 # `pin_thread_ids` (codegen/llir.py), an inlined body's per-thread index math is hoisted out of the persistent loop
 # and spilled (166 values stored at the kernel's start, reloaded in the bodies), and outlined, a body computes its
 # own; with it, outlining only changes how ptxas allocates registers, and each call costs: near even on
-# Llama-3-8B, 42% slower on Qwen3-30B-A3B at b1 (RESULTS.md, session 18). So none is outlined by default.
+# Llama-3-8B, 42% slower on Qwen3-30B-A3B at b1 (RESULTS.md, session 18). Since the step's state is parked, "rows"
+# costs neither (session 57) and, outlined by default, cuts the cold compile by ~30% (`CompileConfig.outline`).
 # None but "dots" issues Hopper's tensor-core dots (wgmma: Triton takes them for 64 rows and more), and outlining
 # those serializes every wgmma of the kernel (ptxas: "wgmma pipeline crossing function boundary").
 # Helpers that are functions of their own whatever `outline` says: the sampled part of a sampling task, whose
