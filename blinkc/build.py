@@ -87,9 +87,9 @@ def build_into(entry: Path, model: ResolvedModel, config: CompileConfig, dtype: 
 
 def _keep_cubin(directory: Path, cubin: bytes, triton_metadata: dict) -> None:
     """The cubin and Triton's metadata of an artifact, cached apart from it (`cubins/KEY` beside `artifacts/KEY`):
-    a build that finds them skips Triton's passes and ptxas, over a minute for a full-size model, and redoes only the
-    seconds of tracing, lowering and tables. A few MB against the artifact's ~20 (its tables), so that kernels compiled on a machine
-    without a GPU (the key holds no device) can travel to one that has it."""
+    a build that finds them skips Triton's passes and ptxas, over a minute for a full-size model, and redoes only
+    the seconds of tracing, lowering and tables. A few MB against the artifact's ~20 (its tables), so that kernels
+    compiled on a machine without a GPU (the key holds no device) can travel to one that has it."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".", suffix=".tmp", dir=directory.parent))
     try:
