@@ -34,6 +34,7 @@ from runtime.weights import WeightSpec, checkpoint_shapes, place_weights, random
 _DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 FINISH_REASONS = {1: "length", 2: "stop"}
 STOP_GRACE_S = 5.0  # how long a kernel asked to stop (its launch ran past the timeout) has to end
+FLOAT_REGIONS = ("req_temperature", "req_top_p")  # the requests' words in F32, staged and copied as one span
 POLL_S = 1e-4  # how often the host asks whether a launch has ended (`wait_for`)
 
 
@@ -79,9 +80,12 @@ class Megakernel:
         # copy waits for itself), and the state comes back the same way; `_staged` marks the last copy out of it
         pinned = self.device.type == "cuda"
         self._i32_host = torch.zeros(sizes["I32"], dtype=torch.int32, pin_memory=pinned)
-        self._f32_host = torch.zeros(2, self.config.max_batch, dtype=torch.float32, pin_memory=pinned)
+        self._float_span = float_span(self.layout["regions"])
+        self._f32_host = torch.zeros(self._float_span[1] - self._float_span[0], dtype=torch.float32,
+                                     pin_memory=pinned)
         self._i32_back = torch.zeros(sizes["I32"], dtype=torch.int32, pin_memory=pinned)
         self._staged = torch.cuda.Event() if pinned else None
+        self._f32_requests = self.f32[self._float_span[0]:self._float_span[1]]
         # what `_ask_to_stop` needs, made now: page-locked memory allocated while the kernel runs would wait for it
         # to end (CUDA's implicit synchronization)
         self._asked = torch.full((1,), ABORT_ASKED, dtype=torch.int32, pin_memory=pinned)
@@ -180,13 +184,12 @@ class Megakernel:
         """max_steps: stop after that many steps (requests not finished by then end "incomplete"), so that a
         check can read any step's logits (`last_logits`)."""
         bound = self.prepare(prompts, params)
-        self._launch(bound if max_steps is None else min(max_steps, bound))
-        state = self.read_state()  # one read for the hang check and the tokens
+        state = self._launch(bound if max_steps is None else min(max_steps, bound))
         self._raise_on_hang(state)
         return self.completions(len(prompts), state)
 
     def read_state(self) -> torch.Tensor:
-        """The I32 arena as the kernel left it, on the host (valid until the next read)."""
+        """The I32 arena as the kernel left it, on the host (valid until the next read or launch)."""
         if self._staged is None:  # the interpreter's arena is on the host already
             return self.i32
         self._i32_back.copy_(self.i32, non_blocking=True)
@@ -227,7 +230,7 @@ class Megakernel:
         words.fill(0)
         staged = self._f32_host.numpy()
         staged.fill(0)
-        floats = {"req_temperature": staged[0, :len(prompts)], "req_top_p": staged[1, :len(prompts)]}
+        floats = {name: staged[self.region(name)[0] - self._float_span[0]:] for name in FLOAT_REGIONS}
         at, vocab = self._i32_offsets, self.manifest["model"]["vocab_size"]
         eos = list(self.manifest["model"]["eos_token_ids"])[:8]
         words[at["control"] + 4], words[at["control"] + 5] = len(prompts), len(eos)
@@ -246,9 +249,7 @@ class Megakernel:
             words[base:base + num_pages] = np.arange(page, page + num_pages, dtype=np.int32)
             page += num_pages
         self.i32.copy_(self._i32_host, non_blocking=True)
-        for row, name in enumerate(floats):
-            offset = self.region(name)[0]
-            self.f32[offset:offset + len(prompts)].copy_(self._f32_host[row, :len(prompts)], non_blocking=True)
+        self._f32_requests.copy_(self._f32_host, non_blocking=True)
         if self._staged is not None:
             self._staged.record()
         self._ensure_kv(page)
@@ -266,23 +267,28 @@ class Megakernel:
         return (self.schedule, self.descs, self.weights, self.act, self.f32, self.i32, self.kv, self.events,
                 self.profile, self.kv_plane, self.tasks.shape[0], max_steps)
 
-    def _launch(self, max_steps: int) -> None:
+    def _launch(self, max_steps: int) -> torch.Tensor:
+        """Runs the kernel to its end; returns the I32 arena as it left it, on the host (`read_state`'s)."""
         start = time.perf_counter()
         if self.interpret:
             with warnings.catch_warnings():  # masked-off lanes compute on -inf and padding; results are masked
                 warnings.simplefilter("ignore", RuntimeWarning)
                 self.kernel[self.grid](*self._args(max_steps))
-        else:
-            done = torch.cuda.Event()
-            use_scratch_allocator()
-            self.kernel(*self._args(max_steps))
-            done.record()
-            if not wait_for(done, self.timeout_s - (time.perf_counter() - start)):
-                self._ask_to_stop()
-                if not wait_for(done, STOP_GRACE_S):
-                    raise HangError(f"the kernel is still running after {self.timeout_s:.0f} s and did not stop "
-                                    f"within {STOP_GRACE_S:.0f} s of being asked")
-                self._raise_on_hang(self.read_state())  # the flag is up: raises, saying where the kernel waited
+            return self.i32
+        done = torch.cuda.Event()
+        use_scratch_allocator()
+        self.kernel(*self._args(max_steps))
+        # the state's copy back is queued behind the kernel, so that it has arrived when the host sees the end:
+        # after the end, each CUDA call of the host's is slow at first (H200 machine, a 512-token prompt's first
+        # token: the copy queued and awaited then took 0.19-0.27 ms, a second one right after it 0.03-0.05)
+        self._i32_back.copy_(self.i32, non_blocking=True)
+        done.record()
+        if not wait_for(done, self.timeout_s - (time.perf_counter() - start)):
+            self._ask_to_stop()
+            if not wait_for(done, STOP_GRACE_S):
+                raise HangError(f"the kernel is still running after {self.timeout_s:.0f} s and did not stop "
+                                f"within {STOP_GRACE_S:.0f} s of being asked")
+        return self._i32_back
 
     def _ask_to_stop(self) -> None:
         """Raises the abort flag (ABORT_ASKED) from a stream of its own while the kernel runs: every wait looks at
@@ -296,7 +302,7 @@ class Megakernel:
     def _raise_on_hang(self, state: torch.Tensor | None = None) -> None:
         """`state`: the I32 arena as the launch left it, if already read back."""
         control = self.region("control")[0]
-        words = self.i32 if state is None else state
+        words = (self.i32 if state is None else state).cpu().numpy()
         flag, step, task, event, seen, target = words[control + 6:control + 12].tolist()
         kind = int(words[control + CONTROL_FIELDS.index("error_kind")])
         if not flag:
@@ -348,6 +354,18 @@ class Megakernel:
             tokens = words[out_base + r * max_new: out_base + r * max_new + n].tolist()
             completions.append(Completion(tokens, FINISH_REASONS.get(int(words[finished + r]), "incomplete")))
         return completions
+
+
+def float_span(regions: dict[str, list]) -> tuple[int, int]:
+    """The span of F32 from the first of the requests' float regions (`FLOAT_REGIONS`) to the end of the last,
+    staged and copied as one (between them the layout leaves only alignment padding, which nothing reads)."""
+    spans = [(offset, offset + size) for name, (arena, offset, size) in regions.items() if name in FLOAT_REGIONS]
+    lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+    others = [name for name, (arena, offset, size) in regions.items()
+              if arena == "F32" and name not in FLOAT_REGIONS and offset < hi and lo < offset + size]
+    if others:
+        raise ValueError(f"the layout places {', '.join(others)} among the requests' floats")
+    return lo, hi
 
 
 def wait_for(event: torch.cuda.Event, timeout_s: float) -> bool:

@@ -2,15 +2,20 @@
 `Megakernel.generate` timed on the host, while the torch prefill it is compared with is a CUDA graph timed by
 events. This splits one `generate` into the host's request writes (`prepare`), the kernel as CUDA events see it,
 the prefill step as the kernel's own step log sees it, and what the host spends after the kernel ends (the hang
-check and reading the tokens back). The launch is the runtime's; its end is awaited the runtime's way
-(`wait_for`), asleep in the driver on a blocking event, or by polling the event every 0.5 ms, every 0.1 ms or
-without a pause ("spin"): "launch to noticed" less "kernel (events)" is how late the host sees the end.
+check and the tokens, read from the state copied back behind the kernel). The launch is the runtime's; its end
+is awaited the runtime's way (`wait_for`), asleep in the driver on a blocking event, by polling the event every
+0.5 ms, every 0.1 ms or without a pause ("spin"), or giving up the core between polls ("yield"): "launch to
+noticed" less "kernel (events)" is how late the host sees the end. `--profile-prepare` adds a cProfile of the
+request writes.
 
     python -m benchmarks.explore.ttft_parts --prompts 512,2048
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
+import os
+import pstats
 import statistics
 import time
 
@@ -29,6 +34,7 @@ def launch(kernel: Megakernel, max_steps: int, end: torch.cuda.Event, wait: str)
     pause), or a polling period in ms ("0.5": `query` every 0.5 ms, the runtime's way before)."""
     use_scratch_allocator()
     kernel.kernel(*kernel._args(max_steps))  # noqa: SLF001 (the probe times generate's own pieces)
+    kernel._i32_back.copy_(kernel.i32, non_blocking=True)  # noqa: SLF001 (the state's copy, as `_launch` queues it)
     end.record()
     if wait == "runtime":
         assert wait_for(end, 120.0)
@@ -36,10 +42,27 @@ def launch(kernel: Megakernel, max_steps: int, end: torch.cuda.Event, wait: str)
     if wait == "blocking":  # made with blocking=True: the thread sleeps in the driver until the event
         end.synchronize()
         return
+    if wait == "yield":  # query, giving the core to any other runnable thread between queries
+        while not end.query():
+            os.sched_yield()
+        return
     pause = 0.0 if wait == "spin" else float(wait) * 1e-3
     while not end.query():
         if pause:
             time.sleep(pause)
+
+
+def profile_prepare(kernel: Megakernel, prompt_len: int, reps: int) -> None:
+    """cProfile of `reps` prepares of one prompt (each followed by a sync), the functions taking the most time."""
+    prompt = [torch.randint(0, 1000, (prompt_len,)).tolist()]
+    once = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    profiler = cProfile.Profile()
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        profiler.enable()
+        kernel.prepare(prompt, once)
+        profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(12)
 
 
 def parts(kernel: Megakernel, prompt_len: int, reps: int, wait: str) -> dict[str, float]:
@@ -57,7 +80,7 @@ def parts(kernel: Megakernel, prompt_len: int, reps: int, wait: str) -> dict[str
         begin.record()
         launch(kernel, max_steps, end, wait)
         t2 = time.perf_counter()
-        state = kernel.read_state()
+        state = kernel._i32_back  # noqa: SLF001 (copied behind the kernel)
         kernel._raise_on_hang(state)  # noqa: SLF001
         kernel.completions(1, state)
         t3 = time.perf_counter()
@@ -76,7 +99,9 @@ def main() -> None:
     parser.add_argument("--preset", default="llama3-8b")
     parser.add_argument("--prompts", default="512,2048")
     parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--waits", default="runtime blocking spin 0.5", help="ways to await the kernel's end")
+    parser.add_argument("--waits", default="runtime blocking spin 0.5",
+                        help="ways to await the kernel's end (also: yield, a period in ms)")
+    parser.add_argument("--profile-prepare", action="store_true", help="cProfile the request writes too")
     args = parser.parse_args()
     model = resolve_model(args.preset)
     for prompt_len in map(int, args.prompts.split(",")):
@@ -84,6 +109,8 @@ def main() -> None:
         kernel = Megakernel.load(path, device="cuda", timeout_s=120)
         print(f"{args.preset} TTFT {prompt_len}: benchmark (best of 3) {ttft_ms(kernel, prompt_len)[0]:.2f} ms",
               flush=True)
+        if args.profile_prepare:
+            profile_prepare(kernel, prompt_len, 50)
         for wait in args.waits.split() * 2:
             medians = parts(kernel, prompt_len, args.reps, wait)
             print(f"  end awaited {wait:>8s}, medians of {args.reps}: "
