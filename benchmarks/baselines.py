@@ -378,9 +378,11 @@ def make_decode_step(cfg: ModelConfig, batch: int, context: int, device: str | t
 
 
 def make_prefill_step(cfg: ModelConfig, prompt_len: int, device: str | torch.device,
-                      weights: ModelWeights | None = None, experts: str | None = None) -> Step:
+                      weights: ModelWeights | None = None, experts: str | None = None,
+                      ids: torch.Tensor | None = None) -> Step:
     """One prompt of `prompt_len` tokens (batch 1) into an empty cache; returns its last token's logits [1, V].
-    `experts`: as for `make_decode_step`."""
+    `experts`: as for `make_decode_step`; `ids`: the prompt's [1, T] tensor on `device`, which the step reads
+    each time it runs (default: random ids)."""
     device = torch.device(device)
     weights = random_weights(cfg, device) if weights is None else weights
     experts = experts or expert_mode(device, prefill=True)
@@ -389,7 +391,8 @@ def make_prefill_step(cfg: ModelConfig, prompt_len: int, device: str | torch.dev
                  f"KV cache ({prompt_len} tokens) and workspace")
     caches = random_kv_caches(cfg, 1, prompt_len, device)
     model = TorchModel(cfg, weights, experts=experts)
-    ids = torch.randint(cfg.vocab_size, (1, prompt_len), device=device)  # [1, T]
+    if ids is None:
+        ids = torch.randint(cfg.vocab_size, (1, prompt_len), device=device)  # [1, T]
     positions = torch.arange(prompt_len, device=device)  # [T]
     return lambda: model.forward(ids, positions, caches)
 
@@ -438,12 +441,36 @@ def torch_prefill_ms(cfg: ModelConfig, prompt_len: int, device: str | torch.devi
     On a GPU the pass is captured in ONE CUDA graph and replayed, as for decode, unless an MoE model's experts
     run as an eager loop (`expert_mode`: data-dependent shapes). On a CPU: eager.
     """
+    return torch_ttft_ms(cfg, prompt_len, device, weights=weights, experts=experts, num_reps=num_reps)[0]
+
+
+def torch_ttft_ms(cfg: ModelConfig, prompt_len: int, device: str | torch.device, *,
+                  weights: ModelWeights | None = None, experts: str | None = None,
+                  num_reps: int = 10) -> tuple[float, float]:
+    """`torch_prefill_ms`'s median, and the first token host to host as a user gets it: the prompt's ids
+    copied from page-locked host memory into the pass's input, the pass, a greedy pick of the token and its
+    copy back (best of `num_reps`, as `megakernel_tpot.ttft_ms` times the megakernel's `generate`)."""
     device = torch.device(device)
     with torch.inference_mode():
         experts = experts or expert_mode(device, prefill=True)
-        step = make_prefill_step(cfg, prompt_len, device, weights, experts)
+        ids = torch.zeros(1, prompt_len, dtype=torch.long, device=device)
+        ids.copy_(torch.randint(cfg.vocab_size, (1, prompt_len)))
+        step = make_prefill_step(cfg, prompt_len, device, weights, experts, ids=ids)
         run = step
         if device.type == "cuda" and (not cfg.num_experts or experts != "looped"):
-            graph, _ = capture_graph(step)
-            run = graph.replay
-        return median_ms(run, device, num_warmup=3, num_reps=num_reps)
+            graph, logits = capture_graph(step)
+
+            def run() -> torch.Tensor:
+                graph.replay()
+                return logits
+        gpu_ms = median_ms(run, device, num_warmup=3, num_reps=num_reps)
+        host_ids = ids.cpu().pin_memory() if device.type == "cuda" else ids.clone()
+        times = []
+        for _ in range(num_reps):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            ids.copy_(host_ids, non_blocking=True)
+            run().argmax(-1).item()
+            times.append((time.perf_counter() - start) * 1e3)
+        return gpu_ms, min(times)

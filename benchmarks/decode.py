@@ -3,7 +3,10 @@
   (a) roofline: bytes one decode step must read / read bandwidth measured now
   (b) a torch + cuBLAS + SDPA decode step captured in one CUDA graph (benchmarks/baselines.py)
   (c) the same task bodies launched as separate kernels (one per task group) from one CUDA graph
-  TTFT: the megakernel's launch with one output token vs a torch prefill (cuBLAS + SDPA) of the prompt.
+  TTFT: the megakernel's launch with one output token vs a torch prefill (cuBLAS + SDPA) of the prompt, each
+  host to host (the prompt's ids from the host, the greedy first token back on it; best of a few), and each
+  on the GPU alone (the kernel between CUDA events; the prefill's CUDA graph, median). Up to session 57 the
+  table set the megakernel's host-to-host time against the torch graph's GPU time.
 An MoE model's torch baselines run the experts as grouped GEMMs (`torch._grouped_mm`, one a matrix over the
 pairs sorted by expert) where torch has them; `--torch-experts` picks another way (benchmarks/baselines.py,
 EXPERT_MODES). Up to session 39 the MoE figures in benchmarks/RESULTS.md used gathered weights for decode and an
@@ -141,12 +144,13 @@ def main() -> None:
     for prompt_len in prompt_lens:
         started = time.perf_counter()
         kernel = load_kernel(args.preset, ttft_config(prompt_len, **overrides), artifact_path("ttft"))
-        ours, _ = ttft_ms(kernel, prompt_len)
+        ours, ours_gpu, _ = ttft_ms(kernel, prompt_len)
         del kernel
         baselines.release_memory(device)
-        torch_ms = baselines.torch_prefill_ms(cfg, prompt_len, device, experts=torch_experts)
-        add(f"TTFT {prompt_len} tokens ms", f"{ours:.2f}", f"torch prefill {torch_ms:.2f}",
-            f"{torch_ms / ours:.2f}x torch")
+        torch_gpu, torch_host = baselines.torch_ttft_ms(cfg, prompt_len, device, experts=torch_experts)
+        add(f"TTFT {prompt_len} tokens ms", f"{ours:.2f}", f"torch prefill {torch_host:.2f}",
+            f"{torch_host / ours:.2f}x torch",
+            f"GPU alone {ours_gpu:.2f} against {torch_gpu:.2f} ({torch_gpu / ours_gpu:.2f}x)")
         baselines.release_memory(device)
         print(f"  (row took {time.perf_counter() - started:.0f} s)", flush=True)
     if args.json:

@@ -92,20 +92,24 @@ def seeded_prompt(prompt_len: int) -> list[int]:
     return torch.randint(0, 1000, (prompt_len,), generator=torch.Generator().manual_seed(prompt_len)).tolist()
 
 
-def ttft_ms(kernel: Megakernel, prompt_len: int) -> tuple[float, int]:
-    """Best of three launches that prefill one prompt and sample its first token, host to host; and that token
-    (greedy, the prompt the same for every kernel of a length: variants of one model should agree on it)."""
+def ttft_ms(kernel: Megakernel, prompt_len: int) -> tuple[float, float, int]:
+    """Best of three launches that prefill one prompt and sample its first token, host to host; that launch's
+    kernel alone (CUDA events around it); and the token (greedy, the prompt the same for every kernel of a
+    length: variants of one model should agree on it)."""
     prompt = [seeded_prompt(prompt_len)]
     once = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     first = kernel.generate(prompt, once)[0].tokens[0]
     times = []
+    kernel.time_launches = True
     for _ in range(3):
         torch.cuda.synchronize()
         start = time.perf_counter()
         kernel.generate(prompt, once)
         torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1e3)
-    return min(times), first
+        times.append(((time.perf_counter() - start) * 1e3, kernel.last_launch_ms))
+    kernel.time_launches = False
+    host, gpu = min(times)
+    return host, gpu, first
 
 
 def parse_field(value: str) -> int | str:
@@ -184,8 +188,9 @@ def run(preset: str, model, variant: Variant, num_tokens: int, bandwidth: float,
     resources = (f"grid {launcher.grid[0]}, {launcher.n_regs} registers, {launcher.n_spills} spilled, "
                  f"{launcher.shared} B shared")
     if variant.is_ttft:
-        ms, first = ttft_ms(kernel, variant.context)
-        print(f"{preset} {variant.spec}: TTFT {ms:.2f} ms (first token {first}) | {resources}", flush=True)
+        ms, kernel_ms, first = ttft_ms(kernel, variant.context)
+        print(f"{preset} {variant.spec}: TTFT {ms:.2f} ms (the kernel {kernel_ms:.2f}; first token {first}) | "
+              f"{resources}", flush=True)
     else:
         read = decode_bytes(build_graph(model, config), variant.batch, variant.context).total
         roofline = read / (bandwidth * 1e12) * 1e3

@@ -35,7 +35,8 @@ _DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 FINISH_REASONS = {1: "length", 2: "stop"}
 STOP_GRACE_S = 5.0  # how long a kernel asked to stop (its launch ran past the timeout) has to end
 FLOAT_REGIONS = ("req_temperature", "req_top_p")  # the requests' words in F32, staged and copied as one span
-POLL_S = 1e-4  # how often the host asks whether a launch has ended (`wait_for`)
+SPIN_S = 0.1  # how long the host asks back to back whether a launch has ended (`wait_for`), then ...
+POLL_S = 1e-4  # ... how often
 
 
 class HangError(TimeoutError):
@@ -103,6 +104,8 @@ class Megakernel:
         is_profiled = getattr(self.config, "profile", False)
         self.profile = torch.zeros(self.tasks.shape[0] * 4 if is_profiled else 1, dtype=torch.int64, device=self.device)
         self.kernel, self.grid = self._load_kernel()
+        # CUDA events around each launch, for the benchmarks: the kernel's own time, without the host's
+        self.time_launches, self.last_launch_ms = False, None
         # which program runs which task, for this launch's grid; the groups' claim counters follow the events
         schedule, counters = task_schedule(artifact.tables["tasks"], len(self.manifest["events"]), self.programs)
         self.schedule = schedule.to(self.device)
@@ -277,7 +280,12 @@ class Megakernel:
             return self.i32
         done = torch.cuda.Event()
         use_scratch_allocator()
+        if self.time_launches:
+            began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            began.record()
         self.kernel(*self._args(max_steps))
+        if self.time_launches:
+            ended.record()
         # the state's copy back is queued behind the kernel, so that it has arrived when the host sees the end:
         # after the end, each CUDA call of the host's is slow at first (H200 machine, a 512-token prompt's first
         # token: the copy queued and awaited then took 0.19-0.27 ms, a second one right after it 0.03-0.05)
@@ -288,6 +296,8 @@ class Megakernel:
             if not wait_for(done, STOP_GRACE_S):
                 raise HangError(f"the kernel is still running after {self.timeout_s:.0f} s and did not stop "
                                 f"within {STOP_GRACE_S:.0f} s of being asked")
+        if self.time_launches:
+            self.last_launch_ms = began.elapsed_time(ended)
         return self._i32_back
 
     def _ask_to_stop(self) -> None:
@@ -368,16 +378,25 @@ def float_span(regions: dict[str, list]) -> tuple[int, int]:
     return lo, hi
 
 
-def wait_for(event: torch.cuda.Event, timeout_s: float) -> bool:
-    """Whether `event` completed within `timeout_s`, polled every 0.1 ms. H200, Llama-3-8B, a 512-token
-    prefill (`benchmarks/explore/ttft_parts.py`): the host noticed the end 0.13-0.20 ms after it at 0.1 ms,
-    0.23-0.28 at 0.5 ms (the runtime's period before), 0.05-0.08 spinning without a pause, and 0.45 asleep in
-    the driver on a blocking event (its wake-up is slower than the polling)."""
-    deadline = time.perf_counter() + timeout_s
+def wait_for(event: torch.cuda.Event, timeout_s: float, spin_s: float = SPIN_S) -> bool:
+    """Whether `event` completed within `timeout_s`: polled back to back for the first `spin_s` (the core given
+    up between polls to any other thread that wants it), then every 0.1 ms (POLL_S). A short launch (a first
+    token) is noticed at once and the host's work after it runs on a warm core; a long one (a whole generation)
+    does not hold a core for its seconds, and its end noticed 0.1-0.2 ms late is nothing beside them.
+    H200 machine, Llama-3-8B, a 512-token prompt's first token (`benchmarks/explore/ttft_parts.py`), host to
+    host: 16.10-16.16 ms polled back to back, 16.40-16.42 every 0.1 ms, for the kernel's 15.82-15.88 (the end
+    noticed 0.03 and 0.11-0.13 ms late; the next request's writes 0.22-0.25 and 0.31-0.32 ms, on a core that
+    slept). Before: 0.23-0.28 ms late at 0.5 ms, and 0.45 asleep in the driver on a blocking event."""
+    start = time.perf_counter()
+    deadline, spin_until = start + timeout_s, start + spin_s
     while not event.query():
-        if time.perf_counter() > deadline:
+        now = time.perf_counter()
+        if now > deadline:
             return False
-        time.sleep(POLL_S)
+        if now < spin_until:
+            os.sched_yield()
+        else:
+            time.sleep(POLL_S)
     return True
 
 

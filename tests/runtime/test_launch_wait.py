@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from runtime.megakernel import wait_for
+from runtime.megakernel import POLL_S, wait_for
 
 
 class Event:
@@ -27,3 +27,13 @@ def test_a_launch_that_never_ends_is_given_up_on_after_the_timeout():
     start = time.perf_counter()
     assert not wait_for(Event(ends_after=None), timeout_s=0.05)
     assert 0.05 <= time.perf_counter() - start < 1.0
+
+
+def test_past_the_spin_the_host_sleeps_between_polls():
+    """After `spin_s` each poll is followed by a sleep of at least POLL_S: no more queries than that allows."""
+    timeout_s = 0.2
+    asleep, spinning = Event(ends_after=None), Event(ends_after=None)
+    assert not wait_for(asleep, timeout_s=timeout_s, spin_s=0.0)
+    assert asleep.num_queries <= timeout_s / POLL_S + 1
+    assert not wait_for(spinning, timeout_s=timeout_s, spin_s=timeout_s)
+    assert spinning.num_queries > asleep.num_queries
