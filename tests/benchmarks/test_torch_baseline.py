@@ -43,3 +43,17 @@ def test_an_unknown_experts_mode_is_refused():
     cfg = resolve_model("tiny-qwen3-moe").config
     with pytest.raises(ValueError, match="unknown experts mode 'fused'"):
         baselines.TorchModel(cfg, baselines.random_weights(cfg, "cpu"), experts="fused")
+
+
+def test_the_prefill_reads_the_ids_it_is_given_each_time_it_runs():
+    """`torch_ttft_ms` times the first token host to host by copying the prompt into the pass's ids tensor: the
+    step must read that tensor at every run, not a copy taken when it was made."""
+    cfg = resolve_model("tiny-llama").config
+    ids = torch.zeros(1, 9, dtype=torch.long)
+    with torch.inference_mode():
+        step = baselines.make_prefill_step(cfg, 9, "cpu", ids=ids)
+        first = step().clone()
+        ids.copy_(torch.arange(1, 10).view(1, 9))
+        assert not torch.equal(step(), first)
+        gpu_ms, host_ms = baselines.torch_ttft_ms(cfg, 9, "cpu", num_reps=2)
+    assert gpu_ms > 0 and host_ms > 0
