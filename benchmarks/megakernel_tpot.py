@@ -101,13 +101,15 @@ def ttft_ms(kernel: Megakernel, prompt_len: int) -> tuple[float, float, int]:
     first = kernel.generate(prompt, once)[0].tokens[0]
     times = []
     kernel.time_launches = True
-    for _ in range(3):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        kernel.generate(prompt, once)
-        torch.cuda.synchronize()
-        times.append(((time.perf_counter() - start) * 1e3, kernel.last_launch_ms))
-    kernel.time_launches = False
+    try:
+        for _ in range(3):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            kernel.generate(prompt, once)
+            torch.cuda.synchronize()
+            times.append(((time.perf_counter() - start) * 1e3, kernel.last_launch_ms))
+    finally:
+        kernel.time_launches = False
     host, gpu = min(times)
     return host, gpu, first
 
