@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 
+from runtime import megakernel
 from runtime.megakernel import POLL_S, wait_for
 
 
@@ -29,11 +30,13 @@ def test_a_launch_that_never_ends_is_given_up_on_after_the_timeout():
     assert 0.05 <= time.perf_counter() - start < 1.0
 
 
-def test_past_the_spin_the_host_sleeps_between_polls():
-    """After `spin_s` each poll is followed by a sleep of at least POLL_S: no more queries than that allows."""
-    timeout_s = 0.2
-    asleep, spinning = Event(ends_after=None), Event(ends_after=None)
-    assert not wait_for(asleep, timeout_s=timeout_s, spin_s=0.0)
-    assert asleep.num_queries <= timeout_s / POLL_S + 1
-    assert not wait_for(spinning, timeout_s=timeout_s, spin_s=timeout_s)
-    assert spinning.num_queries > asleep.num_queries
+def test_the_host_polls_back_to_back_for_spin_s_then_sleeps_between_polls(monkeypatch):
+    """Until `spin_s` each poll is followed by a yield of the core, never a sleep; after it, by a sleep of POLL_S."""
+    calls, sleep = [], time.sleep
+    monkeypatch.setattr(megakernel.os, "sched_yield", lambda: calls.append("yield"))
+    monkeypatch.setattr(megakernel.time, "sleep", lambda s: (calls.append(s), sleep(s)))
+    assert not wait_for(Event(ends_after=None), timeout_s=0.05, spin_s=0.05)
+    assert calls and set(calls) == {"yield"}
+    calls.clear()
+    assert not wait_for(Event(ends_after=None), timeout_s=0.05, spin_s=0.0)
+    assert calls and set(calls) == {POLL_S}
