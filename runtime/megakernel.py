@@ -76,11 +76,9 @@ class Megakernel:
         sizes = self.layout["sizes"]
         self.act = torch.zeros(max(sizes["ACT"], 1), dtype=self.dtype, device=self.device)
         self.f32 = torch.zeros(sizes["F32"], dtype=torch.float32, device=self.device)
-        self.i32 = torch.zeros(sizes["I32"], dtype=torch.int32, device=self.device)
         # the requests' words go through page-locked host memory, copied without stopping the host (a pageable
         # copy waits for itself), and the state comes back the same way; `_staged` marks the last copy out of it
         pinned = self.device.type == "cuda"
-        self._i32_host = torch.zeros(sizes["I32"], dtype=torch.int32, pin_memory=pinned)
         self._float_span = float_span(self.layout["regions"])
         self._f32_host = torch.zeros(self._float_span[1] - self._float_span[0], dtype=torch.float32,
                                      pin_memory=pinned)
@@ -109,7 +107,12 @@ class Megakernel:
         # which program runs which task, for this launch's grid; the groups' claim counters follow the events
         schedule, counters = task_schedule(artifact.tables["tasks"], len(self.manifest["events"]), self.programs)
         self.schedule = schedule.to(self.device)
-        self.events = torch.zeros(len(self.manifest["events"]) + counters, dtype=torch.int32, device=self.device)
+        # the I32 arena and the events in one allocation with one host image: the copy of a launch's requests
+        # zeroes the events too, a call of the host's fewer than a fill of their own
+        num_words = sizes["I32"] + len(self.manifest["events"]) + counters
+        self._words = torch.zeros(num_words, dtype=torch.int32, device=self.device)
+        self.i32, self.events = self._words[:sizes["I32"]], self._words[sizes["I32"]:]
+        self._i32_host = torch.zeros(num_words, dtype=torch.int32, pin_memory=pinned)
 
     @property
     def programs(self) -> int:
@@ -251,12 +254,11 @@ class Megakernel:
             base = at["req_pages"] + r * cfg.max_pages_per_seq
             words[base:base + num_pages] = np.arange(page, page + num_pages, dtype=np.int32)
             page += num_pages
-        self.i32.copy_(self._i32_host, non_blocking=True)
+        self._words.copy_(self._i32_host, non_blocking=True)  # the events' words all zero
         self._f32_requests.copy_(self._f32_host, non_blocking=True)
         if self._staged is not None:
             self._staged.record()
         self._ensure_kv(page)
-        self.events.zero_()
         return sum(len(q) + p.max_tokens for q, p in zip(prompts, params)) + 1
 
     def _ensure_kv(self, num_pages: int) -> None:
@@ -278,19 +280,19 @@ class Megakernel:
                 warnings.simplefilter("ignore", RuntimeWarning)
                 self.kernel[self.grid](*self._args(max_steps))
             return self.i32
-        done = torch.cuda.Event()
+        done, stream = torch.cuda.Event(), torch.cuda.current_stream(self.device)  # (looked up once a launch)
         use_scratch_allocator()
         if self.time_launches:
             began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            began.record()
-        self.kernel(*self._args(max_steps))
+            began.record(stream)
+        self.kernel(*self._args(max_steps), stream=stream.cuda_stream)
         if self.time_launches:
-            ended.record()
+            ended.record(stream)
         # the state's copy back is queued behind the kernel, so that it has arrived when the host sees the end:
         # after the end, each CUDA call of the host's is slow at first (H200 machine, a 512-token prompt's first
         # token: the copy queued and awaited then took 0.19-0.27 ms, a second one right after it 0.03-0.05)
         self._i32_back.copy_(self.i32, non_blocking=True)
-        done.record()
+        done.record(stream)
         if not wait_for(done, self.timeout_s - (time.perf_counter() - start)):
             self._ask_to_stop()
             if not wait_for(done, STOP_GRACE_S):

@@ -33,7 +33,8 @@ def launch(kernel: Megakernel, max_steps: int, end: torch.cuda.Event, wait: str)
     says: "runtime" (`wait_for`), "blocking" (asleep in the driver until the event), "spin" (`query` without a
     pause), or a polling period in ms ("0.5": `query` every 0.5 ms, the runtime's way before)."""
     use_scratch_allocator()
-    kernel.kernel(*kernel._args(max_steps))  # noqa: SLF001 (the probe times generate's own pieces)
+    stream = torch.cuda.current_stream()
+    kernel.kernel(*kernel._args(max_steps), stream=stream.cuda_stream)  # noqa: SLF001 (generate's own pieces)
     kernel._i32_back.copy_(kernel.i32, non_blocking=True)  # noqa: SLF001 (the state's copy, as `_launch` queues it)
     end.record()
     if wait == "runtime":
