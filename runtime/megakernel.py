@@ -226,10 +226,10 @@ class Megakernel:
                 raise ValueError("stop_token_ids are not supported by the megakernel yet (EOS ids only)")
 
     def _write_requests(self, prompts: list[list[int]], params: list[SamplingParams]) -> int:
-        """The requests' words, written into a host image of the I32 arena (28K words for Llama-3-8B at batch 1)
-        and copied in one transfer from page-locked memory, without a host sync. (From pageable memory each copy
-        waited for itself: H200, `benchmarks/explore/ttft_parts.py`, `prepare` took 0.4 ms for a 512-token prompt;
-        now 0.25-0.28.)"""
+        """The requests' words, written into a host image of the I32 arena and the events (28K words for
+        Llama-3-8B at batch 1, the events zero) and copied in one transfer from page-locked memory, without a host
+        sync; their floats likewise. (From pageable memory each copy waited for itself: H200,
+        `benchmarks/explore/ttft_parts.py`, `prepare` took 0.4 ms for a 512-token prompt; then 0.25-0.28.)"""
         if self._staged is not None:
             self._staged.synchronize()  # the last copy out of the staging buffers is done before they are rewritten
         cfg, words = self.config, self._i32_host.numpy()
