@@ -1,12 +1,12 @@
 """Where a time to first token goes, host to host (probe): the benchmark's TTFT (`megakernel_tpot.ttft_ms`) is
 `Megakernel.generate` timed on the host, as the torch prefill's (`baselines.torch_ttft_ms`: the ids copied in, the
-graph replayed, the token read back) is; torch's host work is 0.04-0.17 ms on the H200 machine. This splits one `generate` into the host's request writes (`prepare`), the kernel as CUDA events see it,
-the prefill step as the kernel's own step log sees it, and what the host spends after the kernel ends (the hang
-check and the tokens, read from the state copied back behind the kernel). The launch is the runtime's; its end
-is awaited the runtime's way (`wait_for`), asleep in the driver on a blocking event, by polling the event every
-0.5 ms, every 0.1 ms or without a pause ("spin"), or giving up the core between polls ("yield"): "launch to
-noticed" less "kernel (events)" is how late the host sees the end. `--profile-prepare` adds a cProfile of the
-request writes.
+graph replayed, the token read back) is; torch's host work is 0.04-0.17 ms on the H200 machine. This splits one
+`generate` into the host's request writes (`prepare`), the kernel as CUDA events see it, the prefill step as the
+kernel's own step log sees it, and what the host spends after the kernel ends (the hang check and the tokens, read
+from the state copied back behind the kernel). The launch is the runtime's; its end is awaited the runtime's way
+(`wait_for`), asleep in the driver on a blocking event, by polling the event every 0.5 ms, every 0.1 ms or without
+a pause ("spin"), or giving up the core between polls ("yield"): "launch to noticed" less "kernel (events)" is how
+late the host sees the end. `--profile-prepare` adds a cProfile of the request writes.
 
     python -m benchmarks.explore.ttft_parts --prompts 512,2048
 """
