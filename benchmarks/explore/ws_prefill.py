@@ -1,0 +1,245 @@
+"""Do a prefill's projection tiles reach cuBLAS in a persistent warp-specialized kernel, one program an SM? (Gluon)
+
+The megakernel's prefill tiles are [128, 128] on two 4-warp programs an SM, bound by what they read from L2 (~7-12
+TB/s over the SMs, benchmarks/explore/NOTES.md sessions 46 and 53), and every wider tile or deeper pipeline lost to
+the registers and shared memory the decode bodies share with them (sessions 31-36, 56). cuBLAS reads a third fewer
+bytes a flop with [128, 256] tiles on warp-specialized programs (a producer warp, two consumer warp groups with
+their own register budgets through `setmaxnreg`). This probe is that structure in Gluon, the form a warp-
+specialized megakernel would take:
+
+- a loader warp (few registers) walks the program's tiles and copies each K chunk of the activations [BM, BK] and
+  the weights [BN, BK] through TMA into a ring of STAGES slots; it waits only for a free slot, so it runs on into the
+  next tile while the consumers finish this one's epilogue;
+- the default partition (`--warps`, 8: two warp groups) multiplies each chunk on the tensor cores (`wgmma`, one in
+  flight), then the epilogue: bf16, or for gate/up's tiles (columns alternating gate, up, as the megakernel lays
+  them) silu(gate) * up, half the columns; through shared memory and one TMA store.
+
+Tiles go out to the programs round-robin in a grouped order (GROUP row blocks share each column block in time).
+The shapes are Llama-3-8B's four projections at a prompt of `--tokens`; each is checked against torch's product and
+timed against `torch.matmul` (cuBLAS) of the same shapes, in the same run (CUDA graphs of `--reps` launches each).
+
+    python -m benchmarks.explore.ws_prefill                   # on an H100 / H200
+    python -m benchmarks.explore.ws_prefill --compile-only    # here, no GPU: compile for sm_90, print resources
+"""
+import argparse
+from pathlib import Path
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from codegen.compile import resource_usage
+
+# Llama-3-8B: (name, output columns, K, gated); gate/up's columns alternate gate, up and its output is half as wide
+SHAPES = (("qkv", 6144, 4096, False), ("o_proj", 4096, 4096, False), ("gate_up", 28672, 4096, True),
+          ("down", 4096, 14336, False))
+
+
+@gluon.jit
+def _tile(t, num_m, num_n, GROUP: gl.constexpr):
+    """Tile t's (row block, column block) in the grouped order: GROUP row blocks take each column block in turn."""
+    per_group = GROUP * num_n
+    first = (t // per_group) * GROUP
+    rows = gl.minimum(num_m - first, GROUP)
+    return first + (t % per_group) % rows, (t % per_group) // rows
+
+
+@gluon.jit
+def _loader(x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, pid, P, BM: gl.constexpr,
+            BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr):
+    i = 0
+    for t in range(pid, num_m * num_n, P):
+        m, n = _tile(t, num_m, num_n, GROUP)
+        for k in range(0, K, BK):
+            s = i % STAGES
+            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # (a barrier starts as if its phase 1 were done)
+            mbarrier.expect(ready.index(s), (BM + BN) * BK * 2)
+            tma.async_copy_global_to_shared(x_desc, [m * BM, k], ready.index(s), a_ring.index(s))
+            tma.async_copy_global_to_shared(w_desc, [n * BN, k], ready.index(s), b_ring.index(s))
+            i += 1
+
+
+@gluon.jit
+def _consumer(y_desc, a_ring, b_ring, ready, empty, c_smem, num_m, num_n, K, pid, P, BM: gl.constexpr,
+              BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr, GATED: gl.constexpr):
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                          instr_shape=[16, BN, 16])
+    OUT: gl.constexpr = BN // 2 if GATED else BN
+    i = 0
+    for t in range(pid, num_m * num_n, P):
+        m, n = _tile(t, num_m, num_n, GROUP)
+        acc = gl.zeros([BM, BN], gl.float32, acc_layout)
+        for k in range(0, K, BK):
+            s = i % STAGES
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            acc = warpgroup_mma(a_ring.index(s), b_ring.index(s).permute((1, 0)), acc, is_async=True)
+            # one product in flight: the one before this is done, so its slot goes back to the loader
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=k > 0)
+            i += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1)
+        if GATED:
+            gate, up = gl.split(gl.reshape(acc, [BM, OUT, 2]))
+            y = gate / (1.0 + gl.exp(-gate)) * up
+        else:
+            y = acc
+        tma.store_wait(pendings=0)  # the tile before has left c_smem
+        c_smem.store(y.to(gl.bfloat16))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(y_desc, [m * BM, n * OUT], c_smem)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def ws_linear(x, w, y, M, N, K, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+              GROUP: gl.constexpr, GATED: gl.constexpr, LOADER_REGS: gl.constexpr):
+    """y[M, N'] = x[M, K] @ w[N, K]^T (N' = N, or N / 2 gated), persistent over [BM, BN] tiles."""
+    pid = gl.program_id(0)
+    P = gl.num_programs(0)
+    OUT: gl.constexpr = BN // 2 if GATED else BN
+    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
+    b_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
+    c_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, OUT], gl.bfloat16)
+    x_desc = tma.make_tensor_descriptor(x, [M, K], [K, 1], [BM, BK], a_layout)
+    w_desc = tma.make_tensor_descriptor(w, [N, K], [K, 1], [BN, BK], b_layout)
+    y_desc = tma.make_tensor_descriptor(y, [M, N // 2 if GATED else N], [N // 2 if GATED else N, 1], [BM, OUT],
+                                        c_layout)
+    a_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], a_layout)
+    b_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, BK], b_layout)
+    c_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, OUT], c_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    num_m = gl.cdiv(M, BM)
+    num_n = gl.cdiv(N, BN)
+    gl.warp_specialize([
+        (_consumer, (y_desc, a_ring, b_ring, ready, empty, c_smem, num_m, num_n, K, pid, P, BM, BN, BK, STAGES, GROUP,
+                     GATED)),
+        (_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, pid, P, BM, BN, BK, STAGES,
+                   GROUP)),
+    ], [1], [LOADER_REGS])
+
+
+def variants(spec):
+    """'128x256x64/3,...' -> [(BM, BN, BK, STAGES)]."""
+    out = []
+    for v in spec.split(","):
+        tile, stages = v.split("/")
+        bm, bn, bk = (int(d) for d in tile.split("x"))
+        out.append((bm, bn, bk, int(stages)))
+    return out
+
+
+def options(bm, bn, bk, stages, gated, warps, group):
+    # a worker warp's group gets LOADER_REGS a thread, the default partition what maxnreg leaves: one program an SM
+    return dict(BM=bm, BN=bn, BK=bk, STAGES=stages, GROUP=group, GATED=gated, LOADER_REGS=40, num_warps=warps,
+                maxnreg=65536 // ((warps + 4) * 32) // 8 * 8)
+
+
+def compile_only(specs, warps, group):
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    sig = {"x": "*bf16", "w": "*bf16", "y": "*bf16", "M": "i32", "N": "i32", "K": "i32"}
+    for bm, bn, bk, stages in specs:
+        for gated in (False, True):
+            opts = options(bm, bn, bk, stages, gated, warps, group)
+            const = {k: v for k, v in opts.items() if k not in ("num_warps", "maxnreg")}
+            src = GluonASTSource(ws_linear, signature={**sig, **{k: "constexpr" for k in const}}, constexprs=const,
+                                 attrs={(i, ): [["tt.divisibility", 16]] for i in range(6)})
+            c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                               options={"num_warps": warps, "maxnreg": opts["maxnreg"]})
+            path = Path(f"/tmp/ws_prefill_{bm}x{bn}x{bk}_{stages}_{int(gated)}.cubin")
+            path.write_bytes(c.asm["cubin"])
+            print(f"{bm}x{bn}x{bk}/{stages} gated={gated}: {resource_usage(path)}, shared {c.metadata.shared} B")
+
+
+def graph_ms(fn, reps):
+    """Median ms of one fn() from CUDA graphs of reps calls, five replays."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / reps)
+    return sorted(times)[2]
+
+
+def run_gpu(specs, tokens, warps, group, reps, shapes):
+    dev = "cuda"
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"device {torch.cuda.get_device_name(0)}, {sms} SMs, one program an SM, {warps} consumer warps + a loader "
+          f"warp; {tokens} tokens", flush=True)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    for name, n, k, gated in SHAPES:
+        if shapes and name not in shapes:
+            continue
+        x = torch.randn(tokens, k, device=dev, generator=gen).to(torch.bfloat16)
+        w = (torch.randn(n, k, device=dev, generator=gen) / k ** 0.5).to(torch.bfloat16)
+        flop = 2 * tokens * n * k
+        ref = (x.float() @ w.float().T)
+        if gated:
+            ref = torch.nn.functional.silu(ref[:, 0::2]) * ref[:, 1::2]
+        wt = w.T.contiguous().T  # cuBLAS's operand as a linear layer's (x @ w.T)
+        cublas_ms = graph_ms(lambda: torch.matmul(x, wt.T), reps)
+        if gated:  # torch's MLP: the product, then silu(gate) * up in a kernel of its own
+            cublas_gated_ms = graph_ms(lambda: (lambda h: torch.nn.functional.silu(h[:, 0::2]) * h[:, 1::2])(
+                torch.matmul(x, wt.T)), reps)
+        line = f"{name:8s} [{tokens}, {k}] x [{n}, {k}]^T: cuBLAS {cublas_ms * 1e3:7.1f} us ({flop / cublas_ms / 1e9:5.0f} TFLOP/s)"
+        if gated:
+            line += f", with silu * up {cublas_gated_ms * 1e3:7.1f} us"
+        print(line, flush=True)
+        y = torch.empty(tokens, n // 2 if gated else n, device=dev, dtype=torch.bfloat16)
+        for bm, bn, bk, stages in specs:
+            opts = options(bm, bn, bk, stages, gated, warps, group)
+            try:
+                def launch():
+                    ws_linear[(sms, )](x, w, y, tokens, n, k, **opts)
+                y.fill_(float("nan"))
+                launch()
+                torch.cuda.synchronize()
+            except Exception as exc:  # a variant that does not compile or launch: say so, go on with the others
+                print(f"  {bm}x{bn}x{bk}/{stages}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                continue
+            err = ((y.float() - ref).norm() / ref.norm()).item()
+            ms = graph_ms(launch, reps)
+            kernel = ws_linear.warmup(x, w, y, tokens, n, k, grid=(sms, ), **opts)
+            print(f"RESULT {name:8s} {bm}x{bn}x{bk}/{stages}: {ms * 1e3:7.1f} us ({flop / ms / 1e9:5.0f} TFLOP/s, "
+                  f"{cublas_ms / ms:.2f}x cuBLAS) rel_err {err:.1e} regs {kernel.n_regs} spills {kernel.n_spills} "
+                  f"shared {kernel.metadata.shared}", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--variants", default="128x256x64/3,128x256x64/4,128x128x64/4",
+                        help="BMxBNxBK/STAGES, comma-separated")
+    parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--warps", type=int, default=8, help="warps of the consumer (default) partition")
+    parser.add_argument("--group", type=int, default=8, help="row blocks that share a column block in time")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--shapes", default="", help="only these projections (comma-separated names)")
+    args = parser.parse_args()
+    specs = variants(args.variants)
+    if args.compile_only:
+        compile_only(specs, args.warps, args.group)
+    else:
+        run_gpu(specs, args.tokens, args.warps, args.group, args.reps, [s for s in args.shapes.split(",") if s])
+
+
+if __name__ == "__main__":
+    main()
