@@ -38,47 +38,113 @@ SHAPES = (("qkv", 6144, 4096, False), ("o_proj", 4096, 4096, False), ("gate_up",
           ("down", 4096, 14336, False))
 
 
+@triton.constexpr_function
+def _acc_layout(bm, bn, warps):
+    """The wgmma accumulator's layout: warps along M, 16 rows each, as many as the rows take; the rest along N."""
+    wm = min(warps, bm // 16)
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[wm, warps // wm],
+                                     instr_shape=[16, bn // (warps // wm), 16])
+
+
 @gluon.jit
-def _tile(t, num_m, num_n, GROUP: gl.constexpr):
-    """Tile t's (row block, column block) in the grouped order: GROUP row blocks take each column block in turn."""
+def _tile(t, num_m, num_n, splits, GROUP: gl.constexpr):
+    """Tile t's (row block, column block, K split) in the grouped order: GROUP row blocks take each column block in
+    turn, a tile's K splits one after another."""
+    ks = t % splits
+    t = t // splits
     per_group = GROUP * num_n
     first = (t // per_group) * GROUP
     rows = gl.minimum(num_m - first, GROUP)
-    return first + (t % per_group) % rows, (t % per_group) // rows
+    return first + (t % per_group) % rows, (t % per_group) // rows, ks
 
 
 @gluon.jit
-def _loader(x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, pid, P, BM: gl.constexpr,
-            BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr):
+def _loader(x_desc, w_desc, g_desc, a_ring, b_ring, g_ring, ready, empty, num_m, num_n, splits, N, K, run_prefill,
+            run_decode, pid, P, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+            GROUP: gl.constexpr, PREFILL: gl.constexpr, DECODE: gl.constexpr):
     i = 0
-    for t in range(pid, num_m * num_n, P):
-        m, n = _tile(t, num_m, num_n, GROUP)
-        for k in range(0, K, BK):
+    if PREFILL:
+        if run_prefill:
+            KS = K // splits
+            for t in range(pid, num_m * num_n * splits, P):
+                m, n, ks = _tile(t, num_m, num_n, splits, GROUP)
+                for k in range(ks * KS, ks * KS + KS, BK):
+                    s = i % STAGES
+                    mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # (a barrier starts as if phase 1 were done)
+                    mbarrier.expect(ready.index(s), (BM + BN) * BK * 2)
+                    tma.async_copy_global_to_shared(x_desc, [m * BM, k], ready.index(s), a_ring.index(s))
+                    tma.async_copy_global_to_shared(w_desc, [n * BN, k], ready.index(s), b_ring.index(s))
+                    i += 1
+    if DECODE:
+        if run_decode:
+            GR: gl.constexpr = g_ring.type.shape[1]
+            GK: gl.constexpr = g_ring.type.shape[2]
+            for u in range(pid, N // GR, P):
+                for k in range(0, K, GK):
+                    s = i % STAGES
+                    mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+                    mbarrier.expect(ready.index(s), GR * GK * 2)
+                    tma.async_copy_global_to_shared(g_desc, [u * GR, k], ready.index(s), g_ring.index(s))
+                    i += 1
+
+
+@gluon.jit
+def _consumer(y_desc, a_ring, b_ring, g_ring, ready, empty, c_smem, xv, yv, num_m, num_n, splits, N, K,
+              run_prefill, run_decode, pid, P, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+              STAGES: gl.constexpr, GROUP: gl.constexpr, GATED: gl.constexpr, SPLIT: gl.constexpr,
+              PREFILL: gl.constexpr, DECODE: gl.constexpr):
+    i = 0
+    if PREFILL:
+        if run_prefill:
+            i = _tiles(y_desc, a_ring, b_ring, ready, empty, c_smem, num_m, num_n, splits, K, pid, P, i, BM, BN, BK,
+                       STAGES, GROUP, GATED, SPLIT)
+    if DECODE:
+        if run_decode:
+            _gemv(g_ring, ready, empty, xv, yv, N, K, pid, P, i, STAGES)
+
+
+@gluon.jit
+def _gemv(g_ring, ready, empty, xv, yv, N, K, pid, P, i, STAGES: gl.constexpr):
+    """A decoding row's product, y[N] = w[N, K] @ x[K]: GR weight rows a unit, its K in chunks of GK from the ring
+    (the prefill tiles' slots seen as [GR, GK]), multiplied on the CUDA cores."""
+    GR: gl.constexpr = g_ring.type.shape[1]
+    GK: gl.constexpr = g_ring.type.shape[2]
+    blocked: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [gl.num_warps(), 1], [1, 0])
+    cols: gl.constexpr = gl.SliceLayout(0, blocked)
+    rows: gl.constexpr = gl.SliceLayout(1, blocked)
+    for u in range(pid, N // GR, P):
+        acc = gl.zeros([GR, GK], gl.float32, blocked)
+        for k in range(0, K, GK):
             s = i % STAGES
-            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # (a barrier starts as if its phase 1 were done)
-            mbarrier.expect(ready.index(s), (BM + BN) * BK * 2)
-            tma.async_copy_global_to_shared(x_desc, [m * BM, k], ready.index(s), a_ring.index(s))
-            tma.async_copy_global_to_shared(w_desc, [n * BN, k], ready.index(s), b_ring.index(s))
+            xk = gl.load(xv + k + gl.arange(0, GK, layout=cols))
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            wk = g_ring.index(s).load(blocked)
+            fence_async_shared()  # the slot's reads before the loader's next copy into it
+            mbarrier.arrive(empty.index(s), count=1)
+            acc += wk.to(gl.float32) * xk.to(gl.float32)[None, :]
             i += 1
+        gl.store(yv + u * GR + gl.arange(0, GR, layout=rows), gl.sum(acc, axis=1).to(gl.bfloat16))
 
 
 @gluon.jit
-def _consumer(y_desc, a_ring, b_ring, ready, empty, c_smem, num_m, num_n, K, pid, P, BM: gl.constexpr,
-              BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr, GATED: gl.constexpr):
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                          instr_shape=[16, BN, 16])
+def _tiles(y_desc, a_ring, b_ring, ready, empty, c_smem, num_m, num_n, splits, K, pid, P, i, BM: gl.constexpr,
+           BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr, GATED: gl.constexpr,
+           SPLIT: gl.constexpr):
+    """The prefill tiles (SPLIT: each K split's fp32 partial stored, its rows at ks * M, not summed); returns the
+    ring's count."""
+    acc_layout: gl.constexpr = _acc_layout(BM, BN, gl.num_warps())
     OUT: gl.constexpr = BN // 2 if GATED else BN
-    i = 0
-    for t in range(pid, num_m * num_n, P):
-        m, n = _tile(t, num_m, num_n, GROUP)
+    KS = K // splits
+    for t in range(pid, num_m * num_n * splits, P):
+        m, n, ks = _tile(t, num_m, num_n, splits, GROUP)
         acc = gl.zeros([BM, BN], gl.float32, acc_layout)
-        for k in range(0, K, BK):
+        for k in range(ks * KS, ks * KS + KS, BK):
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
             acc = warpgroup_mma(a_ring.index(s), b_ring.index(s).permute((1, 0)), acc, is_async=True)
             # one product in flight: the one before this is done, so its slot goes back to the loader
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-            mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=k > 0)
+            mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=k > ks * KS)
             i += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1)
@@ -88,29 +154,44 @@ def _consumer(y_desc, a_ring, b_ring, ready, empty, c_smem, num_m, num_n, K, pid
         else:
             y = acc
         tma.store_wait(pendings=0)  # the tile before has left c_smem
-        c_smem.store(y.to(gl.bfloat16))
+        c_smem.store(y.to(c_smem.dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(y_desc, [m * BM, n * OUT], c_smem)
+        tma.async_copy_shared_to_global(y_desc, [(ks * num_m + m) * BM, n * OUT], c_smem)
     tma.store_wait(pendings=0)
+    return i
 
 
 @gluon.jit
-def ws_linear(x, w, y, M, N, K, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-              GROUP: gl.constexpr, GATED: gl.constexpr, LOADER_REGS: gl.constexpr):
-    """y[M, N'] = x[M, K] @ w[N, K]^T (N' = N, or N / 2 gated), persistent over [BM, BN] tiles."""
+def ws_linear(x, w, y, part, xv, yv, M, N, K, splits, run_prefill, run_decode, BM: gl.constexpr, BN: gl.constexpr,
+              BK: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr, GATED: gl.constexpr, SPLIT: gl.constexpr,
+              LOADER_REGS: gl.constexpr, PREFILL: gl.constexpr, DECODE: gl.constexpr):
+    """Prefill (run_prefill): y[M, N'] = x[M, K] @ w[N, K]^T (N' = N, or N / 2 gated), persistent over [BM, BN]
+    tiles. Decode (run_decode): yv[N] = w @ xv, a row's GEMV through the same ring. PREFILL / DECODE: which of the
+    two the kernel holds at all (a kernel with both is what a megakernel is)."""
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     OUT: gl.constexpr = BN // 2 if GATED else BN
     a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
     b_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
-    c_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, OUT], gl.bfloat16)
     x_desc = tma.make_tensor_descriptor(x, [M, K], [K, 1], [BM, BK], a_layout)
     w_desc = tma.make_tensor_descriptor(w, [N, K], [K, 1], [BN, BK], b_layout)
-    y_desc = tma.make_tensor_descriptor(y, [M, N // 2 if GATED else N], [N // 2 if GATED else N, 1], [BM, OUT],
-                                        c_layout)
+    if SPLIT:  # fp32 partials, a K split's rows after another's
+        c_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN], gl.float32)
+        y_desc = tma.make_tensor_descriptor(part, [splits * M, N], [N, 1], [BM, BN], c_layout)
+        c_smem = gl.allocate_shared_memory(gl.float32, [BM, BN], c_layout)
+    else:
+        c_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, OUT], gl.bfloat16)
+        y_desc = tma.make_tensor_descriptor(y, [M, N // 2 if GATED else N], [N // 2 if GATED else N, 1],
+                                            [BM, OUT], c_layout)
+        c_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, OUT], c_layout)
     a_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], a_layout)
     b_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, BK], b_layout)
-    c_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, OUT], c_layout)
+    # the decode GEMV's view of the weight slots: [GR, GK] chunks, GK = 256 (a TMA box's widest, unswizzled)
+    GK: gl.constexpr = 256
+    GR: gl.constexpr = BN * BK // GK
+    plain: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+    g_ring = b_ring._reinterpret(gl.bfloat16, [STAGES, GR, GK], plain)
+    g_desc = tma.make_tensor_descriptor(w, [N, K], [K, 1], [GR, GK], plain)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
@@ -119,10 +200,10 @@ def ws_linear(x, w, y, M, N, K, BM: gl.constexpr, BN: gl.constexpr, BK: gl.const
     num_m = gl.cdiv(M, BM)
     num_n = gl.cdiv(N, BN)
     gl.warp_specialize([
-        (_consumer, (y_desc, a_ring, b_ring, ready, empty, c_smem, num_m, num_n, K, pid, P, BM, BN, BK, STAGES, GROUP,
-                     GATED)),
-        (_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, pid, P, BM, BN, BK, STAGES,
-                   GROUP)),
+        (_consumer, (y_desc, a_ring, b_ring, g_ring, ready, empty, c_smem, xv, yv, num_m, num_n, splits, N, K,
+                     run_prefill, run_decode, pid, P, BM, BN, BK, STAGES, GROUP, GATED, SPLIT, PREFILL, DECODE)),
+        (_loader, (x_desc, w_desc, g_desc, a_ring, b_ring, g_ring, ready, empty, num_m, num_n, splits, N, K,
+                   run_prefill, run_decode, pid, P, BM, BN, BK, STAGES, GROUP, PREFILL, DECODE)),
     ], [1], [LOADER_REGS])
 
 
@@ -136,27 +217,35 @@ def variants(spec):
     return out
 
 
-def options(bm, bn, bk, stages, gated, warps, group):
+BUILDS = {"prefill": (True, False), "decode": (False, True), "both": (True, True)}  # what a kernel holds
+
+
+def options(bm, bn, bk, stages, gated, warps, group, build, split=False):
     # a worker warp's group gets LOADER_REGS a thread, the default partition what maxnreg leaves: one program an SM
-    return dict(BM=bm, BN=bn, BK=bk, STAGES=stages, GROUP=group, GATED=gated, LOADER_REGS=40, num_warps=warps,
-                maxnreg=65536 // ((warps + 4) * 32) // 8 * 8)
+    prefill, decode = BUILDS[build]
+    return dict(BM=bm, BN=bn, BK=bk, STAGES=stages, GROUP=group, GATED=gated and not split, SPLIT=split,
+                LOADER_REGS=40, PREFILL=prefill,
+                DECODE=decode, num_warps=warps, maxnreg=65536 // ((warps + 4) * 32) // 8 * 8)
 
 
 def compile_only(specs, warps, group):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-    sig = {"x": "*bf16", "w": "*bf16", "y": "*bf16", "M": "i32", "N": "i32", "K": "i32"}
+    sig = {"x": "*bf16", "w": "*bf16", "y": "*bf16", "part": "*fp32", "xv": "*bf16", "yv": "*bf16", "M": "i32",
+           "N": "i32", "K": "i32", "splits": "i32", "run_prefill": "i32", "run_decode": "i32"}
     for bm, bn, bk, stages in specs:
         for gated in (False, True):
-            opts = options(bm, bn, bk, stages, gated, warps, group)
-            const = {k: v for k, v in opts.items() if k not in ("num_warps", "maxnreg")}
-            src = GluonASTSource(ws_linear, signature={**sig, **{k: "constexpr" for k in const}}, constexprs=const,
-                                 attrs={(i, ): [["tt.divisibility", 16]] for i in range(6)})
-            c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                               options={"num_warps": warps, "maxnreg": opts["maxnreg"]})
-            path = Path(f"/tmp/ws_prefill_{bm}x{bn}x{bk}_{stages}_{int(gated)}.cubin")
-            path.write_bytes(c.asm["cubin"])
-            print(f"{bm}x{bn}x{bk}/{stages} gated={gated}: {resource_usage(path)}, shared {c.metadata.shared} B")
+            for build in BUILDS:
+                opts = options(bm, bn, bk, stages, gated, warps, group, build)
+                const = {k: v for k, v in opts.items() if k not in ("num_warps", "maxnreg")}
+                src = GluonASTSource(ws_linear, signature={**sig, **{k: "constexpr" for k in const}},
+                                     constexprs=const, attrs={(i, ): [["tt.divisibility", 16]] for i in range(9)})
+                c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                   options={"num_warps": warps, "maxnreg": opts["maxnreg"]})
+                path = Path(f"/tmp/ws_prefill_{bm}x{bn}x{bk}_{stages}_{int(gated)}_{build}.cubin")
+                path.write_bytes(c.asm["cubin"])
+                print(f"{bm}x{bn}x{bk}/{stages} gated={gated} {build}: {resource_usage(path)}, shared "
+                      f"{c.metadata.shared} B")
 
 
 def graph_ms(fn, reps):
@@ -178,49 +267,82 @@ def graph_ms(fn, reps):
     return sorted(times)[2]
 
 
+def auto_splits(tokens, n, k, bm, bn, bk, sms):
+    """The fewest K splits (a power of two) that give every program a tile, each split whole chunks of bk."""
+    tiles, splits = -(-tokens // bm) * -(-n // bn), 1
+    while tiles * splits < sms and k % (2 * splits * bk) == 0:
+        splits *= 2
+    return splits
+
+
 def run_gpu(specs, tokens, warps, group, reps, shapes):
+    from benchmarks.baselines import read_bandwidth_tbs
     dev = "cuda"
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print(f"device {torch.cuda.get_device_name(0)}, {sms} SMs, one program an SM, {warps} consumer warps + a loader "
-          f"warp; {tokens} tokens", flush=True)
+    bw = read_bandwidth_tbs(dev)
+    print(f"device {torch.cuda.get_device_name(0)}, {sms} SMs, read bandwidth {bw:.2f} TB/s; one program an SM, "
+          f"{warps} consumer warps + a loader warp; {tokens} tokens", flush=True)
     gen = torch.Generator(device=dev).manual_seed(0)
     for name, n, k, gated in SHAPES:
         if shapes and name not in shapes:
             continue
         x = torch.randn(tokens, k, device=dev, generator=gen).to(torch.bfloat16)
         w = (torch.randn(n, k, device=dev, generator=gen) / k ** 0.5).to(torch.bfloat16)
+        xv = torch.randn(k, device=dev, generator=gen).to(torch.bfloat16)
         flop = 2 * tokens * n * k
         ref = (x.float() @ w.float().T)
         if gated:
             ref = torch.nn.functional.silu(ref[:, 0::2]) * ref[:, 1::2]
-        wt = w.T.contiguous().T  # cuBLAS's operand as a linear layer's (x @ w.T)
-        cublas_ms = graph_ms(lambda: torch.matmul(x, wt.T), reps)
+        ref_v = w.float() @ xv.float()
+        cublas_ms = graph_ms(lambda: torch.matmul(x, w.T), reps)
+        gemv_ms = graph_ms(lambda: torch.matmul(w, xv), reps)
+        line = (f"{name:8s} [{tokens}, {k}] x [{n}, {k}]^T: cuBLAS {cublas_ms * 1e3:7.1f} us "
+                f"({flop / cublas_ms / 1e9:5.0f} TFLOP/s)")
         if gated:  # torch's MLP: the product, then silu(gate) * up in a kernel of its own
-            cublas_gated_ms = graph_ms(lambda: (lambda h: torch.nn.functional.silu(h[:, 0::2]) * h[:, 1::2])(
-                torch.matmul(x, wt.T)), reps)
-        line = f"{name:8s} [{tokens}, {k}] x [{n}, {k}]^T: cuBLAS {cublas_ms * 1e3:7.1f} us ({flop / cublas_ms / 1e9:5.0f} TFLOP/s)"
-        if gated:
-            line += f", with silu * up {cublas_gated_ms * 1e3:7.1f} us"
-        print(line, flush=True)
+            gated_ms = graph_ms(lambda: (lambda h: torch.nn.functional.silu(h[:, 0::2]) * h[:, 1::2])(
+                torch.matmul(x, w.T)), reps)
+            line += f", with silu * up {gated_ms * 1e3:7.1f} us"
+        print(line + f"; one row's GEMV {gemv_ms * 1e3:6.1f} us ({w.numel() * 2 / gemv_ms / 1e9:4.2f} TB/s)",
+              flush=True)
         y = torch.empty(tokens, n // 2 if gated else n, device=dev, dtype=torch.bfloat16)
+        yv = torch.empty(n, device=dev, dtype=torch.bfloat16)
+        product = x.float() @ w.float().T
         for bm, bn, bk, stages in specs:
-            opts = options(bm, bn, bk, stages, gated, warps, group)
-            try:
-                def launch():
-                    ws_linear[(sms, )](x, w, y, tokens, n, k, **opts)
-                y.fill_(float("nan"))
-                launch()
-                torch.cuda.synchronize()
-            except Exception as exc:  # a variant that does not compile or launch: say so, go on with the others
-                print(f"  {bm}x{bn}x{bk}/{stages}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-                continue
-            err = ((y.float() - ref).norm() / ref.norm()).item()
-            ms = graph_ms(launch, reps)
-            kernel = ws_linear.warmup(x, w, y, tokens, n, k, grid=(sms, ), **opts)
-            print(f"RESULT {name:8s} {bm}x{bn}x{bk}/{stages}: {ms * 1e3:7.1f} us ({flop / ms / 1e9:5.0f} TFLOP/s, "
-                  f"{cublas_ms / ms:.2f}x cuBLAS) rel_err {err:.1e} regs {kernel.n_regs} spills {kernel.n_spills} "
-                  f"shared {kernel.metadata.shared}", flush=True)
+            splits = auto_splits(tokens, n, k, bm, bn, bk, sms)
+            part = torch.empty(splits * -(-tokens // bm) * bm, n, device=dev, dtype=torch.float32)
+            for build, (has_prefill, has_decode) in BUILDS.items():
+                opts = options(bm, bn, bk, stages, gated, warps, group, build, split=splits > 1)
+                for run in [r for r, on in (("prefill", has_prefill), ("decode", has_decode)) if on]:
+                    flags = (int(run == "prefill"), int(run == "decode"))
+
+                    def launch():
+                        ws_linear[(sms, )](x, w, y, part, xv, yv, tokens, n, k, splits, *flags, **opts)
+                    tag = (f"{name:8s} {bm}x{bn}x{bk}/{stages}{f' split {splits}' if splits > 1 else ''} {run:7s} "
+                           f"in a kernel of {build:7s}")
+                    try:
+                        y.fill_(float("nan"))
+                        yv.fill_(float("nan"))
+                        launch()
+                        torch.cuda.synchronize()
+                    except Exception as exc:  # a variant that does not compile or launch: say so, go on
+                        print(f"  {tag}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                        continue
+                    if run == "decode":
+                        out, want = yv, ref_v
+                    elif splits > 1:  # the partials' sum (not timed: the probe times the tiles alone)
+                        out, want = part.view(splits, -1, n)[:, :tokens].sum(0), product
+                    else:
+                        out, want = y, ref
+                    err = ((out.float() - want).norm() / want.norm()).item()
+                    ms = graph_ms(launch, reps)
+                    kernel = ws_linear.warmup(x, w, y, part, xv, yv, tokens, n, k, splits, *flags, grid=(sms, ),
+                                              **opts)
+                    rate = (f"{flop / ms / 1e9:5.0f} TFLOP/s, {cublas_ms / ms:.2f}x cuBLAS, weights at "
+                            f"{w.numel() * 2 / ms / 1e9:4.2f} TB/s" if run == "prefill" else
+                            f"{w.numel() * 2 / ms / 1e9:4.2f} TB/s, {w.numel() * 2 / ms / 1e9 / bw:.0%} of BW")
+                    print(f"RESULT {tag}: {ms * 1e3:7.1f} us ({rate}) rel_err {err:.1e} regs {kernel.n_regs} "
+                          f"spills {kernel.n_spills} shared {kernel.metadata.shared}", flush=True)
 
 
 def main():
