@@ -59,14 +59,40 @@ def _tile(t, num_m, num_n, splits, GROUP: gl.constexpr):
 
 
 @gluon.jit
-def _loader(x_desc, w_desc, g_desc, a_ring, b_ring, g_ring, ready, empty, num_m, num_n, splits, N, K, run_prefill,
-            run_decode, pid, P, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-            GROUP: gl.constexpr, PREFILL: gl.constexpr, DECODE: gl.constexpr):
+def _push(queue, q_ready, q_empty, j, t, Q: gl.constexpr):
+    """The loader hands tile index t (or -1, the end) to the consumers: the j-th entry of a queue of Q."""
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    mbarrier.wait(q_empty.index(j % Q), ((j // Q) & 1) ^ 1)
+    queue.index(j % Q).store(gl.full([1], t, gl.int32, one))
+    mbarrier.arrive(q_ready.index(j % Q), count=1)
+
+
+@gluon.jit
+def _pop(queue, q_ready, q_empty, j, Q: gl.constexpr):
+    """The consumers' j-th tile index from the loader's queue."""
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    mbarrier.wait(q_ready.index(j % Q), (j // Q) & 1)
+    t = gl.sum(queue.index(j % Q).load(one), axis=0)
+    mbarrier.arrive(q_empty.index(j % Q), count=1)
+    return t
+
+
+@gluon.jit
+def _loader(x_desc, w_desc, g_desc, a_ring, b_ring, g_ring, ready, empty, queue, q_ready, q_empty, claims, num_m,
+            num_n, splits, N, K, run_prefill, run_decode, pid, P, BM: gl.constexpr, BN: gl.constexpr,
+            BK: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr, PREFILL: gl.constexpr, DECODE: gl.constexpr,
+            CLAIM: gl.constexpr, Q: gl.constexpr):
     i = 0
     if PREFILL:
         if run_prefill:
             KS = K // splits
-            for t in range(pid, num_m * num_n * splits, P):
+            total = num_m * num_n * splits
+            t = pid
+            j = 0  # tiles handed to the consumers
+            while t < total:
+                if CLAIM:  # the tile's index to the consumers, through the queue
+                    _push(queue, q_ready, q_empty, j, t, Q)
+                    j += 1
                 m, n, ks = _tile(t, num_m, num_n, splits, GROUP)
                 for k in range(ks * KS, ks * KS + KS, BK):
                     s = i % STAGES
@@ -75,6 +101,12 @@ def _loader(x_desc, w_desc, g_desc, a_ring, b_ring, g_ring, ready, empty, num_m,
                     tma.async_copy_global_to_shared(x_desc, [m * BM, k], ready.index(s), a_ring.index(s))
                     tma.async_copy_global_to_shared(w_desc, [n * BN, k], ready.index(s), b_ring.index(s))
                     i += 1
+                if CLAIM:  # the next tile claimed once this one's copies are all asked for
+                    t = P + gl.atomic_add(claims, 1)
+                else:
+                    t += P
+            if CLAIM:
+                _push(queue, q_ready, q_empty, j, -1, Q)
     if DECODE:
         if run_decode:
             GR: gl.constexpr = g_ring.type.shape[1]
@@ -89,15 +121,15 @@ def _loader(x_desc, w_desc, g_desc, a_ring, b_ring, g_ring, ready, empty, num_m,
 
 
 @gluon.jit
-def _consumer(y_desc, a_ring, b_ring, g_ring, ready, empty, c_smem, xv, yv, num_m, num_n, splits, N, K,
-              run_prefill, run_decode, pid, P, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+def _consumer(y_desc, a_ring, b_ring, g_ring, ready, empty, c_smem, queue, q_ready, q_empty, xv, yv, num_m, num_n,
+              splits, N, K, run_prefill, run_decode, pid, P, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
               STAGES: gl.constexpr, GROUP: gl.constexpr, GATED: gl.constexpr, SPLIT: gl.constexpr,
-              PREFILL: gl.constexpr, DECODE: gl.constexpr):
+              PREFILL: gl.constexpr, DECODE: gl.constexpr, CLAIM: gl.constexpr, Q: gl.constexpr):
     i = 0
     if PREFILL:
         if run_prefill:
-            i = _tiles(y_desc, a_ring, b_ring, ready, empty, c_smem, num_m, num_n, splits, K, pid, P, i, BM, BN, BK,
-                       STAGES, GROUP, GATED, SPLIT)
+            i = _tiles(y_desc, a_ring, b_ring, ready, empty, c_smem, queue, q_ready, q_empty, num_m, num_n, splits,
+                       K, pid, P, i, BM, BN, BK, STAGES, GROUP, GATED, SPLIT, CLAIM, Q)
     if DECODE:
         if run_decode:
             _gemv(g_ring, ready, empty, xv, yv, N, K, pid, P, i, STAGES)
@@ -127,15 +159,21 @@ def _gemv(g_ring, ready, empty, xv, yv, N, K, pid, P, i, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _tiles(y_desc, a_ring, b_ring, ready, empty, c_smem, num_m, num_n, splits, K, pid, P, i, BM: gl.constexpr,
-           BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr, GATED: gl.constexpr,
-           SPLIT: gl.constexpr):
+def _tiles(y_desc, a_ring, b_ring, ready, empty, c_smem, queue, q_ready, q_empty, num_m, num_n, splits, K, pid, P, i,
+           BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
+           GATED: gl.constexpr, SPLIT: gl.constexpr, CLAIM: gl.constexpr, Q: gl.constexpr):
     """The prefill tiles (SPLIT: each K split's fp32 partial stored, its rows at ks * M, not summed); returns the
-    ring's count."""
+    ring's count. CLAIM: the tiles as the loader claimed them, from its queue (-1 ends them); else every P-th."""
     acc_layout: gl.constexpr = _acc_layout(BM, BN, gl.num_warps())
     OUT: gl.constexpr = BN // 2 if GATED else BN
     KS = K // splits
-    for t in range(pid, num_m * num_n * splits, P):
+    total = num_m * num_n * splits
+    j = 0
+    if CLAIM:
+        t = _pop(queue, q_ready, q_empty, j, Q)
+    else:
+        t = pid
+    while (t >= 0) & (t < total):
         m, n, ks = _tile(t, num_m, num_n, splits, GROUP)
         acc = gl.zeros([BM, BN], gl.float32, acc_layout)
         for k in range(ks * KS, ks * KS + KS, BK):
@@ -157,14 +195,20 @@ def _tiles(y_desc, a_ring, b_ring, ready, empty, c_smem, num_m, num_n, splits, K
         c_smem.store(y.to(c_smem.dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(y_desc, [(ks * num_m + m) * BM, n * OUT], c_smem)
+        j += 1
+        if CLAIM:
+            t = _pop(queue, q_ready, q_empty, j, Q)
+        else:
+            t += P
     tma.store_wait(pendings=0)
     return i
 
 
 @gluon.jit
-def ws_linear(x, w, y, part, xv, yv, M, N, K, splits, run_prefill, run_decode, BM: gl.constexpr, BN: gl.constexpr,
-              BK: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr, GATED: gl.constexpr, SPLIT: gl.constexpr,
-              LOADER_REGS: gl.constexpr, PREFILL: gl.constexpr, DECODE: gl.constexpr):
+def ws_linear(x, w, y, part, xv, yv, claims, M, N, K, splits, run_prefill, run_decode, BM: gl.constexpr,
+              BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr, GATED: gl.constexpr,
+              SPLIT: gl.constexpr, LOADER_REGS: gl.constexpr, PREFILL: gl.constexpr, DECODE: gl.constexpr,
+              CLAIM: gl.constexpr):
     """Prefill (run_prefill): y[M, N'] = x[M, K] @ w[N, K]^T (N' = N, or N / 2 gated), persistent over [BM, BN]
     tiles. Decode (run_decode): yv[N] = w @ xv, a row's GEMV through the same ring. PREFILL / DECODE: which of the
     two the kernel holds at all (a kernel with both is what a megakernel is)."""
@@ -197,54 +241,68 @@ def ws_linear(x, w, y, part, xv, yv, M, N, K, splits, run_prefill, run_decode, B
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
+    # CLAIM: a program's first tile is its own (tile pid), every later one claimed by its loader from `claims`
+    # (tile P + the count before) once it has asked for all of the tile before's chunks, and handed to the
+    # consumers through a queue of Q indices: the megakernel's claimed tasks, decided where the copies start
+    Q: gl.constexpr = 4
+    queue = gl.allocate_shared_memory(gl.int32, [Q, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    q_ready = gl.allocate_shared_memory(gl.int64, [Q, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [Q, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(Q):
+        mbarrier.init(q_ready.index(s), count=1)
+        mbarrier.init(q_empty.index(s), count=1)
     num_m = gl.cdiv(M, BM)
     num_n = gl.cdiv(N, BN)
     gl.warp_specialize([
-        (_consumer, (y_desc, a_ring, b_ring, g_ring, ready, empty, c_smem, xv, yv, num_m, num_n, splits, N, K,
-                     run_prefill, run_decode, pid, P, BM, BN, BK, STAGES, GROUP, GATED, SPLIT, PREFILL, DECODE)),
-        (_loader, (x_desc, w_desc, g_desc, a_ring, b_ring, g_ring, ready, empty, num_m, num_n, splits, N, K,
-                   run_prefill, run_decode, pid, P, BM, BN, BK, STAGES, GROUP, PREFILL, DECODE)),
+        (_consumer, (y_desc, a_ring, b_ring, g_ring, ready, empty, c_smem, queue, q_ready, q_empty, xv, yv, num_m,
+                     num_n, splits, N, K, run_prefill, run_decode, pid, P, BM, BN, BK, STAGES, GROUP, GATED, SPLIT,
+                     PREFILL, DECODE, CLAIM, Q)),
+        (_loader, (x_desc, w_desc, g_desc, a_ring, b_ring, g_ring, ready, empty, queue, q_ready, q_empty, claims,
+                   num_m, num_n, splits, N, K, run_prefill, run_decode, pid, P, BM, BN, BK, STAGES, GROUP, PREFILL,
+                   DECODE, CLAIM, Q)),
     ], [1], [LOADER_REGS])
 
 
 def variants(spec):
-    """'128x256x64/3,...' -> [(BM, BN, BK, STAGES)]."""
+    """'128x256x64/3,128x256x64/3/c,...' -> [(BM, BN, BK, STAGES, CLAIM)] (c: tiles claimed by the loader)."""
     out = []
     for v in spec.split(","):
-        tile, stages = v.split("/")
+        tile, stages, *claim = v.split("/")
         bm, bn, bk = (int(d) for d in tile.split("x"))
-        out.append((bm, bn, bk, int(stages)))
+        out.append((bm, bn, bk, int(stages), claim == ["c"]))
     return out
 
 
 BUILDS = {"prefill": (True, False), "decode": (False, True), "both": (True, True)}  # what a kernel holds
 
 
-def options(bm, bn, bk, stages, gated, warps, group, build, split=False):
+def options(bm, bn, bk, stages, gated, warps, group, build, split=False, claim=False):
     # a worker warp's group gets LOADER_REGS a thread, the default partition what maxnreg leaves: one program an SM
     prefill, decode = BUILDS[build]
     return dict(BM=bm, BN=bn, BK=bk, STAGES=stages, GROUP=group, GATED=gated and not split, SPLIT=split,
-                LOADER_REGS=40, PREFILL=prefill,
-                DECODE=decode, num_warps=warps, maxnreg=65536 // ((warps + 4) * 32) // 8 * 8)
+                LOADER_REGS=40, PREFILL=prefill, DECODE=decode, CLAIM=claim, num_warps=warps,
+                maxnreg=65536 // ((warps + 4) * 32) // 8 * 8)
 
 
 def compile_only(specs, warps, group):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-    sig = {"x": "*bf16", "w": "*bf16", "y": "*bf16", "part": "*fp32", "xv": "*bf16", "yv": "*bf16", "M": "i32",
-           "N": "i32", "K": "i32", "splits": "i32", "run_prefill": "i32", "run_decode": "i32"}
-    for bm, bn, bk, stages in specs:
+    sig = {"x": "*bf16", "w": "*bf16", "y": "*bf16", "part": "*fp32", "xv": "*bf16", "yv": "*bf16",
+           "claims": "*i32", "M": "i32", "N": "i32", "K": "i32", "splits": "i32", "run_prefill": "i32",
+           "run_decode": "i32"}
+    for bm, bn, bk, stages, claim in specs:
         for gated in (False, True):
-            for build in BUILDS:
-                opts = options(bm, bn, bk, stages, gated, warps, group, build)
+            for build in (["prefill"] if claim else BUILDS):
+                opts = options(bm, bn, bk, stages, gated, warps, group, build, claim=claim)
                 const = {k: v for k, v in opts.items() if k not in ("num_warps", "maxnreg")}
                 src = GluonASTSource(ws_linear, signature={**sig, **{k: "constexpr" for k in const}},
-                                     constexprs=const, attrs={(i, ): [["tt.divisibility", 16]] for i in range(9)})
+                                     constexprs=const, attrs={(i, ): [["tt.divisibility", 16]] for i in range(10)})
                 c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                                    options={"num_warps": warps, "maxnreg": opts["maxnreg"]})
-                path = Path(f"/tmp/ws_prefill_{bm}x{bn}x{bk}_{stages}_{int(gated)}_{build}.cubin")
+                path = Path(f"/tmp/ws_prefill_{bm}x{bn}x{bk}_{stages}_{int(gated)}_{build}_{int(claim)}.cubin")
                 path.write_bytes(c.asm["cubin"])
-                print(f"{bm}x{bn}x{bk}/{stages} gated={gated} {build}: {resource_usage(path)}, shared "
+                print(f"{bm}x{bn}x{bk}/{stages}{'/c' if claim else ''} gated={gated} {build}: {resource_usage(path)}, "
+                      f"shared "
                       f"{c.metadata.shared} B")
 
 
@@ -308,18 +366,23 @@ def run_gpu(specs, tokens, warps, group, reps, shapes):
         y = torch.empty(tokens, n // 2 if gated else n, device=dev, dtype=torch.bfloat16)
         yv = torch.empty(n, device=dev, dtype=torch.bfloat16)
         product = x.float() @ w.float().T
-        for bm, bn, bk, stages in specs:
+        claims = torch.zeros(1, device=dev, dtype=torch.int32)
+        for bm, bn, bk, stages, claim in specs:
             splits = auto_splits(tokens, n, k, bm, bn, bk, sms)
             part = torch.empty(splits * -(-tokens // bm) * bm, n, device=dev, dtype=torch.float32)
             for build, (has_prefill, has_decode) in BUILDS.items():
-                opts = options(bm, bn, bk, stages, gated, warps, group, build, split=splits > 1)
+                if claim and build != "prefill":
+                    continue
+                opts = options(bm, bn, bk, stages, gated, warps, group, build, split=splits > 1, claim=claim)
                 for run in [r for r, on in (("prefill", has_prefill), ("decode", has_decode)) if on]:
                     flags = (int(run == "prefill"), int(run == "decode"))
 
                     def launch():
-                        ws_linear[(sms, )](x, w, y, part, xv, yv, tokens, n, k, splits, *flags, **opts)
-                    tag = (f"{name:8s} {bm}x{bn}x{bk}/{stages}{f' split {splits}' if splits > 1 else ''} {run:7s} "
-                           f"in a kernel of {build:7s}")
+                        if claim:
+                            claims.zero_()
+                        ws_linear[(sms, )](x, w, y, part, xv, yv, claims, tokens, n, k, splits, *flags, **opts)
+                    tag = (f"{name:8s} {bm}x{bn}x{bk}/{stages}{f' split {splits}' if splits > 1 else ''}"
+                           f"{' claimed' if claim else ''} {run:7s} in a kernel of {build:7s}")
                     try:
                         y.fill_(float("nan"))
                         yv.fill_(float("nan"))
@@ -336,8 +399,8 @@ def run_gpu(specs, tokens, warps, group, reps, shapes):
                         out, want = y, ref
                     err = ((out.float() - want).norm() / want.norm()).item()
                     ms = graph_ms(launch, reps)
-                    kernel = ws_linear.warmup(x, w, y, part, xv, yv, tokens, n, k, splits, *flags, grid=(sms, ),
-                                              **opts)
+                    kernel = ws_linear.warmup(x, w, y, part, xv, yv, claims, tokens, n, k, splits, *flags,
+                                              grid=(sms, ), **opts)
                     rate = (f"{flop / ms / 1e9:5.0f} TFLOP/s, {cublas_ms / ms:.2f}x cuBLAS, weights at "
                             f"{w.numel() * 2 / ms / 1e9:4.2f} TB/s" if run == "prefill" else
                             f"{w.numel() * 2 / ms / 1e9:4.2f} TB/s, {w.numel() * 2 / ms / 1e9 / bw:.0%} of BW")
@@ -348,8 +411,8 @@ def run_gpu(specs, tokens, warps, group, reps, shapes):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compile-only", action="store_true")
-    parser.add_argument("--variants", default="128x256x64/3,128x256x64/4,128x128x64/4",
-                        help="BMxBNxBK/STAGES, comma-separated")
+    parser.add_argument("--variants", default="128x256x64/3,128x256x64/3/c,128x128x64/4",
+                        help="BMxBNxBK/STAGES[/c], comma-separated (c: the tiles claimed by the loader)")
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--warps", type=int, default=8, help="warps of the consumer (default) partition")
     parser.add_argument("--group", type=int, default=8, help="row blocks that share a column block in time")
