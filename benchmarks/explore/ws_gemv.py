@@ -57,6 +57,16 @@ def _wait_count(cnt, target, err, MAX_SPIN: gl.constexpr):
 
 
 @gluon.jit
+def _spin_ns(ns: gl.constexpr):
+    """Waits ns nanoseconds of the global timer."""
+    start = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+    now = start
+    while now - start < ns:
+        now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
+                                        pack=1)
+
+
+@gluon.jit
 def _consumer(ring, ready, empty, xbuf, x_ready, x_empty, act, cnt, NL, pid, P, NS: gl.constexpr,
               KS: gl.constexpr, OUT_OFF: gl.constexpr, LSTRIDE: gl.constexpr, RING: gl.constexpr,
               SIGNAL: gl.constexpr):
@@ -95,8 +105,10 @@ def _consumer(ring, ready, empty, xbuf, x_ready, x_empty, act, cnt, NL, pid, P, 
 @gluon.jit
 def _worker(descs, x_desc, ring, ready, empty, xbuf, x_ready, x_empty, cnt, err, epoch, NL, pid, P,
             NS: gl.constexpr, KS: gl.constexpr, IN_ROW: gl.constexpr, LROWS: gl.constexpr, RING: gl.constexpr,
-            WAIT: gl.constexpr, MAX_SPIN: gl.constexpr, ROLE: gl.constexpr):
-    """ROLE 0: the weight producer; 1: the input loader (the two workers share one signature)."""
+            WAIT: gl.constexpr, MAX_SPIN: gl.constexpr, ROLE: gl.constexpr, ATTN_NS: gl.constexpr):
+    """ROLE 0: the weight producer; 1: the input loader (the two workers share one signature). ATTN_NS: o_proj's
+    input is loaded that long after QKV's outputs are complete (a layer's attention, its latency alone), while the
+    producer streams on into the ring."""
     if ROLE == 0:
         i = 0
         for L in range(NL):
@@ -118,6 +130,8 @@ def _worker(descs, x_desc, ring, ready, empty, xbuf, x_ready, x_empty, cnt, err,
                     if WAIT:
                         if L * 4 + m > 0:  # the matrix before (layer 0's first input is given)
                             _wait_count(cnt + L * 4 + m - 1, (NS[(m + 3) % 4] // BN) * epoch, err, MAX_SPIN)
+                        if (ATTN_NS > 0) and (m == 1):
+                            _spin_ns(ATTN_NS)
                         # the other programs' stores (generic proxy) before this program's copies (async proxy)
                         gl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [],
                                                   dtype=gl.int32, is_pure=False, pack=1)
@@ -132,6 +146,7 @@ def _worker(descs, x_desc, ring, ready, empty, xbuf, x_ready, x_empty, cnt, err,
 def ws_chain(W0, W1, W2, W3, act, cnt, err, epoch, NL, act_rows, NS: gl.constexpr, KS: gl.constexpr,
              IN_ROW: gl.constexpr, OUT_OFF: gl.constexpr, LSTRIDE: gl.constexpr, RING: gl.constexpr,
              XROWS: gl.constexpr, WAIT: gl.constexpr, SIGNAL: gl.constexpr, MAX_SPIN: gl.constexpr,
+             ATTN_NS: gl.constexpr,
              WORKER_REGS: gl.constexpr):
     pid = gl.program_id(0)
     P = gl.num_programs(0)
@@ -157,9 +172,9 @@ def ws_chain(W0, W1, W2, W3, act, cnt, err, epoch, NL, act_rows, NS: gl.constexp
         (_consumer, (ring, ready, empty, xbuf, x_ready, x_empty, act, cnt, NL, pid, P, NS, KS, OUT_OFF, LSTRIDE,
                      RING, SIGNAL)),
         (_worker, (descs, x_desc, ring, ready, empty, xbuf, x_ready, x_empty, cnt, err, epoch, NL, pid, P, NS, KS,
-                   IN_ROW, LROWS, RING, WAIT, MAX_SPIN, 0)),
+                   IN_ROW, LROWS, RING, WAIT, MAX_SPIN, 0, ATTN_NS)),
         (_worker, (descs, x_desc, ring, ready, empty, xbuf, x_ready, x_empty, cnt, err, epoch, NL, pid, P, NS, KS,
-                   IN_ROW, LROWS, RING, WAIT, MAX_SPIN, 1)),
+                   IN_ROW, LROWS, RING, WAIT, MAX_SPIN, 1, ATTN_NS)),
     ], [1, 1], [WORKER_REGS, WORKER_REGS])
 
 
@@ -180,7 +195,7 @@ def compile_only(ring, warps):
     _, const = chain_constants(FULL)
     sig = {"W0": "*bf16", "W1": "*bf16", "W2": "*bf16", "W3": "*bf16", "act": "*bf16", "cnt": "*i32",
            "err": "*i32", "epoch": "i32", "NL": "i32", "act_rows": "i32"}
-    const.update(RING=ring, WAIT=True, SIGNAL=True, MAX_SPIN=MAX_SPIN, WORKER_REGS=40)
+    const.update(RING=ring, WAIT=True, SIGNAL=True, MAX_SPIN=MAX_SPIN, WORKER_REGS=40, ATTN_NS=10000)
     for k in const:
         sig[k] = "constexpr"
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(7)}
@@ -192,7 +207,7 @@ def compile_only(ring, warps):
     print(f"ring {ring}: {resource_usage(path)}, Triton's shared {c.metadata.shared} B; {path}")
 
 
-def run_gpu(rings, reps, warps, programs):
+def run_gpu(rings, reps, warps, programs, attention_us=(0, )):
     dev = "cuda"
     props = torch.cuda.get_device_properties(0)
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
@@ -225,11 +240,11 @@ def run_gpu(rings, reps, warps, programs):
         return worst
 
     for ring in rings:
-        for wait in (True, False):
+        for wait, attn_us in [(True, us) for us in attention_us] + [(False, 0)]:
             cnt.zero_()  # counters and epochs start again: a NOWAIT variant signals nothing
             epoch[0] = 0
             options = dict(RING=ring, WAIT=wait, SIGNAL=wait, MAX_SPIN=MAX_SPIN, WORKER_REGS=40, num_warps=warps,
-                           maxnreg=maxnreg, **const)
+                           maxnreg=maxnreg, ATTN_NS=int(attn_us * 1000), **const)
 
             def launch():
                 epoch[0] += 1
@@ -238,7 +253,8 @@ def run_gpu(rings, reps, warps, programs):
             err.zero_()
             launch()
             torch.cuda.synchronize()
-            name = f"ws {grid} programs {warps} warps ring {ring:2d} {'waits ' if wait else 'NOWAIT'}"
+            name = (f"ws {grid} programs {warps} warps ring {ring:2d} {'waits ' if wait else 'NOWAIT'}"
+                    f"{f' attention {attn_us:g} us' if attn_us else ''}")
             if err.item():  # a wait gave up: the grid was not co-resident, or the kernel is wrong
                 print(f"{name}: a wait gave up after {MAX_SPIN} polls, not timed")
                 continue
@@ -265,13 +281,15 @@ def main():
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--warps", type=int, default=4, help="warps of the default (multiplying) partition")
     parser.add_argument("--programs", type=int, default=0, help="the grid (0: two programs an SM)")
+    parser.add_argument("--attention-us", default="0", help="a layer's attention between QKV and o_proj, as a wait "
+                        "of that many us before o_proj's input is loaded (comma-separated: one run each)")
     args = parser.parse_args()
     rings = [int(r) for r in args.rings.split(",")]
     if args.compile_only:
         for ring in rings:
             compile_only(ring, args.warps)
     else:
-        run_gpu(rings, args.reps, args.warps, args.programs)
+        run_gpu(rings, args.reps, args.warps, args.programs, [float(u) for u in args.attention_us.split(",")])
 
 
 if __name__ == "__main__":
