@@ -1,0 +1,281 @@
+"""Two independent streams an SM in one warp-specialized program: the prefill tiles and the decode GEMV. (Gluon)
+
+`ws_prefill.py` ran one stream an SM: a loader warp and 8 consumer warps on [128, 256] tiles. `ws_gemv.py` found
+that the batch-1 weight chain streams at 92% of the bandwidth on two 4-warp programs an SM against 84-87% on one
+8-warp program (session 59), so a warp-specialized megakernel may want two streams an SM. Here each program holds
+two: stream s has its own loader warp, its own ring of STAGES slots and its own consumer warp group (4 warps: the
+default partition is stream 0's, a worker partition stream 1's), and walks its own share of the work, as two of
+today's programs would (program p's stream s takes tile or unit 2p + s, then every 2P-th). On tiles this is the
+"ping-pong" schedule of cuBLAS and flash attention 3: while one warp group runs its epilogue, the other multiplies.
+
+- prefill: [BM, BN] tiles of y = x @ w^T (gate/up's gated, silu(gate) * up), one warp group's `wgmma` each;
+- decode: one row's GEMV, [GR, 256] weight chunks (the ring's slots seen so) multiplied on the CUDA cores.
+
+Shapes, checks and timings as `ws_prefill.py` (Llama-3-8B's projections; CUDA graphs; cuBLAS and torch's GEMV in
+the same call).
+
+    python -m benchmarks.explore.ws_pingpong --tokens 2048         # on an H100 / H200
+    python -m benchmarks.explore.ws_pingpong --compile-only        # here, no GPU: compile for sm_90
+
+A variant is BMxBNxBK/STAGES (each stream's tile and ring).
+"""
+import argparse
+from pathlib import Path
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from benchmarks.explore.ws_prefill import SHAPES, _tile, graph_ms
+from codegen.compile import resource_usage
+
+GK = gl.constexpr(256)  # a decode chunk's columns (a TMA box's widest, unswizzled)
+
+
+@gluon.jit
+def _load(x_desc, w_desc, g_desc, a_ring, b_ring, g_ring, ready, empty, base, num_m, num_n, N, K, first, step,
+          run_prefill, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+          GROUP: gl.constexpr):
+    """A stream's loader: its tiles' K chunks (prefill) or its units' weight chunks (decode) into its ring, slots
+    base .. base + STAGES of the program's rings and barriers."""
+    i = 0
+    if run_prefill:
+        for t in range(first, num_m * num_n, step):
+            m, n, ks = _tile(t, num_m, num_n, 1, GROUP)
+            for k in range(0, K, BK):
+                s = base + i % STAGES
+                mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+                mbarrier.expect(ready.index(s), (BM + BN) * BK * 2)
+                tma.async_copy_global_to_shared(x_desc, [m * BM, k], ready.index(s), a_ring.index(s))
+                tma.async_copy_global_to_shared(w_desc, [n * BN, k], ready.index(s), b_ring.index(s))
+                i += 1
+    else:
+        GR: gl.constexpr = g_ring.type.shape[1]
+        for u in range(first, N // GR, step):
+            for k in range(0, K, GK):
+                s = base + i % STAGES
+                mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+                mbarrier.expect(ready.index(s), GR * GK * 2)
+                tma.async_copy_global_to_shared(g_desc, [u * GR, k], ready.index(s), g_ring.index(s))
+                i += 1
+
+
+@gluon.jit
+def _consume(y_desc, xv, yv, a_ring, b_ring, g_ring, ready, empty, base, c_smem, num_m, num_n, N, K, first, step,
+             run_prefill, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+             GROUP: gl.constexpr, GATED: gl.constexpr):
+    """A stream's consumer warp group: its tiles on `wgmma` (one product in flight) and their epilogues through
+    c_smem and a TMA store, or its units' GEMVs."""
+    i = 0
+    if run_prefill:
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                              instr_shape=[16, BN, 16])
+        OUT: gl.constexpr = BN // 2 if GATED else BN
+        for t in range(first, num_m * num_n, step):
+            m, n, ks = _tile(t, num_m, num_n, 1, GROUP)
+            acc = gl.zeros([BM, BN], gl.float32, acc_layout)
+            for k in range(0, K, BK):
+                s = base + i % STAGES
+                mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+                acc = warpgroup_mma(a_ring.index(s), b_ring.index(s).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                mbarrier.arrive(empty.index(base + (i + STAGES - 1) % STAGES), count=1, pred=k > 0)
+                i += 1
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(empty.index(base + (i + STAGES - 1) % STAGES), count=1)
+            if GATED:
+                gate, up = gl.split(gl.reshape(acc, [BM, OUT, 2]))
+                y = gate / (1.0 + gl.exp(-gate)) * up
+            else:
+                y = acc
+            tma.store_wait(pendings=0)
+            c_smem.store(y.to(gl.bfloat16))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(y_desc, [m * BM, n * OUT], c_smem)
+        tma.store_wait(pendings=0)
+    else:
+        GR: gl.constexpr = g_ring.type.shape[1]
+        blocked: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+        cols: gl.constexpr = gl.SliceLayout(0, blocked)
+        rows: gl.constexpr = gl.SliceLayout(1, blocked)
+        for u in range(first, N // GR, step):
+            acc = gl.zeros([GR, GK], gl.float32, blocked)
+            for k in range(0, K, GK):
+                s = base + i % STAGES
+                xk = gl.load(xv + k + gl.arange(0, GK, layout=cols))
+                mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+                wk = g_ring.index(s).load(blocked)
+                fence_async_shared()
+                mbarrier.arrive(empty.index(s), count=1)
+                acc += wk.to(gl.float32) * xk.to(gl.float32)[None, :]
+                i += 1
+            gl.store(yv + u * GR + gl.arange(0, GR, layout=rows), gl.sum(acc, axis=1).to(gl.bfloat16))
+
+
+@gluon.jit
+def _stream0(y_desc, xv, yv, a_rings, b_rings, g_rings, ready, empty, c_tiles, num_m, num_n, N, K, pid, P,
+             run_prefill, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+             GROUP: gl.constexpr, GATED: gl.constexpr):
+    """The default partition: stream 0's consumer."""
+    _consume(y_desc, xv, yv, a_rings, b_rings, g_rings, ready, empty, 0, c_tiles.index(0), num_m, num_n, N, K, 2 * pid,
+             2 * P, run_prefill, BM, BN, BK, STAGES, GROUP, GATED)
+
+
+@gluon.jit
+def _worker(x_desc, w_desc, g_desc, y_desc, xv, yv, a_rings, b_rings, g_rings, ready, empty, c_tiles, num_m, num_n,
+            N, K, pid, P, run_prefill, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+            GROUP: gl.constexpr, GATED: gl.constexpr, ROLE: gl.constexpr):
+    """ROLE 0: stream 1's consumer; 1, 2: stream 0's, stream 1's loader (the workers share one signature)."""
+    if ROLE == 0:
+        _consume(y_desc, xv, yv, a_rings, b_rings, g_rings, ready, empty, STAGES, c_tiles.index(1), num_m, num_n, N,
+                 K, 2 * pid + 1, 2 * P, run_prefill, BM, BN, BK, STAGES, GROUP, GATED)
+    else:
+        side = ROLE - 1
+        _load(x_desc, w_desc, g_desc, a_rings, b_rings, g_rings, ready, empty, side * STAGES, num_m, num_n, N, K,
+              2 * pid + side, 2 * P, run_prefill, BM, BN, BK, STAGES, GROUP)
+
+
+@gluon.jit
+def ws_pingpong(x, w, y, xv, yv, M, N, K, run_prefill, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                STAGES: gl.constexpr, GROUP: gl.constexpr, GATED: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                LOADER_REGS: gl.constexpr):
+    """run_prefill 1: y[M, N'] = x @ w^T over [BM, BN] tiles (N' = N, or N / 2 gated); 0: yv[N] = w @ xv."""
+    pid = gl.program_id(0)
+    P = gl.num_programs(0)
+    OUT: gl.constexpr = BN // 2 if GATED else BN
+    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
+    b_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
+    c_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, OUT], gl.bfloat16)
+    plain: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+    GR: gl.constexpr = BN * BK // GK
+    x_desc = tma.make_tensor_descriptor(x, [M, K], [K, 1], [BM, BK], a_layout)
+    w_desc = tma.make_tensor_descriptor(w, [N, K], [K, 1], [BN, BK], b_layout)
+    g_desc = tma.make_tensor_descriptor(w, [N, K], [K, 1], [GR, GK], plain)
+    y_desc = tma.make_tensor_descriptor(y, [M, N // 2 if GATED else N], [N // 2 if GATED else N, 1], [BM, OUT],
+                                        c_layout)
+    # stream s's ring: slots s * STAGES .. of each (one allocation: a dimension of two streams times STAGES slots
+    # would not be a power of two)
+    a_rings = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BM, BK], a_layout)
+    b_rings = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BN, BK], b_layout)
+    g_rings = b_rings._reinterpret(gl.bfloat16, [2 * STAGES, GR, GK], plain)
+    c_tiles = gl.allocate_shared_memory(gl.bfloat16, [2, BM, OUT], c_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(2 * STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    num_m = gl.cdiv(M, BM)
+    num_n = gl.cdiv(N, BN)
+    gl.warp_specialize([
+        (_stream0, (y_desc, xv, yv, a_rings, b_rings, g_rings, ready, empty, c_tiles, num_m, num_n, N, K, pid, P,
+                    run_prefill, BM, BN, BK, STAGES, GROUP, GATED)),
+        (_worker, (x_desc, w_desc, g_desc, y_desc, xv, yv, a_rings, b_rings, g_rings, ready, empty, c_tiles, num_m,
+                   num_n, N, K, pid, P, run_prefill, BM, BN, BK, STAGES, GROUP, GATED, 0)),
+        (_worker, (x_desc, w_desc, g_desc, y_desc, xv, yv, a_rings, b_rings, g_rings, ready, empty, c_tiles, num_m,
+                   num_n, N, K, pid, P, run_prefill, BM, BN, BK, STAGES, GROUP, GATED, 1)),
+        (_worker, (x_desc, w_desc, g_desc, y_desc, xv, yv, a_rings, b_rings, g_rings, ready, empty, c_tiles, num_m,
+                   num_n, N, K, pid, P, run_prefill, BM, BN, BK, STAGES, GROUP, GATED, 2)),
+    ], [4, 1, 1], [CONSUMER_REGS, LOADER_REGS, LOADER_REGS])
+
+
+def variants(spec):
+    out = []
+    for v in spec.split(","):
+        tile, stages = v.split("/")
+        bm, bn, bk = (int(d) for d in tile.split("x"))
+        out.append((bm, bn, bk, int(stages)))
+    return out
+
+
+def options(bm, bn, bk, stages, gated, group=8):
+    # 4 + 4 consumer warps at CONSUMER_REGS, two loader warps (a warp group's registers) at LOADER_REGS
+    return dict(BM=bm, BN=bn, BK=bk, STAGES=stages, GROUP=group, GATED=gated, CONSUMER_REGS=232, LOADER_REGS=24,
+                num_warps=4, maxnreg=160)
+
+
+def compile_only(specs):
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    sig = {"x": "*bf16", "w": "*bf16", "y": "*bf16", "xv": "*bf16", "yv": "*bf16", "M": "i32", "N": "i32",
+           "K": "i32", "run_prefill": "i32"}
+    for bm, bn, bk, stages in specs:
+        for gated in (False, True):
+            opts = options(bm, bn, bk, stages, gated)
+            const = {k: v for k, v in opts.items() if k not in ("num_warps", "maxnreg")}
+            src = GluonASTSource(ws_pingpong, signature={**sig, **{k: "constexpr" for k in const}}, constexprs=const,
+                                 attrs={(i, ): [["tt.divisibility", 16]] for i in range(8)})
+            c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                               options={"num_warps": opts["num_warps"], "maxnreg": opts["maxnreg"]})
+            path = Path(f"/tmp/ws_pingpong_{bm}x{bn}x{bk}_{stages}_{int(gated)}.cubin")
+            path.write_bytes(c.asm["cubin"])
+            print(f"{bm}x{bn}x{bk}/{stages} gated={gated}: {resource_usage(path)}, shared {c.metadata.shared} B")
+
+
+def run_gpu(specs, tokens, reps, shapes):
+    from benchmarks.baselines import read_bandwidth_tbs
+    dev = "cuda"
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    bw = read_bandwidth_tbs(dev)
+    print(f"device {torch.cuda.get_device_name(0)}, {sms} SMs, read bandwidth {bw:.2f} TB/s; one program an SM, two "
+          f"streams (a loader warp and a 4-warp consumer each); {tokens} tokens", flush=True)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    for name, n, k, gated in SHAPES:
+        if shapes and name not in shapes:
+            continue
+        x = torch.randn(tokens, k, device=dev, generator=gen).to(torch.bfloat16)
+        w = (torch.randn(n, k, device=dev, generator=gen) / k ** 0.5).to(torch.bfloat16)
+        xv = torch.randn(k, device=dev, generator=gen).to(torch.bfloat16)
+        flop = 2 * tokens * n * k
+        ref = x.float() @ w.float().T
+        if gated:
+            ref = torch.nn.functional.silu(ref[:, 0::2]) * ref[:, 1::2]
+        ref_v = w.float() @ xv.float()
+        cublas_ms = graph_ms(lambda: torch.matmul(x, w.T), reps)
+        gemv_ms = graph_ms(lambda: torch.matmul(w, xv), reps)
+        print(f"{name:8s} [{tokens}, {k}] x [{n}, {k}]^T: cuBLAS {cublas_ms * 1e3:7.1f} us; one row's GEMV "
+              f"{gemv_ms * 1e3:6.1f} us ({w.numel() * 2 / gemv_ms / 1e9:4.2f} TB/s)", flush=True)
+        y = torch.empty(tokens, n // 2 if gated else n, device=dev, dtype=torch.bfloat16)
+        yv = torch.empty(n, device=dev, dtype=torch.bfloat16)
+        for bm, bn, bk, stages in specs:
+            opts = options(bm, bn, bk, stages, gated)
+            for run_prefill in (1, 0):
+                def launch():
+                    ws_pingpong[(sms, )](x, w, y, xv, yv, tokens, n, k, run_prefill, **opts)
+                tag = f"{name:8s} {bm}x{bn}x{bk}/{stages} {'prefill' if run_prefill else 'decode '}"
+                try:
+                    y.fill_(float("nan"))
+                    yv.fill_(float("nan"))
+                    launch()
+                    torch.cuda.synchronize()
+                except Exception as exc:  # a variant that does not compile or launch: say so, go on
+                    print(f"  {tag}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                    continue
+                out, want = (y, ref) if run_prefill else (yv, ref_v)
+                err = ((out.float() - want).norm() / want.norm()).item()
+                ms = graph_ms(launch, reps)
+                rate = (f"{flop / ms / 1e9:5.0f} TFLOP/s, {cublas_ms / ms:.2f}x cuBLAS" if run_prefill else
+                        f"{w.numel() * 2 / ms / 1e9:4.2f} TB/s, {w.numel() * 2 / ms / 1e9 / bw:.0%} of BW")
+                print(f"RESULT {tag}: {ms * 1e3:7.1f} us ({rate}) rel_err {err:.1e}", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--variants", default="128x128x64/3,128x128x64/2", help="BMxBNxBK/STAGES, comma-separated")
+    parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--shapes", default="", help="only these projections (comma-separated names)")
+    args = parser.parse_args()
+    specs = variants(args.variants)
+    if args.compile_only:
+        compile_only(specs)
+    else:
+        run_gpu(specs, args.tokens, args.reps, [s for s in args.shapes.split(",") if s])
+
+
+if __name__ == "__main__":
+    main()
