@@ -20,18 +20,13 @@ Shapes, checks and timings as `ws_prefill.py`.
 
 A variant is STAGES/DS/GR (the tiles' slots; the decode chunks a stream and their rows).
 """
-import argparse
-from pathlib import Path
-
-import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from benchmarks.explore.ws_prefill import SHAPES, _tile, graph_ms
-from codegen.compile import resource_usage
+from benchmarks.explore.gluon_probe import gemv_consume, gemv_load, projection_main
+from benchmarks.explore.ws_prefill import _tile
 
 BM, BN, BK, GK = (gl.constexpr(v) for v in (128, 256, 64, 256))  # a tile, a K chunk; a decode chunk's columns
 
@@ -71,28 +66,6 @@ def _tiles(y_desc, a_ring, b_ring, ready, empty, c_smem, side, num_m, num_n, K, 
 
 
 @gluon.jit
-def _gemv(xv, yv, g_ring, d_ready, d_empty, side, N, K, pid, P, DS: gl.constexpr):
-    """Stream `side`'s units of one row's GEMV: chunks side * DS .. of the decode view, on the CUDA cores."""
-    GR: gl.constexpr = g_ring.type.shape[1]
-    blocked: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
-    cols: gl.constexpr = gl.SliceLayout(0, blocked)
-    rows: gl.constexpr = gl.SliceLayout(1, blocked)
-    i = 0
-    for u in range(2 * pid + side, N // GR, 2 * P):
-        acc = gl.zeros([GR, GK], gl.float32, blocked)
-        for k in range(0, K, GK):
-            s = side * DS + i % DS
-            xk = gl.load(xv + k + gl.arange(0, GK, layout=cols))
-            mbarrier.wait(d_ready.index(s), (i // DS) & 1)
-            wk = g_ring.index(s).load(blocked)
-            fence_async_shared()
-            mbarrier.arrive(d_empty.index(s), count=1)
-            acc += wk.to(gl.float32) * xk.to(gl.float32)[None, :]
-            i += 1
-        gl.store(yv + u * GR + gl.arange(0, GR, layout=rows), gl.sum(acc, axis=1).to(gl.bfloat16))
-
-
-@gluon.jit
 def _consumer(y_desc, xv, yv, a_ring, b_ring, g_ring, ready, empty, d_ready, d_empty, c_tiles, side, num_m, num_n, N,
               K, pid, P, run_prefill, STAGES: gl.constexpr, GROUP: gl.constexpr, GATED: gl.constexpr,
               DS: gl.constexpr):
@@ -100,7 +73,7 @@ def _consumer(y_desc, xv, yv, a_ring, b_ring, g_ring, ready, empty, d_ready, d_e
         _tiles(y_desc, a_ring, b_ring, ready, empty, c_tiles.index(side), side, num_m, num_n, K, pid, P, STAGES,
                GROUP, GATED)
     else:
-        _gemv(xv, yv, g_ring, d_ready, d_empty, side, N, K, pid, P, DS)
+        gemv_consume(xv, yv, g_ring, d_ready, d_empty, side * DS, 0, 2 * pid + side, 2 * P, N, K, DS)
 
 
 @gluon.jit
@@ -120,15 +93,7 @@ def _load(x_desc, w_desc, g_desc, a_ring, b_ring, g_ring, ready, empty, d_ready,
                     tma.async_copy_global_to_shared(w_desc, [n * BN, k], ready.index(s), b_ring.index(s))
                     i += 1
     else:
-        GR: gl.constexpr = g_ring.type.shape[1]
-        i = 0
-        for u in range(2 * pid + side, N // GR, 2 * P):
-            for k in range(0, K, GK):
-                s = side * DS + i % DS
-                mbarrier.wait(d_empty.index(s), ((i // DS) & 1) ^ 1)
-                mbarrier.expect(d_ready.index(s), GR * GK * 2)
-                tma.async_copy_global_to_shared(g_desc, [u * GR, k], d_ready.index(s), g_ring.index(s))
-                i += 1
+        gemv_load(g_desc, g_ring, d_ready, d_empty, side * DS, 0, 2 * pid + side, 2 * P, N, K, DS)
 
 
 @gluon.jit
@@ -206,85 +171,9 @@ def options(stages, ds, gr, gated, group=8):
                 num_warps=4, maxnreg=160)
 
 
-def compile_only(specs):
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    sig = {"x": "*bf16", "w": "*bf16", "y": "*bf16", "xv": "*bf16", "yv": "*bf16", "M": "i32", "N": "i32",
-           "K": "i32", "run_prefill": "i32"}
-    for stages, ds, gr in specs:
-        for gated in (False, True):
-            opts = options(stages, ds, gr, gated)
-            const = {k: v for k, v in opts.items() if k not in ("num_warps", "maxnreg")}
-            src = GluonASTSource(ws_coop, signature={**sig, **{k: "constexpr" for k in const}}, constexprs=const,
-                                 attrs={(i, ): [["tt.divisibility", 16]] for i in range(8)})
-            c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                               options={"num_warps": opts["num_warps"], "maxnreg": opts["maxnreg"]})
-            path = Path(f"/tmp/ws_coop_{stages}_{ds}_{gr}_{int(gated)}.cubin")
-            path.write_bytes(c.asm["cubin"])
-            print(f"{stages}/{ds}/{gr} gated={gated}: {resource_usage(path)}, shared {c.metadata.shared} B")
-
-
-def run_gpu(specs, tokens, reps, shapes):
-    from benchmarks.baselines import read_bandwidth_tbs
-    dev = "cuda"
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    bw = read_bandwidth_tbs(dev)
-    print(f"device {torch.cuda.get_device_name(0)}, {sms} SMs, read bandwidth {bw:.2f} TB/s; one program an SM, two "
-          f"consumer warp groups and two loader warps; {tokens} tokens", flush=True)
-    gen = torch.Generator(device=dev).manual_seed(0)
-    for name, n, k, gated in SHAPES:
-        if shapes and name not in shapes:
-            continue
-        x = torch.randn(tokens, k, device=dev, generator=gen).to(torch.bfloat16)
-        w = (torch.randn(n, k, device=dev, generator=gen) / k ** 0.5).to(torch.bfloat16)
-        xv = torch.randn(k, device=dev, generator=gen).to(torch.bfloat16)
-        flop = 2 * tokens * n * k
-        ref = x.float() @ w.float().T
-        if gated:
-            ref = torch.nn.functional.silu(ref[:, 0::2]) * ref[:, 1::2]
-        ref_v = w.float() @ xv.float()
-        cublas_ms = graph_ms(lambda: torch.matmul(x, w.T), reps)
-        gemv_ms = graph_ms(lambda: torch.matmul(w, xv), reps)
-        print(f"{name:8s} [{tokens}, {k}] x [{n}, {k}]^T: cuBLAS {cublas_ms * 1e3:7.1f} us; one row's GEMV "
-              f"{gemv_ms * 1e3:6.1f} us ({w.numel() * 2 / gemv_ms / 1e9:4.2f} TB/s)", flush=True)
-        y = torch.empty(tokens, n // 2 if gated else n, device=dev, dtype=torch.bfloat16)
-        yv = torch.empty(n, device=dev, dtype=torch.bfloat16)
-        for stages, ds, gr in specs:
-            opts = options(stages, ds, gr, gated)
-            for run_prefill in (1, 0):
-                def launch():
-                    ws_coop[(sms, )](x, w, y, xv, yv, tokens, n, k, run_prefill, **opts)
-                tag = f"{name:8s} {stages}/{ds}/{gr} {'prefill' if run_prefill else 'decode '}"
-                try:
-                    y.fill_(float("nan"))
-                    yv.fill_(float("nan"))
-                    launch()
-                    torch.cuda.synchronize()
-                except Exception as exc:  # a variant that does not compile or launch: say so, go on
-                    print(f"  {tag}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-                    continue
-                out, want = (y, ref) if run_prefill else (yv, ref_v)
-                err = ((out.float() - want).norm() / want.norm()).item()
-                ms = graph_ms(launch, reps)
-                rate = (f"{flop / ms / 1e9:5.0f} TFLOP/s, {cublas_ms / ms:.2f}x cuBLAS" if run_prefill else
-                        f"{w.numel() * 2 / ms / 1e9:4.2f} TB/s, {w.numel() * 2 / ms / 1e9 / bw:.0%} of BW")
-                print(f"RESULT {tag}: {ms * 1e3:7.1f} us ({rate}) rel_err {err:.1e}", flush=True)
-
-
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--compile-only", action="store_true")
-    parser.add_argument("--variants", default="3/6/16,3/3/32", help="STAGES/DS/GR, comma-separated")
-    parser.add_argument("--tokens", type=int, default=2048)
-    parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--shapes", default="", help="only these projections (comma-separated names)")
-    args = parser.parse_args()
-    specs = variants(args.variants)
-    if args.compile_only:
-        compile_only(specs)
-    else:
-        run_gpu(specs, args.tokens, args.reps, [s for s in args.shapes.split(",") if s])
+    projection_main(__doc__, ws_coop, options, variants, "3/6/16,3/3/32", "STAGES/DS/GR, comma-separated",
+                    "one program an SM, two consumer warp groups and two loader warps")
 
 
 if __name__ == "__main__":

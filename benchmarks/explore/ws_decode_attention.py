@@ -25,17 +25,15 @@ A variant is BLOCK/STAGES/warps[/MODE[/MMA]]; MODE 1 (timing only) hands each sl
 2 hands over slots with nothing copied (the consumers' bound).
 """
 import argparse
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from codegen.compile import resource_usage
+from benchmarks.explore.gluon_probe import compile_sm90, graph_ms, use_global_scratch
 
 LOG2E = 1.4426950408889634
 
@@ -259,29 +257,19 @@ def variants(spec):
 
 
 def compile_only(specs):
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
     sig = {"q": "*bf16", "kv": "*bf16", "pages": "*i32", "out": "*fp32", "num_tasks": "i32", "ctx": "i32",
            "num_slots": "i32", "kv_plane": "i32", "pages_per_seq": "i32", "scale": "fp32"}
     for block, stages, warps, mode, mma in specs:
-        opts = options(block, stages, warps, mode, mma)
-        const = {k: v for k, v in opts.items() if k not in ("num_warps", "maxnreg")}
-        src = GluonASTSource(ws_attend, signature={**sig, **{k: "constexpr" for k in const}}, constexprs=const,
-                             attrs={(i, ): [["tt.divisibility", 16]] for i in range(4)})
-        c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": warps, "maxnreg": opts["maxnreg"]})
-        path = Path(f"/tmp/ws_decode_attention_{block}_{stages}_{warps}_{mode}_{mma}.cubin")
-        path.write_bytes(c.asm["cubin"])
-        print(f"{block} keys a slot, {stages} stages, {warps} warps, mode {mode}, wgmma {mma}: "
-              f"{resource_usage(path)}, shared {c.metadata.shared} B")
+        compile_sm90(ws_attend, sig, options(block, stages, warps, mode, mma),
+                     f"ws_decode_attention_{block}_{stages}_{warps}_{mode}_{mma}",
+                     f"{block} keys a slot, {stages} stages, {warps} warps, mode {mode}, wgmma {mma}")
 
 
 def run_gpu(specs, shapes, reps):
     from benchmarks.baselines import read_bandwidth_tbs
     from benchmarks.explore.decode_attention import Shape, Variant, attend_tasks, paged_cache
-    from benchmarks.explore.ws_prefill import graph_ms
     dev = "cuda"
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
+    use_global_scratch(dev)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bw = read_bandwidth_tbs(dev)
     print(f"{torch.cuda.get_device_name()}: DRAM read {bw:.2f} TB/s, {sms} SMs", flush=True)

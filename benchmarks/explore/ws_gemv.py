@@ -21,17 +21,15 @@ compares each matrix's output with the fp32 product of its weights and its own s
     python -m benchmarks.explore.ws_gemv --compile-only   # here, no GPU: compile for sm_90, print resources
 """
 import argparse
-from pathlib import Path
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from benchmarks.baselines import read_bandwidth_tbs
 from benchmarks.explore.persistent_gemv import FULL, Problem, bench, in_off, layout
-from codegen.compile import resource_usage
+from benchmarks.explore.gluon_probe import compile_sm90, use_global_scratch
 
 UNIT_ROWS, CHUNK = 16, 256  # a unit's weight rows, a chunk's columns: 8 KB of weights a chunk
 COPY_WIDTH, COPY_ROWS = 256, 8  # the input vector is copied as rows of COPY_WIDTH elements, COPY_ROWS rows a copy
@@ -190,27 +188,18 @@ def chain_constants(shape):
 
 
 def compile_only(ring, warps):
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
     _, const = chain_constants(FULL)
     sig = {"W0": "*bf16", "W1": "*bf16", "W2": "*bf16", "W3": "*bf16", "act": "*bf16", "cnt": "*i32",
            "err": "*i32", "epoch": "i32", "NL": "i32", "act_rows": "i32"}
-    const.update(RING=ring, WAIT=True, SIGNAL=True, MAX_SPIN=MAX_SPIN, WORKER_REGS=40, ATTN_NS=10000)
-    for k in const:
-        sig[k] = "constexpr"
-    attrs = {(i,): [["tt.divisibility", 16]] for i in range(7)}
-    src = GluonASTSource(ws_chain, signature=sig, constexprs=const, attrs=attrs)
-    c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": warps, "maxnreg": regs_per_thread(2, warps)})
-    path = Path(f"/tmp/ws_gemv_ring{ring}.cubin")
-    path.write_bytes(c.asm["cubin"])
-    print(f"ring {ring}: {resource_usage(path)}, Triton's shared {c.metadata.shared} B; {path}")
+    const.update(RING=ring, WAIT=True, SIGNAL=True, MAX_SPIN=MAX_SPIN, WORKER_REGS=40, ATTN_NS=10000,
+                 num_warps=warps, maxnreg=regs_per_thread(2, warps))
+    compile_sm90(ws_chain, sig, const, f"ws_gemv_ring{ring}", f"ring {ring}")
 
 
 def run_gpu(rings, reps, warps, programs, attention_us=(0, )):
     dev = "cuda"
     props = torch.cuda.get_device_properties(0)
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
+    use_global_scratch(dev)
     bw = read_bandwidth_tbs(dev)
     shape = FULL
     lay, const = chain_constants(shape)

@@ -22,7 +22,6 @@ timed against `torch.matmul` (cuBLAS) of the same shapes, in the same run (CUDA 
     python -m benchmarks.explore.ws_prefill --compile-only    # here, no GPU: compile for sm_90, print resources
 """
 import argparse
-from pathlib import Path
 
 import torch
 import triton
@@ -31,12 +30,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from codegen.compile import resource_usage
-
-# Llama-3-8B: (name, output columns, K, gated); gate/up's columns alternate gate, up and its output is half as wide
-SHAPES = (("qkv", 6144, 4096, False), ("o_proj", 4096, 4096, False), ("gate_up", 28672, 4096, True),
-          ("down", 4096, 14336, False))
-
+from benchmarks.explore.gluon_probe import (SHAPES, compile_sm90, gemv_consume, gemv_load, graph_ms,
+                                            use_global_scratch)
 
 @triton.constexpr_function
 def _acc_layout(bm, bn, warps):
@@ -109,15 +104,7 @@ def _loader(x_desc, w_desc, g_desc, a_ring, b_ring, g_ring, ready, empty, queue,
                 _push(queue, q_ready, q_empty, j, -1, Q)
     if DECODE:
         if run_decode:
-            GR: gl.constexpr = g_ring.type.shape[1]
-            GK: gl.constexpr = g_ring.type.shape[2]
-            for u in range(pid, N // GR, P):
-                for k in range(0, K, GK):
-                    s = i % STAGES
-                    mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-                    mbarrier.expect(ready.index(s), GR * GK * 2)
-                    tma.async_copy_global_to_shared(g_desc, [u * GR, k], ready.index(s), g_ring.index(s))
-                    i += 1
+            gemv_load(g_desc, g_ring, ready, empty, 0, i, pid, P, N, K, STAGES)
 
 
 @gluon.jit
@@ -132,30 +119,7 @@ def _consumer(y_desc, a_ring, b_ring, g_ring, ready, empty, c_smem, queue, q_rea
                        K, pid, P, i, BM, BN, BK, STAGES, GROUP, GATED, SPLIT, CLAIM, Q)
     if DECODE:
         if run_decode:
-            _gemv(g_ring, ready, empty, xv, yv, N, K, pid, P, i, STAGES)
-
-
-@gluon.jit
-def _gemv(g_ring, ready, empty, xv, yv, N, K, pid, P, i, STAGES: gl.constexpr):
-    """A decoding row's product, y[N] = w[N, K] @ x[K]: GR weight rows a unit, its K in chunks of GK from the ring
-    (the prefill tiles' slots seen as [GR, GK]), multiplied on the CUDA cores."""
-    GR: gl.constexpr = g_ring.type.shape[1]
-    GK: gl.constexpr = g_ring.type.shape[2]
-    blocked: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [gl.num_warps(), 1], [1, 0])
-    cols: gl.constexpr = gl.SliceLayout(0, blocked)
-    rows: gl.constexpr = gl.SliceLayout(1, blocked)
-    for u in range(pid, N // GR, P):
-        acc = gl.zeros([GR, GK], gl.float32, blocked)
-        for k in range(0, K, GK):
-            s = i % STAGES
-            xk = gl.load(xv + k + gl.arange(0, GK, layout=cols))
-            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            wk = g_ring.index(s).load(blocked)
-            fence_async_shared()  # the slot's reads before the loader's next copy into it
-            mbarrier.arrive(empty.index(s), count=1)
-            acc += wk.to(gl.float32) * xk.to(gl.float32)[None, :]
-            i += 1
-        gl.store(yv + u * GR + gl.arange(0, GR, layout=rows), gl.sum(acc, axis=1).to(gl.bfloat16))
+            gemv_consume(xv, yv, g_ring, ready, empty, 0, i, pid, P, N, K, STAGES)
 
 
 @gluon.jit
@@ -285,44 +249,15 @@ def options(bm, bn, bk, stages, gated, warps, group, build, split=False, claim=F
 
 
 def compile_only(specs, warps, group):
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
     sig = {"x": "*bf16", "w": "*bf16", "y": "*bf16", "part": "*fp32", "xv": "*bf16", "yv": "*bf16",
            "claims": "*i32", "M": "i32", "N": "i32", "K": "i32", "splits": "i32", "run_prefill": "i32",
            "run_decode": "i32"}
     for bm, bn, bk, stages, claim in specs:
         for gated in (False, True):
             for build in (["prefill"] if claim else BUILDS):
-                opts = options(bm, bn, bk, stages, gated, warps, group, build, claim=claim)
-                const = {k: v for k, v in opts.items() if k not in ("num_warps", "maxnreg")}
-                src = GluonASTSource(ws_linear, signature={**sig, **{k: "constexpr" for k in const}},
-                                     constexprs=const, attrs={(i, ): [["tt.divisibility", 16]] for i in range(10)})
-                c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                   options={"num_warps": warps, "maxnreg": opts["maxnreg"]})
-                path = Path(f"/tmp/ws_prefill_{bm}x{bn}x{bk}_{stages}_{int(gated)}_{build}_{int(claim)}.cubin")
-                path.write_bytes(c.asm["cubin"])
-                print(f"{bm}x{bn}x{bk}/{stages}{'/c' if claim else ''} gated={gated} {build}: {resource_usage(path)}, "
-                      f"shared "
-                      f"{c.metadata.shared} B")
-
-
-def graph_ms(fn, reps):
-    """Median ms of one fn() from CUDA graphs of reps calls, five replays."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / reps)
-    return sorted(times)[2]
+                compile_sm90(ws_linear, sig, options(bm, bn, bk, stages, gated, warps, group, build, claim=claim),
+                             f"ws_prefill_{bm}x{bn}x{bk}_{stages}_{int(gated)}_{build}_{int(claim)}",
+                             f"{bm}x{bn}x{bk}/{stages}{'/c' if claim else ''} gated={gated} {build}")
 
 
 def auto_splits(tokens, n, k, bm, bn, bk, sms):
@@ -336,7 +271,7 @@ def auto_splits(tokens, n, k, bm, bn, bk, sms):
 def run_gpu(specs, tokens, warps, group, reps, shapes):
     from benchmarks.baselines import read_bandwidth_tbs
     dev = "cuda"
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
+    use_global_scratch(dev)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bw = read_bandwidth_tbs(dev)
     print(f"device {torch.cuda.get_device_name(0)}, {sms} SMs, read bandwidth {bw:.2f} TB/s; one program an SM, "

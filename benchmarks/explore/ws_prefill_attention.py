@@ -21,17 +21,15 @@ A variant is BLOCK/STAGES/warps[/PIPE] (keys a slot, slots, consumer warps; PIPE
 tensor cores before the block before's softmax, so that the two overlap, as flash attention 3 orders them).
 """
 import argparse
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from codegen.compile import resource_usage
+from benchmarks.explore.gluon_probe import compile_sm90, graph_ms, use_global_scratch
 
 
 @gluon.jit
@@ -222,28 +220,18 @@ def variants(spec):
 
 
 def compile_only(specs):
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
     sig = {"q": "*bf16", "pool": "*bf16", "pages": "*i32", "out": "*bf16", "T": "i32", "num_slots": "i32",
            "scale": "fp32"}
     for block, stages, warps, pipe in specs:
-        opts = options(block, stages, warps, pipe)
-        const = {k: v for k, v in opts.items() if k not in ("num_warps", "maxnreg")}
-        src = GluonASTSource(ws_prefill_attend, signature={**sig, **{k: "constexpr" for k in const}},
-                             constexprs=const, attrs={(i, ): [["tt.divisibility", 16]] for i in range(4)})
-        c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": warps, "maxnreg": opts["maxnreg"]})
-        path = Path(f"/tmp/ws_prefill_attention_{block}_{stages}_{warps}_{pipe}.cubin")
-        path.write_bytes(c.asm["cubin"])
-        print(f"{block} keys a slot, {stages} stages, {warps} warps, pipe {pipe}: {resource_usage(path)}, shared "
-              f"{c.metadata.shared} B")
+        compile_sm90(ws_prefill_attend, sig, options(block, stages, warps, pipe),
+                     f"ws_prefill_attention_{block}_{stages}_{warps}_{pipe}",
+                     f"{block} keys a slot, {stages} stages, {warps} warps, pipe {pipe}")
 
 
 def run_gpu(specs, prompts, reps):
     from benchmarks.explore.prefill_attention import prefill_items
-    from benchmarks.explore.ws_prefill import graph_ms
     dev = torch.device("cuda")
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
+    use_global_scratch(dev)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     H, HKV, HD, PAGE = 32, 8, 128, 16  # Llama-3-8B, the cache's pages
     scale = HD ** -0.5
