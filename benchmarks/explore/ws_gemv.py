@@ -15,7 +15,9 @@ warp-specialized in Gluon (Triton 3.6's explicit-layout dialect, Hopper only):
   stored, then released on the matrix's counter.
 
 Activations are bf16, one vector a matrix in the layout of `persistent_gemv.layout` (no split K). The check
-compares each matrix's output with the fp32 product of its weights and its own stored input.
+compares each matrix's output with the fp32 product of its weights and its own stored input. `--attention-us`
+holds each layer's o_proj input back that long after QKV completes (a layer's attention, as a latency), to see how
+much of it the producer's run-ahead hides (session 59: none).
 
     python -m benchmarks.explore.ws_gemv                  # on an H100 / H200: times it (and its NOWAIT bound)
     python -m benchmarks.explore.ws_gemv --compile-only   # here, no GPU: compile for sm_90, print resources

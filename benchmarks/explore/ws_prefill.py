@@ -14,7 +14,13 @@ specialized megakernel would take:
   flight), then the epilogue: bf16, or for gate/up's tiles (columns alternating gate, up, as the megakernel lays
   them) silu(gate) * up, half the columns; through shared memory and one TMA store.
 
-Tiles go out to the programs round-robin in a grouped order (GROUP row blocks share each column block in time).
+Tiles go out to the programs round-robin in a grouped order (GROUP row blocks share each column block in time), or
+(a variant's `/c`) every tile after a program's first is claimed by its loader from a counter and queued to the
+consumers, as the megakernel's claimed tasks would have to be. Where the tiles are fewer than the programs (few
+rows) their K is split, each split's fp32 partial stored (the sum left out of the time). A kernel may also hold a
+decode GEMV that streams the same weights through the same ring (`gluon_probe.gemv_load` / `gemv_consume`): every
+variant is built with the tiles, the GEMV, or both, to see what each costs the other.
+
 The shapes are Llama-3-8B's four projections at a prompt of `--tokens`; each is checked against torch's product and
 timed against `torch.matmul` (cuBLAS) of the same shapes, in the same run (CUDA graphs of `--reps` launches each).
 
@@ -32,6 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from benchmarks.explore.gluon_probe import (SHAPES, compile_sm90, gemv_consume, gemv_load, graph_ms,
                                             use_global_scratch)
+
 
 @triton.constexpr_function
 def _acc_layout(bm, bn, warps):
