@@ -275,7 +275,7 @@ def auto_splits(tokens, n, k, bm, bn, bk, sms):
     return splits
 
 
-def run_gpu(specs, tokens, warps, group, reps, shapes):
+def run_gpu(specs, tokens, warps, group, reps, shapes, min_splits=1):
     from benchmarks.baselines import read_bandwidth_tbs
     dev = "cuda"
     use_global_scratch(dev)
@@ -311,6 +311,8 @@ def run_gpu(specs, tokens, warps, group, reps, shapes):
         claims = torch.zeros(1, device=dev, dtype=torch.int32)
         for bm, bn, bk, stages, claim in specs:
             splits = auto_splits(tokens, n, k, bm, bn, bk, sms)
+            while 1 < splits < min_splits and k % (2 * splits * bk) == 0:  # finer splits: more, shorter tiles
+                splits *= 2
             part = torch.empty(splits * -(-tokens // bm) * bm, n, device=dev, dtype=torch.float32)
             for build, (has_prefill, has_decode) in BUILDS.items():
                 if claim and build != "prefill":
@@ -360,12 +362,15 @@ def main():
     parser.add_argument("--group", type=int, default=8, help="row blocks that share a column block in time")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--shapes", default="", help="only these projections (comma-separated names)")
+    parser.add_argument("--min-splits", type=int, default=1, help="split K at least this many ways where the tiles "
+                        "are split at all (a power of two; the rule splits only as far as fills the programs)")
     args = parser.parse_args()
     specs = variants(args.variants)
     if args.compile_only:
         compile_only(specs, args.warps, args.group)
     else:
-        run_gpu(specs, args.tokens, args.warps, args.group, args.reps, [s for s in args.shapes.split(",") if s])
+        run_gpu(specs, args.tokens, args.warps, args.group, args.reps, [s for s in args.shapes.split(",") if s],
+                args.min_splits)
 
 
 if __name__ == "__main__":
