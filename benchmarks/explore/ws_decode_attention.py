@@ -35,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from benchmarks.explore.gluon_probe import compile_sm90, graph_ms, use_global_scratch
 
-LOG2E = 1.4426950408889634
+LOG2E = gl.constexpr(1.4426950408889634)  # scores in units of raw dot products: exp(x scale) = 2^(x scale LOG2E)
 
 
 @gluon.jit
@@ -111,7 +111,7 @@ def _consumer(q_ptr, out, k_ring, v_ring, ready, empty, num_tasks, ctx, scale, p
     d = gl.arange(0, HD, layout=gl.SliceLayout(0, gl.SliceLayout(0, L3)))
     key = (gl.arange(0, W, layout=gl.SliceLayout(1, scores))[:, None] * R
            + gl.arange(0, R, layout=gl.SliceLayout(0, scores))[None, :])
-    c = scale * 1.4426950408889634
+    c = scale * LOG2E
     i = 0
     for t in range(pid, num_tasks, P):
         head = t * 4  # (sequence b, KV head g) -> query heads b * H + g * 4 .. + 3 (REP 4)
@@ -173,7 +173,7 @@ def _consumer_mma(q_ptr, out, k_ring, v_ring, ready, empty, num_tasks, ctx, scal
     keys = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, s_layout))
     orow = gl.arange(0, 64, layout=rows_o)
     od = gl.arange(0, HW, layout=gl.SliceLayout(0, o_layout))
-    c = scale * 1.4426950408889634
+    c = scale * LOG2E
     i = 0
     for t in range(pid, num_tasks, P):
         head = t * 4  # (sequence b, KV head g) -> query heads b * H + g * 4 .. + 3 (REP 4)

@@ -31,6 +31,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from benchmarks.explore.gluon_probe import compile_sm90, graph_ms, use_global_scratch
 
+LOG2E = gl.constexpr(1.4426950408889634)  # scores in units of raw dot products: exp(x scale) = 2^(x scale LOG2E)
+
 
 @gluon.jit
 def _item(r, pid, P, total, HKV: gl.constexpr, BM: gl.constexpr, REP: gl.constexpr, T):
@@ -121,7 +123,7 @@ def _consumer(q_ptr, out, k_ring, v_ring, ready, empty, T, total, scale, pid, P,
     sr = gl.arange(0, BM, layout=rows_s)
     orow = gl.arange(0, BM, layout=rows_o)
     od = gl.arange(0, HW, layout=gl.SliceLayout(0, o_layout))
-    c = scale * 1.4426950408889634
+    c = scale * LOG2E
     i = 0
     for r in range(gl.cdiv(total, P)):
         valid, g, m0, last = _item(r, pid, P, total, HKV, BM, REP, T)
