@@ -98,35 +98,47 @@ def use_global_scratch(dev: str = "cuda") -> None:
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
 
 
+def probe_header(describe: str) -> float:
+    """Sets up a GPU probe (the descriptors' scratch), prints the device and the read bandwidth measured now, and
+    returns it (TB/s)."""
+    from benchmarks.baselines import read_bandwidth_tbs
+    use_global_scratch("cuda")
+    bw = read_bandwidth_tbs("cuda")
+    print(f"device {torch.cuda.get_device_name(0)}, {torch.cuda.get_device_properties(0).multi_processor_count} "
+          f"SMs, read bandwidth {bw:.2f} TB/s; {describe}", flush=True)
+    return bw
+
+
+def projection_inputs(shapes, tokens: int):
+    """For each projection of SHAPES (or only those named in shapes): (name, N, K, gated, x [tokens, K], w [N, K], a
+    row xv [K], the fp32 product x @ w^T, what the projection outputs (gated: silu(gate) * up of it), w @ xv), the
+    same random values in every probe."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for name, n, k, gated in SHAPES:
+        if shapes and name not in shapes:
+            continue
+        x = torch.randn(tokens, k, device="cuda", generator=gen).to(torch.bfloat16)
+        w = (torch.randn(n, k, device="cuda", generator=gen) / k ** 0.5).to(torch.bfloat16)
+        xv = torch.randn(k, device="cuda", generator=gen).to(torch.bfloat16)
+        product = x.float() @ w.float().T
+        ref = torch.nn.functional.silu(product[:, 0::2]) * product[:, 1::2] if gated else product
+        yield name, n, k, gated, x, w, xv, product, ref, w.float() @ xv.float()
+
+
 def projection_probe(launcher, specs, tokens: int, reps: int, shapes, describe: str) -> None:
     """Each projection of SHAPES (or only those named in shapes) at `tokens` rows: cuBLAS and torch's one-row GEMV
     timed, then for every spec, launcher(spec, gated, run_prefill) -> a function of (x, w, y, xv, yv, M, N, K) that
     launches the probe on them (run_prefill 1: y = x @ w^T, gated as gate/up is; 0: yv = w @ xv), checked against
     fp32 and timed. Every time from CUDA graphs; every line of figures starts RESULT."""
-    from benchmarks.baselines import read_bandwidth_tbs
-    dev = "cuda"
-    use_global_scratch(dev)
-    bw = read_bandwidth_tbs(dev)
-    print(f"device {torch.cuda.get_device_name(0)}, {torch.cuda.get_device_properties(0).multi_processor_count} "
-          f"SMs, read bandwidth {bw:.2f} TB/s; {describe}; {tokens} tokens", flush=True)
-    gen = torch.Generator(device=dev).manual_seed(0)
-    for name, n, k, gated in SHAPES:
-        if shapes and name not in shapes:
-            continue
-        x = torch.randn(tokens, k, device=dev, generator=gen).to(torch.bfloat16)
-        w = (torch.randn(n, k, device=dev, generator=gen) / k ** 0.5).to(torch.bfloat16)
-        xv = torch.randn(k, device=dev, generator=gen).to(torch.bfloat16)
+    bw = probe_header(f"{describe}; {tokens} tokens")
+    for name, n, k, gated, x, w, xv, product, ref, ref_v in projection_inputs(shapes, tokens):
         flop, weight_bytes = 2 * tokens * n * k, w.numel() * 2
-        ref = x.float() @ w.float().T
-        if gated:
-            ref = torch.nn.functional.silu(ref[:, 0::2]) * ref[:, 1::2]
-        ref_v = w.float() @ xv.float()
         cublas_ms = graph_ms(lambda: torch.matmul(x, w.T), reps)
         gemv_ms = graph_ms(lambda: torch.matmul(w, xv), reps)
         print(f"{name:8s} [{tokens}, {k}] x [{n}, {k}]^T: cuBLAS {cublas_ms * 1e3:7.1f} us; one row's GEMV "
               f"{gemv_ms * 1e3:6.1f} us ({weight_bytes / gemv_ms / 1e9:4.2f} TB/s)", flush=True)
-        y = torch.empty(tokens, n // 2 if gated else n, device=dev, dtype=torch.bfloat16)
-        yv = torch.empty(n, device=dev, dtype=torch.bfloat16)
+        y = torch.empty(tokens, n // 2 if gated else n, device="cuda", dtype=torch.bfloat16)
+        yv = torch.empty(n, device="cuda", dtype=torch.bfloat16)
         for spec in specs:
             for run_prefill in (1, 0):
                 kernel = launcher(spec, gated, run_prefill)

@@ -36,8 +36,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from benchmarks.explore.gluon_probe import (SHAPES, compile_sm90, gemv_consume, gemv_load, graph_ms,
-                                            use_global_scratch)
+from benchmarks.explore.gluon_probe import (compile_sm90, gemv_consume, gemv_load, graph_ms, probe_header,
+                                            projection_inputs)
 
 
 @triton.constexpr_function
@@ -276,25 +276,11 @@ def auto_splits(tokens, n, k, bm, bn, bk, sms):
 
 
 def run_gpu(specs, tokens, warps, group, reps, shapes, min_splits=1):
-    from benchmarks.baselines import read_bandwidth_tbs
     dev = "cuda"
-    use_global_scratch(dev)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    bw = read_bandwidth_tbs(dev)
-    print(f"device {torch.cuda.get_device_name(0)}, {sms} SMs, read bandwidth {bw:.2f} TB/s; one program an SM, "
-          f"{warps} consumer warps + a loader warp; {tokens} tokens", flush=True)
-    gen = torch.Generator(device=dev).manual_seed(0)
-    for name, n, k, gated in SHAPES:
-        if shapes and name not in shapes:
-            continue
-        x = torch.randn(tokens, k, device=dev, generator=gen).to(torch.bfloat16)
-        w = (torch.randn(n, k, device=dev, generator=gen) / k ** 0.5).to(torch.bfloat16)
-        xv = torch.randn(k, device=dev, generator=gen).to(torch.bfloat16)
+    bw = probe_header(f"one program an SM, {warps} consumer warps + a loader warp; {tokens} tokens")
+    for name, n, k, gated, x, w, xv, product, ref, ref_v in projection_inputs(shapes, tokens):
         flop = 2 * tokens * n * k
-        ref = (x.float() @ w.float().T)
-        if gated:
-            ref = torch.nn.functional.silu(ref[:, 0::2]) * ref[:, 1::2]
-        ref_v = w.float() @ xv.float()
         cublas_ms = graph_ms(lambda: torch.matmul(x, w.T), reps)
         gemv_ms = graph_ms(lambda: torch.matmul(w, xv), reps)
         line = (f"{name:8s} [{tokens}, {k}] x [{n}, {k}]^T: cuBLAS {cublas_ms * 1e3:7.1f} us "
@@ -307,7 +293,6 @@ def run_gpu(specs, tokens, warps, group, reps, shapes, min_splits=1):
               flush=True)
         y = torch.empty(tokens, n // 2 if gated else n, device=dev, dtype=torch.bfloat16)
         yv = torch.empty(n, device=dev, dtype=torch.bfloat16)
-        product = x.float() @ w.float().T
         claims = torch.zeros(1, device=dev, dtype=torch.int32)
         for bm, bn, bk, stages, claim in specs:
             splits = auto_splits(tokens, n, k, bm, bn, bk, sms)
