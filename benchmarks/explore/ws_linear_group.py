@@ -60,19 +60,19 @@ def _round(x):
 
 
 @gluon.jit
-def _epilogue(y, m0, n0, num_rows, N, K, W, ACT, F32, out_off, out_stride, stats_off, eps, res_off, res_stride,
-              bias_off, out_stats_off, GATED: gl.constexpr, NORM_F64: gl.constexpr):
-    """`kept_epilogue` and `store_outputs` of the fp32 products y [BM, BN] of rows m0 .. and weight rows n0 ..:
-    1/rms, bias, rounding, gating, residual, store (bf16 activations), the output's sums of squares."""
+def _activate(y, m0, n0, num_rows, N, K, W, F32, stats_off, eps, bias_off, GATED: gl.constexpr,
+              NORM_F64: gl.constexpr):
+    """`kept_epilogue`'s arithmetic on the fp32 products y [BM, BN] of rows m0 .. and weight rows n0 ..: 1/rms from
+    the producer's sums, bias, rounding, gating. Returns the outputs (rounded, fp32), their rows and columns (in the
+    outputs' slices) and the outputs' width."""
     rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, y.type.layout))
     cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, y.type.layout))
-    row_ok = rows < num_rows
     if stats_off >= 0:
         if NORM_F64:
-            sums = gl.load((F32 + stats_off).to(gl.pointer_type(gl.float64), bitcast=True) + rows, mask=row_ok,
-                           other=1.0).to(gl.float32)
+            sums = gl.load((F32 + stats_off).to(gl.pointer_type(gl.float64), bitcast=True) + rows,
+                           mask=rows < num_rows, other=1.0).to(gl.float32)
         else:
-            sums = gl.load(F32 + stats_off + rows, mask=row_ok, other=1.0)
+            sums = gl.load(F32 + stats_off + rows, mask=rows < num_rows, other=1.0)
         y = y * gl.rsqrt(sums / K.to(gl.float32) + eps)[:, None]
     if bias_off >= 0:
         y = y + gl.load(W + bias_off + cols, mask=cols < N, other=0.0).to(gl.float32)[None, :]
@@ -82,31 +82,72 @@ def _epilogue(y, m0, n0, num_rows, N, K, W, ACT, F32, out_off, out_stride, stats
         y = _round(_round(gate / (1.0 + gl.exp(-gate))) * up)
         rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, y.type.layout))
         cols = n0 // 2 + gl.arange(0, BN // 2, layout=gl.SliceLayout(0, y.type.layout))
-        row_ok = rows < num_rows
         N = N // 2
-    mask = row_ok[:, None] & (cols < N)[None, :]
+    return y, rows, cols, N
+
+
+@gluon.jit
+def _add_sums(F32, out_stats_off, y, rows, mask, num_rows, NORM_F64: gl.constexpr):
+    """The stored rows' sums of squares added into F32 for the norm that reads them (`add_norm_sums`)."""
+    sq = gl.sum(gl.where(mask, y * y, 0.0), axis=1)
+    if NORM_F64:
+        gl.atomic_add((F32 + out_stats_off).to(gl.pointer_type(gl.float64), bitcast=True) + rows, sq.to(gl.float64),
+                      mask=rows < num_rows)
+    else:
+        gl.atomic_add(F32 + out_stats_off + rows, sq, mask=rows < num_rows)
+
+
+@gluon.jit
+def _epilogue(y, m0, n0, num_rows, N, K, W, ACT, F32, out_off, out_stride, stats_off, eps, res_off, res_stride,
+              bias_off, out_stats_off, GATED: gl.constexpr, NORM_F64: gl.constexpr):
+    """`kept_epilogue` and `store_outputs` through pointers in the products' layout."""
+    y, rows, cols, N = _activate(y, m0, n0, num_rows, N, K, W, F32, stats_off, eps, bias_off, GATED, NORM_F64)
+    mask = (rows < num_rows)[:, None] & (cols < N)[None, :]
     if res_off >= 0:
         res = gl.load(ACT + res_off + rows[:, None].to(gl.int64) * res_stride + cols[None, :], mask=mask, other=0.0)
         y = _round(res.to(gl.float32) + y)
     gl.store(ACT + out_off + rows[:, None].to(gl.int64) * out_stride + cols[None, :], y.to(gl.bfloat16), mask=mask)
     if out_stats_off >= 0:
-        sq = gl.sum(gl.where(mask, y * y, 0.0), axis=1)
-        if NORM_F64:
-            gl.atomic_add((F32 + out_stats_off).to(gl.pointer_type(gl.float64), bitcast=True) + rows,
-                          sq.to(gl.float64), mask=row_ok)
-        else:
-            gl.atomic_add(F32 + out_stats_off + rows, sq, mask=row_ok)
+        _add_sums(F32, out_stats_off, y, rows, mask, num_rows, NORM_F64)
 
 
 @gluon.jit
-def _consumer(W, ACT, F32, a_ring, b_ring, ready, empty, num_m, num_n, num_rows, N, K, out_off, out_stride, stats_off,
-              eps, res_off, res_stride, bias_off, out_stats_off, pid, P, STAGES: gl.constexpr, GROUP: gl.constexpr,
-              GATED: gl.constexpr, NORM_F64: gl.constexpr):
+def _epilogue_tma(y, m0, n0, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase, stats_off, eps, res_off,
+                  bias_off, out_stats_off, GATED: gl.constexpr, NORM_F64: gl.constexpr):
+    """The same through shared memory: the residual's tile, loaded by TMA into the staging buffer when the tile
+    began (`res_bar`), read there and added; the outputs written over it and stored by one TMA copy."""
+    y, rows, cols, N = _activate(y, m0, n0, num_rows, N, K, W, F32, stats_off, eps, bias_off, GATED, NORM_F64)
+    if res_off >= 0:
+        mbarrier.wait(res_bar.index(0), phase)
+        y = _round(c_smem.load(y.type.layout).to(gl.float32) + y)
+        gl.thread_barrier()  # every warp's read of the residual before any writes over it
+    c_smem.store(y.to(gl.bfloat16))
+    fence_async_shared()
+    if GATED:
+        tma.async_copy_shared_to_global(o_desc, [m0, n0 // 2], c_smem)
+    else:
+        tma.async_copy_shared_to_global(o_desc, [m0, n0], c_smem)
+    if out_stats_off >= 0:  # (rows and columns past the ends are zeros: their products' inputs were)
+        _add_sums(F32, out_stats_off, y, rows, (rows < num_rows)[:, None] & (cols < N)[None, :], num_rows, NORM_F64)
+
+
+@gluon.jit
+def _consumer(W, ACT, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar, num_m, num_n, num_rows, N,
+              K, out_off, out_stride, stats_off, eps, res_off, res_stride, bias_off, out_stats_off, pid, P,
+              STAGES: gl.constexpr, GROUP: gl.constexpr, GATED: gl.constexpr, NORM_F64: gl.constexpr,
+              TMA_EPILOGUE: gl.constexpr):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                           instr_shape=[16, BN, 16])
+    OUT: gl.constexpr = BN // 2 if GATED else BN
     i = 0
+    phase = 0
     for t in range(pid, num_m * num_n, P):
         m, n, ks = _tile(t, num_m, num_n, 1, GROUP)
+        if TMA_EPILOGUE:
+            tma.store_wait(pendings=0)  # the tile before has left the staging buffer
+            if res_off >= 0:  # this tile's residual on its way while the products run
+                mbarrier.expect(res_bar.index(0), BM * OUT * 2)
+                tma.async_copy_global_to_shared(r_desc, [m * BM, n * OUT], res_bar.index(0), c_smem)
         acc = gl.zeros([BM, BN], gl.float32, acc_layout)
         for k in range(0, K, BK):
             s = i % STAGES
@@ -117,16 +158,25 @@ def _consumer(W, ACT, F32, a_ring, b_ring, ready, empty, num_m, num_n, num_rows,
             i += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1)
-        _epilogue(acc, m * BM, n * BN, num_rows, N, K, W, ACT, F32, out_off, out_stride, stats_off, eps, res_off,
-                  res_stride, bias_off, out_stats_off, GATED, NORM_F64)
+        if TMA_EPILOGUE:
+            _epilogue_tma(acc, m * BM, n * BN, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase, stats_off, eps,
+                          res_off, bias_off, out_stats_off, GATED, NORM_F64)
+            if res_off >= 0:
+                phase ^= 1
+        else:
+            _epilogue(acc, m * BM, n * BN, num_rows, N, K, W, ACT, F32, out_off, out_stride, stats_off, eps, res_off,
+                      res_stride, bias_off, out_stats_off, GATED, NORM_F64)
+    if TMA_EPILOGUE:
+        tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def ws_linear_group(DESCS, W, ACT, F32, desc_index, num_rows, STAGES: gl.constexpr, GROUP: gl.constexpr,
                     GATED: gl.constexpr, NORM_F64: gl.constexpr, DESC_WORDS: gl.constexpr,
-                    LOADER_REGS: gl.constexpr):
+                    LOADER_REGS: gl.constexpr, TMA_EPILOGUE: gl.constexpr):
     """A LINEAR group's prefill: its projection of num_rows rows, every [BM, BN] tile, as its descriptor (row
-    desc_index of DESCS) says. GATED: the descriptor's `gated` word (the output's width depends on it)."""
+    desc_index of DESCS) says. GATED: the descriptor's `gated` word (the output's width depends on it).
+    TMA_EPILOGUE: the residual and the store through a staging buffer and TMA, else through pointers."""
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     desc = DESCS + desc_index * DESC_WORDS
@@ -142,6 +192,15 @@ def ws_linear_group(DESCS, W, ACT, F32, desc_index, num_rows, STAGES: gl.constex
     b_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
     x_desc = tma.make_tensor_descriptor(ACT + x_off, [num_rows, K], [x_stride, 1], [BM, BK], a_layout)
     w_desc = tma.make_tensor_descriptor(W + w_off, [N, K], [K.to(gl.int64), 1], [BN, BK], b_layout)
+    OUT: gl.constexpr = BN // 2 if GATED else BN
+    c_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, OUT], gl.bfloat16)
+    n_out = N // 2 if GATED else N
+    o_desc = tma.make_tensor_descriptor(ACT + out_off, [num_rows, n_out], [out_stride, 1], [BM, OUT], c_layout)
+    r_desc = tma.make_tensor_descriptor(ACT + gl.maximum(res_off, 0), [num_rows, n_out], [res_stride, 1], [BM, OUT],
+                                        c_layout)
+    c_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, OUT], c_layout)
+    res_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(res_bar.index(0), count=1)
     a_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], a_layout)
     b_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, BK], b_layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -152,16 +211,16 @@ def ws_linear_group(DESCS, W, ACT, F32, desc_index, num_rows, STAGES: gl.constex
     num_m = gl.cdiv(num_rows, BM)
     num_n = gl.cdiv(N, BN)
     gl.warp_specialize([
-        (_consumer, (W, ACT, F32, a_ring, b_ring, ready, empty, num_m, num_n, num_rows, N, K, out_off, out_stride,
-                     stats_off, eps, res_off, res_stride, bias_off, out_stats_off, pid, P, STAGES, GROUP, GATED,
-                     NORM_F64)),
+        (_consumer, (W, ACT, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar, num_m, num_n,
+                     num_rows, N, K, out_off, out_stride, stats_off, eps, res_off, res_stride, bias_off,
+                     out_stats_off, pid, P, STAGES, GROUP, GATED, NORM_F64, TMA_EPILOGUE)),
         (_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, pid, P, STAGES, GROUP)),
     ], [1], [LOADER_REGS])
 
 
-def options(stages, gated, norm_f64, warps=8, group=8):
+def options(stages, gated, norm_f64, tma_epilogue, warps=8, group=8):
     return dict(STAGES=stages, GROUP=group, GATED=gated, NORM_F64=norm_f64, DESC_WORDS=DESC_WORDS, LOADER_REGS=40,
-                num_warps=warps, maxnreg=65536 // ((warps + 4) * 32) // 8 * 8)
+                TMA_EPILOGUE=tma_epilogue, num_warps=warps, maxnreg=65536 // ((warps + 4) * 32) // 8 * 8)
 
 
 # Llama-3-8B's projections as the lowering lays them out: (name, N, K, gated, the input normed, a residual added,
@@ -221,28 +280,30 @@ def run_gpu(tokens, stages, norm_f64, reps):
                       out_stats_off=out_stats_off if out_stats else -1, gated=int(gated))
         descs = torch.tensor([[values[f] for f in LINEAR_FIELDS] + [0] * (DESC_WORDS - len(LINEAR_FIELDS))],
                              dtype=torch.int64, device=dev)
-        opts = options(stages, gated, norm_f64)
+        for tma_epilogue in (False, True):
+            opts = options(stages, gated, norm_f64, tma_epilogue)
 
-        def launch():
-            f32[out_stats_off:out_stats_off + 2 * tokens] = 0
-            ws_linear_group[(sms, )](descs, warena, act, f32, 0, tokens, **opts)
-        act[out_off:out_off + tokens * n_out] = float("nan")
-        launch()
-        torch.cuda.synchronize()
-        want, want_sq = reference(x, w, None, sums, res, 1e-5, gated, norm_f64)
-        got = act[out_off:out_off + tokens * n_out].view(tokens, n_out).float()
-        err = ((got - want).norm() / want.norm()).item()
-        line = f"rel_err {err:.1e}, {(got != want).float().mean().item():.1%} of outputs off by a rounding"
-        if out_stats:
-            view = f32.view(torch.float64) if norm_f64 else f32
-            base = out_stats_off // 2 if norm_f64 else out_stats_off
-            got_sq = view[base:base + tokens].double()
-            sq_err = ((got_sq - want_sq.double()).norm() / want_sq.double().norm()).item()
-            line += f", sums of squares rel_err {sq_err:.1e}"
-        ms = graph_ms(launch, reps)
-        cublas_ms = graph_ms(lambda: torch.matmul(x, w.T), reps)
-        print(f"RESULT {name:12s} [{tokens}, {k}] x [{n}, {k}]^T: {ms * 1e3:7.1f} us with its epilogue, cuBLAS's "
-              f"product alone {cublas_ms * 1e3:7.1f} us ({cublas_ms / ms:.2f}x); {line}", flush=True)
+            def launch():
+                f32[out_stats_off:out_stats_off + 2 * tokens] = 0
+                ws_linear_group[(sms, )](descs, warena, act, f32, 0, tokens, **opts)
+            act[out_off:out_off + tokens * n_out] = float("nan")
+            launch()
+            torch.cuda.synchronize()
+            want, want_sq = reference(x, w, None, sums, res, 1e-5, gated, norm_f64)
+            got = act[out_off:out_off + tokens * n_out].view(tokens, n_out).float()
+            err = ((got - want).norm() / want.norm()).item()
+            line = f"rel_err {err:.1e}, {(got != want).float().mean().item():.1%} of outputs off by a rounding"
+            if out_stats:
+                view = f32.view(torch.float64) if norm_f64 else f32
+                base = out_stats_off // 2 if norm_f64 else out_stats_off
+                got_sq = view[base:base + tokens].double()
+                sq_err = ((got_sq - want_sq.double()).norm() / want_sq.double().norm()).item()
+                line += f", sums of squares rel_err {sq_err:.1e}"
+            ms = graph_ms(launch, reps)
+            cublas_ms = graph_ms(lambda: torch.matmul(x, w.T), reps)
+            how = "TMA" if tma_epilogue else "pointers"
+            print(f"RESULT {name:12s} [{tokens}, {k}] x [{n}, {k}]^T, epilogue through {how:8s}: {ms * 1e3:7.1f} us, "
+                  f"cuBLAS's product alone {cublas_ms * 1e3:7.1f} us ({cublas_ms / ms:.2f}x); {line}", flush=True)
 
 
 def main():
@@ -256,10 +317,10 @@ def main():
     if args.compile_only:
         sig = {"DESCS": "*i64", "W": "*bf16", "ACT": "*bf16", "F32": "*fp32", "desc_index": "i32", "num_rows": "i32"}
         for gated in (False, True):
-            for norm_f64 in (False, True):
-                compile_sm90(ws_linear_group, sig, options(args.stages, gated, norm_f64),
-                             f"ws_linear_group_{args.stages}_{int(gated)}_{int(norm_f64)}",
-                             f"{args.stages} stages, gated={gated}, fp64 sums={norm_f64}")
+            for tma_epilogue in (False, True):
+                compile_sm90(ws_linear_group, sig, options(args.stages, gated, args.f64_sums, tma_epilogue),
+                             f"ws_linear_group_{args.stages}_{int(gated)}_{int(tma_epilogue)}",
+                             f"{args.stages} stages, gated={gated}, TMA epilogue={tma_epilogue}")
     else:
         run_gpu(args.tokens, args.stages, args.f64_sums, args.reps)
 
