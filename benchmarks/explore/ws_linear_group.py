@@ -9,8 +9,11 @@ weight is folded into the placed weight), the bias, a rounding to bf16, gate/up'
 megakernel rounds it, the residual added and rounded again, the store, and the stored rows' sums of squares added
 into F32 for the norm that reads them (fp64 sums with `NORM_SUMS_F64`, as `CompileConfig.exact_norm_sums`).
 
-It is the port's first step (benchmarks/explore/NOTES.md, session 59): launched for a whole group, it can stand in
-for the Triton `_group` kernel of the host-driven executor. Here it runs on synthetic arenas laid out as the
+The epilogue runs either through pointers in the products' register layout, as the Triton body's does, or through
+shared memory (`TMA_EPILOGUE`): the residual's tile loaded by TMA into the staging buffer when the tile starts, added
+there, the outputs stored by one TMA copy; every run times both. It is the port's first step
+(benchmarks/explore/NOTES.md, session 59): launched for a whole group, it can stand in for the Triton `_group` kernel
+of the host-driven executor. Here it runs on synthetic arenas laid out as the
 lowering lays them, for each of Llama-3-8B's projection kinds at a prompt's length (QKV's own body adds rotary and
 the cache's writes, so it is left out), and is checked against the same epilogue written in torch.
 
