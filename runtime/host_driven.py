@@ -4,6 +4,10 @@ Same memory, same tasks, same bodies as the persistent megakernel, but one kerne
 group (launch order is the dependency order, so no events) and a host loop over steps. It is baseline
 (c) of the decode benchmark (captured in a CUDA graph, one step per replay) and a cross-check of the
 persistent kernel's synchronisation.
+
+With `gluon`, it is also where the megakernel's Gluon bodies (codegen/gluon) land one at a time: each stands in for
+the Triton group kernel in the steps and groups it covers (today a projection's prefill, `LINEAR_PREFILL`), so that
+the model's logits through the mixed executor check the body and its group's time in the step is its figure.
 """
 from __future__ import annotations
 
@@ -14,14 +18,15 @@ from pathlib import Path
 
 import torch
 
-from codegen.tasks import FLAGS, STREAMS
+from codegen.tasks import FLAGS, STREAMS, Kind
 from runtime.artifact import import_source
 from runtime.megakernel import Completion, Megakernel, use_scratch_allocator
 from runtime.sampling import SamplingParams
 
 
 class HostDriven:
-    def __init__(self, kernel: Megakernel) -> None:
+    def __init__(self, kernel: Megakernel, gluon: bool = False) -> None:
+        """gluon: the groups a Gluon body covers run it (a GPU of compute capability 9.0 only)."""
         self.kernel = kernel
         module = import_source(_inlined(kernel.artifact.source_path))
         name = kernel.manifest["kernel"]["name"]
@@ -30,19 +35,33 @@ class HostDriven:
         # the groups that stream a one-row step (`gemv_stream`): then as many CTAs as the persistent launch has
         # programs, a part each, as its programs take them
         self.streamed = {first for first, _ in self.groups if int(kernel.tasks[first, FLAGS]) & STREAMS}
+        self.linear_prefill = LinearPrefill(kernel, self.groups) if gluon else None
 
-    def step(self, step: int, one_row: bool | None = None) -> None:
-        """Step `step`'s launches. `one_row`: whether the step has one row (its streamed groups then run in
-        parts); None reads it from the plan (a wait for the GPU: pass it where the launches are captured)."""
+    def step(self, step: int, rows: int | None = None) -> None:
+        """Step `step`'s launches. `rows`: the step's tokens (a one-row step's streamed groups run in parts, a
+        prefill's projections on Gluon tiles with `gluon`); None reads them from the plan where it matters (a wait
+        for the GPU: pass them where the launches are captured)."""
+        rows = self.plan_step(step, rows)
+        for first, count in self.groups:
+            self.launch_group(first, count, step, rows)
+
+    def plan_step(self, step: int, rows: int | None = None) -> int | None:
+        """Plans step `step`; returns its tokens (`rows`, or read from the plan where the launches depend on them)."""
         k = self.kernel
         use_scratch_allocator()
         self.plan[(1,)](k.i32, k.f32, step)
-        if one_row is None:
-            one_row = bool(self.streamed) and k.last_step_size()[0] == 1
-        for first, count in self.groups:
-            parts = min(count, k.programs) if one_row and first in self.streamed else 0
-            self.group[(parts or count,)](k.tasks, k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, first,
-                                          step, parts)
+        if rows is None and (self.streamed or self.linear_prefill):
+            rows = k.last_step_size()[0]
+        return rows
+
+    def launch_group(self, first: int, count: int, step: int, rows: int | None) -> None:
+        """The launch of the `count` tasks from `first` (a group of `groups`) in step `step` of `rows` tokens."""
+        k = self.kernel
+        if self.linear_prefill and self.linear_prefill.launch(first, rows):
+            return
+        parts = min(count, k.programs) if rows == 1 and first in self.streamed else 0
+        self.group[(parts or count,)](k.tasks, k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, first, step,
+                                      parts)
 
     def is_done(self) -> bool:
         return bool(self.kernel.i32[self.kernel.region("control")[0] + 2])
@@ -78,12 +97,57 @@ def _contiguous_groups(signals: list[int]) -> list[tuple[int, int]]:
     return groups
 
 
-def capture_step(driver: HostDriven, step: int, one_row: bool) -> torch.cuda.CUDAGraph:
-    """One step's launches in one CUDA graph (baseline (c) of the decode benchmark); `one_row`: whether the
-    step has one row."""
-    driver.step(step, one_row)  # compile and warm up outside the capture
+def capture_step(driver: HostDriven, step: int, rows: int) -> torch.cuda.CUDAGraph:
+    """One step's launches in one CUDA graph (baseline (c) of the decode benchmark); `rows`: the step's tokens."""
+    driver.step(step, rows)  # compile and warm up outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        driver.step(step, one_row)
+        driver.step(step, rows)
     return graph
+
+
+class LinearPrefill:
+    """The projections' prefill in Gluon (codegen/gluon/linear.py): a step of more tokens than the batched blocks
+    take (`CompileConfig.wide_rows`: the Triton tasks then run the prefill tiles) launches it, one program an SM,
+    for each LINEAR group it can take, in place of the group's Triton tasks."""
+
+    def __init__(self, kernel: Megakernel, groups: list[tuple[int, int]]) -> None:
+        from codegen.bodies.linear import LINEAR_FIELDS
+        from codegen.gluon import linear
+
+        if kernel.device.type != "cuda" or torch.cuda.get_device_capability(kernel.device) != (9, 0):
+            raise ValueError("the Gluon bodies are written for Hopper (sm_90): this device cannot run them")
+        if kernel.dtype != torch.bfloat16:
+            raise ValueError(f"the Gluon bodies take bf16 models, not {kernel.manifest['model']['dtype']}")
+        self.kernel, self.module = kernel, linear
+        cfg = kernel.config
+        self.min_rows = (cfg.wide_m or (32 if cfg.max_batch <= 32 else 64)) + 1  # (`CompileConfig.wide_rows`)
+        self.norm_f64 = bool(cfg.exact_norm_sums)
+        self.programs = torch.cuda.get_device_properties(kernel.device).multi_processor_count
+        self.tokens_at = kernel.region("control")[0]  # (the plan's first control word: the step's tokens)
+        descs, tasks = kernel.descs.cpu().tolist(), kernel.tasks.cpu()
+        self.covered: dict[int, int] = {}  # first task of a group -> its descriptor's row
+        self.skipped: dict[int, str] = {}  # ... -> why it is left to the Triton tasks
+        for first, _ in groups:
+            if int(tasks[first, 0]) != Kind.LINEAR:
+                continue
+            desc = int(tasks[first, 1])
+            why = linear.unsupported(descs[desc][:len(LINEAR_FIELDS)])
+            if why:
+                self.skipped[first] = why
+            else:
+                self.covered[first] = desc
+        self.gated = {first: bool(descs[d][LINEAR_FIELDS.index("gated")]) for first, d in self.covered.items()}
+        self.columns = {first: descs[d][LINEAR_FIELDS.index("n")] for first, d in self.covered.items()}
+
+    def launch(self, first: int, rows: int | None) -> bool:
+        """Launches the group of tasks from `first` in a step of `rows` tokens, if it is one this covers."""
+        if first not in self.covered or rows is None or rows < self.min_rows:
+            return False
+        k, linear = self.kernel, self.module
+        tiles = linear.tiles_for(rows, self.columns[first], self.programs)
+        grid = min(self.programs, -(-rows // linear.BM) * -(-self.columns[first] // tiles.bn))
+        linear.linear_prefill[(grid, )](k.descs, k.weights, k.act, k.f32, k.i32, self.covered[first], self.tokens_at,
+                                        **tiles.constexprs(self.gated[first], self.norm_f64), **linear.LAUNCH)
+        return True

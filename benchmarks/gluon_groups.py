@@ -1,0 +1,135 @@
+"""The Gluon bodies against the Triton ones, group by group, in one prefill step of the host-driven executor.
+
+For each prompt length: the TTFT benchmark's kernel (`megakernel_tpot.ttft_config`), its first step run by the
+host-driven executor twice, with the Triton group kernels and with the Gluon bodies where they exist
+(`HostDriven(kernel, gluon=True)`; codegen/gluon). Each group's launch is timed with CUDA events (the best of
+`--repeats` steps), and each kind of group's times are summed over the layers. The two runs' logits and first tokens
+are compared, and each covered group's outputs are checked against the Triton group's on the same inputs. Printed
+beside them: the persistent megakernel's TTFT and torch's prefill of the same prompt, measured in the same run.
+
+    python -m benchmarks.gluon_groups --prompts 512,2048              # on an H100 / H200
+    python -m benchmarks.gluon_groups --prompts 512,2048 --compile-only   # here: the kernels into the cache
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from collections import defaultdict
+
+import torch
+
+from benchmarks import baselines
+from benchmarks.megakernel_tpot import artifact_path, seeded_prompt, ttft_config, ttft_ms
+from blinkc.compile_model import WeightsSource, compile_many, compile_model
+from codegen.bodies.linear import LINEAR_FIELDS
+from models.registry import resolve_model
+from runtime.host_driven import HostDriven
+from runtime.megakernel import Megakernel
+from runtime.sampling import SamplingParams
+
+
+def group_kind(event: str) -> str:
+    """A group's event name without its layer: `model.layers.3.mlp.down_proj.weight` -> `mlp.down_proj`."""
+    return re.sub(r"\.weight$", "", re.sub(r"^model\.layers\.\d+\.|\.\d+$", "", event))
+
+
+def timed_first_step(driver: HostDriven, prompt: list[int]) -> tuple[dict[int, float], torch.Tensor, int]:
+    """The first step of `prompt` (prefill and its first token): each group's ms (by its first task), the logits
+    and the token."""
+    k = driver.kernel
+    k.prepare([prompt], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+    rows = driver.plan_step(0)
+    rows = k.last_step_size()[0] if rows is None else rows
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(len(driver.groups) + 1)]
+    events[0].record()
+    for (first, count), end in zip(driver.groups, events[1:]):
+        driver.launch_group(first, count, 0, rows)
+        end.record()
+    torch.cuda.synchronize()
+    times = {first: start.elapsed_time(end) for (first, _), start, end in zip(driver.groups, events, events[1:])}
+    return times, k.last_logits().float().clone(), k.completions(1)[0].tokens[0]
+
+
+def check_groups(triton: HostDriven, gluon: HostDriven, prompt: list[int]) -> dict[str, float]:
+    """Each group the Gluon executor covers, run on the same inputs both ways (the arenas as the Triton groups before
+    it left them): the largest relative error of its outputs against the Triton group's, by kind."""
+    k = triton.kernel
+    k.prepare([prompt], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+    rows = k.last_step_size()[0] if (rows := triton.plan_step(0)) is None else rows
+    worst: dict[str, float] = defaultdict(float)
+    descs = k.descs.cpu().tolist()
+    for first, count in triton.groups:
+        desc = gluon.linear_prefill.covered.get(first)
+        if desc is None:
+            triton.launch_group(first, count, 0, rows)
+            continue
+        f = dict(zip(LINEAR_FIELDS, descs[desc]))
+        width = f["n"] // 2 if f["gated"] else f["n"]
+        act, f32 = k.act.clone(), k.f32.clone()
+        triton.launch_group(first, count, 0, rows)
+        out = k.act[f["out_off"]:f["out_off"] + rows * f["out_stride"]].view(rows, f["out_stride"])[:, :width]
+        want = out.float().clone()
+        k.act.copy_(act)
+        k.f32.copy_(f32)
+        gluon.launch_group(first, count, 0, rows)
+        err = ((out.float() - want).norm() / want.norm()).item()
+        name = group_kind(k.manifest["events"][int(k.tasks[first, 3])])
+        worst[name] = max(worst[name], err)
+    return dict(worst)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="llama3-8b")
+    parser.add_argument("--prompts", default="512,2048", help="prompt lengths")
+    parser.add_argument("--repeats", type=int, default=5, help="steps timed each way (the best is kept)")
+    parser.add_argument("--compile-only", action="store_true", help="compile the kernels into the cache and stop")
+    args = parser.parse_args()
+    lengths = [int(n) for n in args.prompts.split(",")]
+    seconds = compile_many([(args.preset, ttft_config(n)) for n in lengths])
+    print(f"compiled {len(lengths)} kernels in {seconds:.0f} s", flush=True)
+    if args.compile_only:
+        return
+    device = torch.device("cuda")
+    model = resolve_model(args.preset)
+    print(f"device {torch.cuda.get_device_name(device)}; {args.preset}, random weights; each group's launch timed "
+          f"by CUDA events, best of {args.repeats}", flush=True)
+    for n in lengths:
+        kernel = Megakernel.load(compile_model(model, ttft_config(n), artifact_path("ttft"), WeightsSource(seed=0)).path,
+                                 device="cuda", timeout_s=300)
+        persistent, persistent_gpu, persistent_token = ttft_ms(kernel, n)
+        prompt = seeded_prompt(n)
+        triton, gluon = HostDriven(kernel), HostDriven(kernel, gluon=True)
+        for first, why in gluon.linear_prefill.skipped.items():
+            print(f"  left to Triton: {group_kind(kernel.manifest['events'][int(kernel.tasks[first, 3])])}: {why}")
+        worst = check_groups(triton, gluon, prompt)
+        best: dict[str, dict[int, float]] = {}
+        results = {}
+        for name, driver in (("triton", triton), ("gluon", gluon)):
+            for _ in range(args.repeats):
+                times, logits, token = timed_first_step(driver, prompt)
+                best[name] = {g: min(t, best.get(name, {}).get(g, t)) for g, t in times.items()}
+            results[name] = (logits, token)
+        by_kind: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for first, _ in triton.groups:
+            kind = group_kind(kernel.manifest["events"][int(kernel.tasks[first, 3])])
+            by_kind[kind][0] += best["triton"][first]
+            by_kind[kind][1] += best["gluon"][first]
+        (t_logits, t_token), (g_logits, g_token) = results["triton"], results["gluon"]
+        diff = ((g_logits - t_logits).norm() / t_logits.norm()).item()
+        del kernel, triton, gluon
+        baselines.release_memory(device)
+        torch_gpu, torch_host = baselines.torch_ttft_ms(model.config, n, device)
+        total_t, total_g = sum(best["triton"].values()), sum(best["gluon"].values())
+        print(f"\nprompt {n} tokens: host-driven first step, Triton groups {total_t:.2f} ms, with the Gluon bodies "
+              f"{total_g:.2f} ms ({total_t / total_g:.2f}x); persistent megakernel TTFT {persistent:.2f} ms (kernel "
+              f"{persistent_gpu:.2f}); torch prefill {torch_host:.2f} ms (GPU {torch_gpu:.2f})")
+        print(f"  logits with the Gluon bodies against without: rel {diff:.1e}; first token {g_token} against "
+              f"{t_token} (persistent {persistent_token})")
+        for kind, (t, g) in by_kind.items():
+            check = f", outputs against Triton's rel_err <= {worst[kind]:.1e}" if kind in worst else ""
+            print(f"  {kind:24s} Triton {t * 1e3:8.0f} us  Gluon {g * 1e3:8.0f} us  ({t / g:.2f}x){check}")
+
+
+if __name__ == "__main__":
+    main()

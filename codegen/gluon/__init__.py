@@ -1,0 +1,39 @@
+"""Task bodies in Gluon: warp-specialized kernels for Hopper (sm_90), the port of the megakernel's bodies.
+
+Gluon (Triton's lower-level dialect) gives a kernel partitions of its own: a loader warp that streams operands into
+a ring of shared memory by TMA, consumer warp groups that multiply on `wgmma`, each with its own register budget
+(`setmaxnreg`). The plain-Triton bodies share one register allocation and one warp group across every body, which
+is where sessions 36-58 found the kernel's limit (benchmarks/explore/NOTES.md, session 59, measured what this
+structure reaches body by body). The bodies land here one at a time, each a kernel for a whole task group that the
+host-driven executor (runtime/host_driven.py) launches in place of the Triton group kernel, checked there against
+it; the persistent kernel is assembled from them once every body has one. Gluon has no interpreter: the Triton
+bodies stay the CPU oracle, and these are compiled for sm_90 in CI (`compile_for_sm90`) and run on the GPU only.
+"""
+from __future__ import annotations
+
+from codegen.kernel_abi import Resources
+
+
+def compile_for_sm90(fn, signature: dict[str, str], constexprs: dict, num_warps: int, maxnreg: int) -> Resources:
+    """Compiles the Gluon kernel fn for sm_90 on any machine (ptxas ships with Triton: no GPU needed) and returns its
+    registers and stack a thread and its shared memory a program (the dynamic allocation, the rings' and barriers').
+    signature: the runtime arguments' Triton types (pointers are taken 16-byte aligned, as the arenas are)."""
+    import tempfile
+    from pathlib import Path
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from codegen.compile import resource_usage
+
+    aligned = {(i, ): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind.startswith("*")}
+    src = GluonASTSource(fn, signature={**signature, **{k: "constexpr" for k in constexprs}}, constexprs=constexprs,
+                         attrs=aligned)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": num_warps, "maxnreg": maxnreg})
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(compiled.asm["cubin"])
+        usage = resource_usage(path)
+    return Resources(usage.registers, usage.stack_bytes, compiled.metadata.shared)

@@ -1,0 +1,243 @@
+"""A projection's prefill in Gluon: a LINEAR group's whole output in [128, BN] tiles, with its epilogue.
+
+It computes what the group's Triton tasks compute in a step that prefills (codegen/bodies/linear.py, `prefill_tiles`
+and `kept_epilogue`), from the same descriptor row (`LINEAR_FIELDS`) and arenas: the input rows times the placed
+weight (an RMSNorm's weight folded into it), then each row scaled by 1/rms from its producer's sums of squares, the
+bias, a rounding to bf16, gate/up's silu(gate) * up rounded as the Triton body rounds it (the placed weight's rows
+alternate gate, up), the residual added and rounded again, the store, and the stored rows' sums of squares added
+into F32 for the norm that reads them (fp64 with `exact_norm_sums`).
+
+One program an SM, three partitions: a loader warp (40 registers) copies [128, 64] input and [BN, 64] weight chunks
+into a ring of STAGES slots by TMA, running ahead across tiles; two consumer warp groups multiply a tile's chunks on
+`wgmma` with one product in flight and run its epilogue through shared memory (the residual's tile copied by TMA
+into the staging buffer while the products run, the outputs stored from it by one TMA copy). Tiles go to programs in
+a grouped order (GROUP row blocks take each column block in turn), so the programs running at once share weights in
+L2. Rows and columns past the ends are TMA's: read as zeros, not written.
+
+H200, standalone on Llama-3-8B's shapes at 2,048 tokens (`benchmarks/explore/ws_linear_group.py`, session 59):
+o_proj 113.9 us, gate/up 710.7, down 363.1 against the Triton groups' 157-159, 808-820, 363-370.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED
+from codegen.tasks import DESC_WORDS
+
+# the descriptor words the kernel reads, in this order (WORDS: their indices in the row)
+USED = ("x_off", "x_stride", "k", "w_off", "n", "out_off", "out_stride", "stats_off", "eps", "res_off", "res_stride",
+        "bias_off", "out_stats_off")
+WORDS = gl.constexpr(tuple(LINEAR_FIELDS.index(f) for f in USED))
+BM, BK = gl.constexpr(128), gl.constexpr(64)  # a tile's rows; a chunk's columns of K (a 128-byte swizzle holds 64 bf16 columns)
+CONSUMER_WARPS, LOADER_REGS = 8, 40
+
+SIGNATURE = {"DESCS": "*i64", "W": "*bf16", "ACT": "*bf16", "F32": "*fp32", "I32": "*i32", "desc_index": "i32",
+             "rows_at": "i32"}
+
+
+@gluon.jit
+def _tile(t, num_m, num_n, GROUP: gl.constexpr):
+    """Tile t's (row block, column block): GROUP row blocks take each column block in turn."""
+    per_group = GROUP * num_n
+    first = (t // per_group) * GROUP
+    rows = gl.minimum(num_m - first, GROUP)
+    return first + (t % per_group) % rows, (t % per_group) // rows
+
+
+@gluon.jit
+def _loader(x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES: gl.constexpr,
+            GROUP: gl.constexpr):
+    BM_: gl.constexpr = a_ring.type.shape[1]
+    BN: gl.constexpr = b_ring.type.shape[1]
+    BK_: gl.constexpr = a_ring.type.shape[2]
+    i = 0
+    for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
+        m, n = _tile(t, num_m, num_n, GROUP)
+        for k in range(0, K, BK_):
+            s = i % STAGES
+            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # (a barrier starts as if its phase 1 were done)
+            mbarrier.expect(ready.index(s), (BM_ + BN) * BK_ * 2)
+            tma.async_copy_global_to_shared(x_desc, [m * BM_, k], ready.index(s), a_ring.index(s))
+            tma.async_copy_global_to_shared(w_desc, [n * BN, k], ready.index(s), b_ring.index(s))
+            i += 1
+
+
+@gluon.jit
+def _round(x):
+    """fp32 values rounded to bf16 and back, as storing them would (`round_to`)."""
+    return x.to(gl.bfloat16).to(gl.float32)
+
+
+@gluon.jit
+def _norm_sums(F32, off, NORM_F64: gl.constexpr):
+    """The rows' sums of squares at F32 word `off` (`norm_sums`: two words a row in fp64)."""
+    if NORM_F64:
+        return (F32 + off).to(gl.pointer_type(gl.float64), bitcast=True)
+    else:
+        return F32 + off
+
+
+@gluon.jit
+def _epilogue(y, m0, n0, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase, stats_off, eps, res_off, bias_off,
+              out_stats_off, GATED: gl.constexpr, NORM_F64: gl.constexpr):
+    """`kept_epilogue` and `store_outputs` of the fp32 products y [BM, BN] of rows m0 .. and weight rows n0 ..; the
+    residual's tile is in c_smem once res_bar's phase `phase` completes."""
+    BN: gl.constexpr = y.type.shape[1]
+    rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, y.type.layout))
+    cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, y.type.layout))
+    if stats_off >= 0:
+        sums = gl.load(_norm_sums(F32, stats_off, NORM_F64) + rows, mask=rows < num_rows, other=1.0).to(gl.float32)
+        y = y * gl.rsqrt(sums / K.to(gl.float32) + eps)[:, None]
+    if bias_off >= 0:
+        y = y + gl.load(W + bias_off + cols, mask=cols < N, other=0.0).to(gl.float32)[None, :]
+    y = _round(y)
+    if GATED:  # columns alternate gate, up: output column j is silu(y[:, 2j]) * y[:, 2j + 1]
+        gate, up = gl.split(gl.reshape(y, [BM, BN // 2, 2]))
+        y = _round(_round(gate / (1.0 + gl.exp(-gate))) * up)
+        rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, y.type.layout))
+        cols = n0 // 2 + gl.arange(0, BN // 2, layout=gl.SliceLayout(0, y.type.layout))
+        N = N // 2
+    if res_off >= 0:
+        mbarrier.wait(res_bar.index(0), phase)
+        y = _round(c_smem.load(y.type.layout).to(gl.float32) + y)
+        gl.thread_barrier()  # every warp's read of the residual before any writes over it
+    c_smem.store(y.to(gl.bfloat16))
+    fence_async_shared()
+    if GATED:
+        tma.async_copy_shared_to_global(o_desc, [m0, n0 // 2], c_smem)
+    else:
+        tma.async_copy_shared_to_global(o_desc, [m0, n0], c_smem)
+    if out_stats_off >= 0:  # (rows and columns past the ends are zeros: their products' inputs were)
+        mask = (rows < num_rows)[:, None] & (cols < N)[None, :]
+        sums = _norm_sums(F32, out_stats_off, NORM_F64)
+        sq = gl.sum(gl.where(mask, y * y, 0.0), axis=1)
+        gl.atomic_add(sums + rows, sq.to(sums.dtype.element_ty), mask=rows < num_rows)
+
+
+@gluon.jit
+def _consumer(W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar, num_m, num_n, num_rows, N, K,
+              stats_off, eps, res_off, bias_off, out_stats_off, STAGES: gl.constexpr, GROUP: gl.constexpr,
+              GATED: gl.constexpr, NORM_F64: gl.constexpr):
+    BN: gl.constexpr = b_ring.type.shape[1]
+    BK_: gl.constexpr = a_ring.type.shape[2]
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                          instr_shape=[16, BN, 16])
+    OUT: gl.constexpr = BN // 2 if GATED else BN
+    i = 0
+    phase = 0
+    for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
+        m, n = _tile(t, num_m, num_n, GROUP)
+        tma.store_wait(pendings=0)  # the tile before has left the staging buffer
+        if res_off >= 0:  # this tile's residual on its way while the products run
+            mbarrier.expect(res_bar.index(0), BM * OUT * 2)
+            tma.async_copy_global_to_shared(r_desc, [m * BM, n * OUT], res_bar.index(0), c_smem)
+        acc = gl.zeros([BM, BN], gl.float32, acc_layout)
+        for k in range(0, K, BK_):
+            s = i % STAGES
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            acc = warpgroup_mma(a_ring.index(s), b_ring.index(s).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            # the product before this one is done: its slot goes back to the loader
+            mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=k > 0)
+            i += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1)
+        _epilogue(acc, m * BM, n * BN, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase, stats_off, eps,
+                  res_off, bias_off, out_stats_off, GATED, NORM_F64)
+        if res_off >= 0:
+            phase ^= 1
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def linear_prefill(DESCS, W, ACT, F32, I32, desc_index, rows_at, BN: gl.constexpr, STAGES: gl.constexpr,
+                   GROUP: gl.constexpr, GATED: gl.constexpr, NORM_F64: gl.constexpr, DESC_WORDS: gl.constexpr,
+                   LOADER_REGS: gl.constexpr):
+    """Row desc_index of DESCS (a LINEAR group's descriptor) over the I32[rows_at] rows of the step. GATED: the
+    descriptor's `gated` word (the output's width depends on it); NORM_F64: the norms' sums are fp64."""
+    desc = DESCS + desc_index * DESC_WORDS
+    num_rows = gl.load(I32 + rows_at)
+    x_off, x_stride, w_off = gl.load(desc + WORDS[0]), gl.load(desc + WORDS[1]), gl.load(desc + WORDS[3])
+    K = gl.load(desc + WORDS[2]).to(gl.int32)  # (a copy's coordinates are 32-bit)
+    N, out_off, out_stride = gl.load(desc + WORDS[4]).to(gl.int32), gl.load(desc + WORDS[5]), \
+        gl.load(desc + WORDS[6])
+    stats_off = gl.load(desc + WORDS[7])
+    eps = gl.load(desc + WORDS[8]).to(gl.float64, bitcast=True).to(gl.float32)
+    res_off, res_stride, bias_off = gl.load(desc + WORDS[9]), gl.load(desc + WORDS[10]), gl.load(desc + WORDS[11])
+    out_stats_off = gl.load(desc + WORDS[12])
+    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
+    b_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
+    x_desc = tma.make_tensor_descriptor(ACT + x_off, [num_rows, K], [x_stride, 1], [BM, BK], a_layout)
+    w_desc = tma.make_tensor_descriptor(W + w_off, [N, K], [K.to(gl.int64), 1], [BN, BK], b_layout)
+    OUT: gl.constexpr = BN // 2 if GATED else BN
+    c_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, OUT], gl.bfloat16)
+    n_out = N // 2 if GATED else N
+    o_desc = tma.make_tensor_descriptor(ACT + out_off, [num_rows, n_out], [out_stride, 1], [BM, OUT], c_layout)
+    r_desc = tma.make_tensor_descriptor(ACT + gl.maximum(res_off, 0), [num_rows, n_out], [res_stride, 1], [BM, OUT],
+                                        c_layout)
+    c_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, OUT], c_layout)
+    res_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(res_bar.index(0), count=1)
+    a_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], a_layout)
+    b_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, BK], b_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    num_m = gl.cdiv(num_rows, BM)
+    num_n = gl.cdiv(N, BN)
+    gl.warp_specialize([
+        (_consumer, (W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar, num_m, num_n, num_rows, N,
+                     K, stats_off, eps, res_off, bias_off, out_stats_off, STAGES, GROUP, GATED, NORM_F64)),
+        (_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
+    ], [1], [LOADER_REGS])
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """A launch's tile shape: BN columns a tile, STAGES slots in the ring."""
+    bn: int
+    stages: int
+
+    def constexprs(self, gated: bool, norm_f64: bool) -> dict:
+        return dict(BN=self.bn, STAGES=self.stages, GROUP=8, GATED=gated, NORM_F64=norm_f64, DESC_WORDS=DESC_WORDS,
+                    LOADER_REGS=LOADER_REGS)
+
+
+WIDE, NARROW = Tiles(256, 3), Tiles(128, 4)
+# the launch options: the consumers' 8 warps and the loader's one are allocated as 12 (a warp group each), and
+# maxnreg caps what the consumers may take back from the loader's share
+LAUNCH = dict(num_warps=CONSUMER_WARPS, maxnreg=65536 // ((CONSUMER_WARPS + 4) * 32) // 8 * 8)
+
+
+def tiles_for(num_rows: int, n: int, programs: int) -> Tiles:
+    """[128, 256] tiles where they are a wave at least, else [128, 128]. H200, session 59: at 2,048 tokens the wide
+    tiles are 0.96-1.05x cuBLAS, the narrow 0.87-0.97x; at 512 tokens o_proj's and down's wide tiles are 64 for 132
+    SMs (45.7 and 152.0 us against 29.1 and 88.2), gate/up's 448 level with the narrow."""
+    wide = -(-num_rows // BM) * -(-n // WIDE.bn)
+    return WIDE if wide >= programs else NARROW
+
+
+def unsupported(words: list[int]) -> str | None:
+    """Why a LINEAR descriptor's group cannot run here (None: it can): the outputs are not bf16 rows of a multiple
+    of 8 columns, a router (its outputs feed the experts' routing), or an operand TMA cannot address (offsets and
+    strides of 16 bytes)."""
+    f = dict(zip(LINEAR_FIELDS, words))
+    if f["out_kind"] != OUT_ALIGNED:
+        return "its outputs are not bf16 rows a multiple of 8 wide"
+    if f["route_ticket"] >= 0:
+        return "it routes (a MoE router)"
+    if f["rows_kind"] != 0:
+        return "it reads the sequences' last rows, not the step's tokens"
+    for name in ("x_off", "x_stride", "k", "w_off", "out_off", "out_stride"):
+        if f[name] % 8:
+            return f"{name} {f[name]} is not a multiple of 8 elements"
+    if f["res_off"] >= 0 and (f["res_off"] % 8 or f["res_stride"] % 8):
+        return "its residual's rows are not 16-byte aligned"
+    return None
