@@ -138,6 +138,7 @@ class LinearPrefill:
                 self.skipped[first] = why
             else:
                 self.covered[first] = desc
+        self.tiles = None  # every launch's tile shape (`linear.Tiles`); None: `linear.tiles_for` picks
         self.gated = {first: bool(descs[d][LINEAR_FIELDS.index("gated")]) for first, d in self.covered.items()}
         self.columns = {first: descs[d][LINEAR_FIELDS.index("n")] for first, d in self.covered.items()}
 
@@ -146,7 +147,7 @@ class LinearPrefill:
         if first not in self.covered or rows is None or rows < self.min_rows:
             return False
         k, linear = self.kernel, self.module
-        tiles = linear.tiles_for(rows, self.columns[first], self.programs)
+        tiles = self.tiles or linear.tiles_for(rows, self.columns[first], self.programs)
         grid = min(self.programs, -(-rows // linear.BM) * -(-self.columns[first] // tiles.bn))
         linear.linear_prefill[(grid, )](k.descs, k.weights, k.act, k.f32, k.i32, self.covered[first], self.tokens_at,
                                         **tiles.constexprs(self.gated[first], self.norm_f64), **linear.LAUNCH)

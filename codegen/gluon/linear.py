@@ -14,8 +14,9 @@ into the staging buffer while the products run, the outputs stored from it by on
 a grouped order (GROUP row blocks take each column block in turn), so the programs running at once share weights in
 L2. Rows and columns past the ends are TMA's: read as zeros, not written.
 
-H200, standalone on Llama-3-8B's shapes at 2,048 tokens (`benchmarks/explore/ws_linear_group.py`, session 59):
-o_proj 113.9 us, gate/up 710.7, down 363.1 against the Triton groups' 157-159, 808-820, 363-370.
+H200, Llama-3-8B's first step in the host-driven executor (`benchmarks/gluon_groups.py`, session 60; 32 layers):
+at 2,048 tokens o_proj 3,316 us against the Triton groups' 4,766, gate/up 20,103 against 27,435, down 9,691 against
+11,362; at 512 tokens 1,141 against 2,071, 5,969 against 7,515, 2,894 against 3,739.
 """
 from __future__ import annotations
 
@@ -211,17 +212,21 @@ class Tiles:
 
 
 WIDE, NARROW = Tiles(256, 3), Tiles(128, 4)
+# H200, session 60 (`benchmarks/gluon_groups.py --tiles`, Llama-3-8B's 32 layers): o_proj at 2,048 tokens, 2 rounds
+# of wide tiles or 4 of narrow ones, 3,399 against 3,711 us; gate/up at 2,048 (14 or 28 rounds) 20,754 against
+# 21,946; at 512 tokens (4 or 7 rounds) 6,016 against 5,969
+NARROW_COST = 0.55
 # the launch options: the consumers' 8 warps and the loader's one are allocated as 12 (a warp group each), and
 # maxnreg caps what the consumers may take back from the loader's share
 LAUNCH = dict(num_warps=CONSUMER_WARPS, maxnreg=65536 // ((CONSUMER_WARPS + 4) * 32) // 8 * 8)
 
 
 def tiles_for(num_rows: int, n: int, programs: int) -> Tiles:
-    """[128, 256] tiles where they are a wave at least, else [128, 128]. H200, session 59: at 2,048 tokens the wide
-    tiles are 0.96-1.05x cuBLAS, the narrow 0.87-0.97x; at 512 tokens o_proj's and down's wide tiles are 64 for 132
-    SMs (45.7 and 152.0 us against 29.1 and 88.2), gate/up's 448 level with the narrow."""
-    wide = -(-num_rows // BM) * -(-n // WIDE.bn)
-    return WIDE if wide >= programs else NARROW
+    """The tile shape whose rounds of `programs` tiles end first, a [128, 128] tile taking NARROW_COST of a [128, 256]
+    one's time: the wide tiles are faster a product, the narrow ones waste less of a group's last round."""
+    def rounds(tiles: Tiles) -> int:
+        return -(-(-(-num_rows // BM) * -(-n // tiles.bn)) // programs)
+    return NARROW if rounds(NARROW) * NARROW_COST < rounds(WIDE) else WIDE
 
 
 def unsupported(words: list[int]) -> str | None:

@@ -43,11 +43,11 @@ def test_linear_prefill_takes_aligned_projections_of_the_steps_tokens():
     assert "residual" in linear.unsupported(words(res_off=4100))
 
 
-def test_linear_prefill_tiles_are_wide_where_they_are_a_wave():
-    assert linear.tiles_for(2048, 4096, 132) == linear.WIDE  # 16 x 16 tiles
-    assert linear.tiles_for(512, 4096, 132) == linear.NARROW  # 4 x 16
-    assert linear.tiles_for(512, 28672, 132) == linear.WIDE  # 4 x 112
-    assert linear.tiles_for(960, 4096, 132) == linear.NARROW  # 8 x 16
+def test_linear_prefill_tiles_are_the_shape_whose_rounds_end_first():
+    assert linear.tiles_for(2048, 4096, 132) == linear.WIDE  # 256 tiles, 2 rounds; narrow 4
+    assert linear.tiles_for(2048, 28672, 132) == linear.WIDE  # 14 rounds; narrow 28
+    assert linear.tiles_for(512, 4096, 132) == linear.NARROW  # 1 round either way
+    assert linear.tiles_for(512, 28672, 132) == linear.NARROW  # 4 rounds; narrow 7
 
 
 def test_the_host_driven_executor_refuses_gluon_bodies_without_a_hopper_gpu(tmp_path):

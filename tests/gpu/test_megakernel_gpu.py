@@ -255,19 +255,23 @@ def test_prefill_attention_reads_the_steps_keys_through_descriptors_on_gpu(step_
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_gluon_prefill_projections_in_the_host_driven_executor_on_gpu(tmp_path):
+@pytest.mark.parametrize("tiles", ["WIDE", "NARROW"])
+def test_gluon_prefill_projections_in_the_host_driven_executor_on_gpu(tiles, tmp_path):
     """The projections' prefill in Gluon (codegen/gluon/linear.py) in place of their Triton tasks, in the host-driven
-    executor: prompts of 700 and 260 tokens in one step (960 rows: o_proj and down on [128, 128] tiles, gate/up on
-    [128, 256]), its logits and a decode step's after it within bf16 tolerance of the reference."""
+    executor, on [128, 256] or [128, 128] tiles: prompts of 700 and 260 tokens in one step, its logits and a decode
+    step's after it within bf16 tolerance of the reference."""
     if not PRECOMPILE and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon bodies are written for sm_90")
+    from codegen.gluon import linear
     from runtime.host_driven import HostDriven
     config = dataclasses.replace(case_config(2), max_tokens_per_step=1024, max_model_len=1024)
     model = resolve_model("llama3-8b")
     kernel = Megakernel.load(compile_model(model, config, tmp_path / "model.cubin", WeightsSource(seed=1)).path,
                              device="cuda", timeout_s=300)
     driver = HostDriven(kernel, gluon=True)
-    assert not driver.linear_prefill.skipped and len(driver.linear_prefill.covered) == 3 * 32
+    driver.linear_prefill.tiles = getattr(linear, tiles)
+    assert len(driver.linear_prefill.covered) == 3 * 32  # o_proj, gate/up, down; the LM head's fp32 logits are not
+    assert list(driver.linear_prefill.skipped.values()) == ["its outputs are not bf16 rows a multiple of 8 wide"]
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in (700, 260)]
     driver.generate(prompts, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
