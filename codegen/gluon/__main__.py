@@ -1,0 +1,39 @@
+"""`python -m codegen.gluon [--json]`: every Gluon body's variants compiled for sm_90 (no GPU needed), with each one's
+registers, spills and shared memory. A process of its own: under TRITON_INTERPRET (the CPU tests') Triton's library
+functions are the interpreter's, which a compile cannot take."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+from codegen.gluon import compile_for_sm90
+from codegen.gluon import linear
+
+
+def variants():
+    """(name, kernel, signature, constexprs, launch options) of every body's compiled variants."""
+    for tiles_name in ("WIDE", "NARROW"):
+        tiles = getattr(linear, tiles_name)
+        for gated in (False, True):
+            for norm_f64 in (True, False):
+                name = f"linear_prefill {linear.BM.value}x{tiles.bn} {tiles.stages} stages" \
+                       f"{' gated' if gated else ''}{' fp32 sums' if not norm_f64 else ''}"
+                yield name, linear.linear_prefill, linear.SIGNATURE, tiles.constexprs(gated, norm_f64), linear.LAUNCH
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--json", action="store_true", help="one JSON object: variant -> its resources")
+    args = parser.parse_args()
+    found = {}
+    for name, kernel, signature, constexprs, launch in variants():
+        found[name] = used = compile_for_sm90(kernel, signature, constexprs, **launch)
+        if not args.json:
+            print(f"{name}: {used}", flush=True)
+    if args.json:
+        print(json.dumps({name: dataclasses.asdict(used) for name, used in found.items()}))
+
+
+if __name__ == "__main__":
+    main()
