@@ -6,7 +6,7 @@ group (launch order is the dependency order, so no events) and a host loop over 
 persistent kernel's synchronisation.
 
 With `gluon`, it is also where the megakernel's Gluon bodies (codegen/gluon) land one at a time: each stands in for
-the Triton group kernel in the steps and groups it covers (today a projection's prefill, `LINEAR_PREFILL`), so that
+the Triton group kernel in the steps and groups it covers (today the projections' prefill, `GluonPrefill`), so that
 the model's logits through the mixed executor check the body and its group's time in the step is its figure.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ class HostDriven:
         # the groups that stream a one-row step (`gemv_stream`): then as many CTAs as the persistent launch has
         # programs, a part each, as its programs take them
         self.streamed = {first for first, _ in self.groups if int(kernel.tasks[first, FLAGS]) & STREAMS}
-        self.linear_prefill = LinearPrefill(kernel, self.groups) if gluon else None
+        self.prefill = GluonPrefill(kernel, self.groups) if gluon else None
 
     def step(self, step: int, rows: int | None = None) -> None:
         """Step `step`'s launches. `rows`: the step's tokens (a one-row step's streamed groups run in parts, a
@@ -50,14 +50,14 @@ class HostDriven:
         k = self.kernel
         use_scratch_allocator()
         self.plan[(1,)](k.i32, k.f32, step)
-        if rows is None and (self.streamed or self.linear_prefill):
+        if rows is None and (self.streamed or self.prefill):
             rows = k.last_step_size()[0]
         return rows
 
     def launch_group(self, first: int, count: int, step: int, rows: int | None) -> None:
         """The launch of the `count` tasks from `first` (a group of `groups`) in step `step` of `rows` tokens."""
         k = self.kernel
-        if self.linear_prefill and self.linear_prefill.launch(first, rows):
+        if self.prefill and self.prefill.launch(first, rows):
             return
         parts = min(count, k.programs) if rows == 1 and first in self.streamed else 0
         self.group[(parts or count,)](k.tasks, k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, first, step,
@@ -107,48 +107,66 @@ def capture_step(driver: HostDriven, step: int, rows: int) -> torch.cuda.CUDAGra
     return graph
 
 
-class LinearPrefill:
-    """The projections' prefill in Gluon (codegen/gluon/linear.py): a step of more tokens than the batched blocks
-    take (`CompileConfig.wide_rows`: the Triton tasks then run the prefill tiles) launches it, one program an SM,
-    for each LINEAR group it can take, in place of the group's Triton tasks."""
+class GluonPrefill:
+    """The projections' prefill in Gluon (codegen/gluon: `linear.linear_prefill`, `qkv.qkv_prefill`): a step of more
+    tokens than the batched blocks take (`CompileConfig.wide_rows`: the Triton tasks then run the prefill tiles)
+    launches them, one program an SM, for each LINEAR and QKV group they can take, in place of the group's Triton
+    tasks."""
 
     def __init__(self, kernel: Megakernel, groups: list[tuple[int, int]]) -> None:
         from codegen.bodies.linear import LINEAR_FIELDS
-        from codegen.gluon import linear
+        from codegen.bodies.qkv import QKV_FIELDS
+        from codegen.gluon import linear, qkv
 
         if kernel.device.type != "cuda" or torch.cuda.get_device_capability(kernel.device) != (9, 0):
             raise ValueError("the Gluon bodies are written for Hopper (sm_90): this device cannot run them")
         if kernel.dtype != torch.bfloat16:
             raise ValueError(f"the Gluon bodies take bf16 models, not {kernel.manifest['model']['dtype']}")
-        self.kernel, self.module = kernel, linear
+        self.kernel, self.linear, self.qkv = kernel, linear, qkv
         cfg = kernel.config
         self.min_rows = (cfg.wide_m or (32 if cfg.max_batch <= 32 else 64)) + 1  # (`CompileConfig.wide_rows`)
         self.norm_f64 = bool(cfg.exact_norm_sums)
         self.programs = torch.cuda.get_device_properties(kernel.device).multi_processor_count
-        self.tokens_at = kernel.region("control")[0]  # (the plan's first control word: the step's tokens)
+        # (the plan's first control word is the step's tokens)
+        self.tokens_at, self.positions_at, self.slots_at = (kernel.region(name)[0]
+                                                            for name in ("control", "positions", "slots"))
         descs, tasks = kernel.descs.cpu().tolist(), kernel.tasks.cpu()
         self.covered: dict[int, int] = {}  # first task of a group -> its descriptor's row
+        self.kinds: dict[int, Kind] = {}
         self.skipped: dict[int, str] = {}  # ... -> why it is left to the Triton tasks
+        self.tiles = None  # the LINEAR launches' tile shape (`linear.Tiles`); None: `linear.tiles_for` picks
+        self.gated: dict[int, bool] = {}
+        self.columns: dict[int, int] = {}  # a LINEAR group's weight rows, a QKV group's heads
         for first, _ in groups:
-            if int(tasks[first, 0]) != Kind.LINEAR:
+            kind, desc = Kind(int(tasks[first, 0])), int(tasks[first, 1])
+            if kind == Kind.LINEAR:
+                f = dict(zip(LINEAR_FIELDS, descs[desc]))
+                why = linear.unsupported(descs[desc][:len(LINEAR_FIELDS)])
+                self.gated[first], self.columns[first] = bool(f["gated"]), f["n"]
+            elif kind == Kind.QKV:
+                f = dict(zip(QKV_FIELDS, descs[desc]))
+                why = qkv.unsupported(descs[desc][:len(QKV_FIELDS)])
+                self.columns[first] = f["num_q_heads"] + 2 * f["num_kv_heads"]
+            else:
                 continue
-            desc = int(tasks[first, 1])
-            why = linear.unsupported(descs[desc][:len(LINEAR_FIELDS)])
             if why:
                 self.skipped[first] = why
             else:
-                self.covered[first] = desc
-        self.tiles = None  # every launch's tile shape (`linear.Tiles`); None: `linear.tiles_for` picks
-        self.gated = {first: bool(descs[d][LINEAR_FIELDS.index("gated")]) for first, d in self.covered.items()}
-        self.columns = {first: descs[d][LINEAR_FIELDS.index("n")] for first, d in self.covered.items()}
+                self.covered[first], self.kinds[first] = desc, kind
 
     def launch(self, first: int, rows: int | None) -> bool:
         """Launches the group of tasks from `first` in a step of `rows` tokens, if it is one this covers."""
         if first not in self.covered or rows is None or rows < self.min_rows:
             return False
-        k, linear = self.kernel, self.module
+        k, linear, desc = self.kernel, self.linear, self.covered[first]
+        if self.kinds[first] == Kind.QKV:
+            grid = min(self.programs, -(-rows // self.qkv.BM.value) * self.columns[first])
+            self.qkv.qkv_prefill[(grid, )](k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, desc,
+                                          self.tokens_at, self.positions_at, self.slots_at,
+                                          **self.qkv.constexprs(self.norm_f64), **self.qkv.LAUNCH)
+            return True
         tiles = self.tiles or linear.tiles_for(rows, self.columns[first], self.programs)
-        grid = min(self.programs, -(-rows // linear.BM) * -(-self.columns[first] // tiles.bn))
-        linear.linear_prefill[(grid, )](k.descs, k.weights, k.act, k.f32, k.i32, self.covered[first], self.tokens_at,
+        grid = min(self.programs, -(-rows // linear.BM.value) * -(-self.columns[first] // tiles.bn))
+        linear.linear_prefill[(grid, )](k.descs, k.weights, k.act, k.f32, k.i32, desc, self.tokens_at,
                                         **tiles.constexprs(self.gated[first], self.norm_f64), **linear.LAUNCH)
         return True

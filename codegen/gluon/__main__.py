@@ -8,7 +8,7 @@ import dataclasses
 import json
 
 from codegen.gluon import compile_for_sm90
-from codegen.gluon import linear
+from codegen.gluon import linear, qkv
 
 
 def variants():
@@ -20,6 +20,9 @@ def variants():
                 name = f"linear_prefill {linear.BM.value}x{tiles.bn} {tiles.stages} stages" \
                        f"{' gated' if gated else ''}{' fp32 sums' if not norm_f64 else ''}"
                 yield name, linear.linear_prefill, linear.SIGNATURE, tiles.constexprs(gated, norm_f64), linear.LAUNCH
+    for norm_f64 in (True, False):
+        name = f"qkv_prefill {qkv.BM.value}x{qkv.HEAD_DIM} {qkv.STAGES} stages{' fp32 sums' if not norm_f64 else ''}"
+        yield name, qkv.qkv_prefill, qkv.SIGNATURE, qkv.constexprs(norm_f64), qkv.LAUNCH
 
 
 def main() -> None:

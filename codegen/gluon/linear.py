@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED
+from codegen.gluon.tiles import operands, ring, tile_at, tile_loader, tile_product
 from codegen.tasks import DESC_WORDS
 
 # the descriptor words the kernel reads, in this order (WORDS: their indices in the row)
@@ -39,33 +39,6 @@ CONSUMER_WARPS, LOADER_REGS = 8, 40
 
 SIGNATURE = {"DESCS": "*i64", "W": "*bf16", "ACT": "*bf16", "F32": "*fp32", "I32": "*i32", "desc_index": "i32",
              "rows_at": "i32"}
-
-
-@gluon.jit
-def _tile(t, num_m, num_n, GROUP: gl.constexpr):
-    """Tile t's (row block, column block): GROUP row blocks take each column block in turn."""
-    per_group = GROUP * num_n
-    first = (t // per_group) * GROUP
-    rows = gl.minimum(num_m - first, GROUP)
-    return first + (t % per_group) % rows, (t % per_group) // rows
-
-
-@gluon.jit
-def _loader(x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES: gl.constexpr,
-            GROUP: gl.constexpr):
-    BM_: gl.constexpr = a_ring.type.shape[1]
-    BN: gl.constexpr = b_ring.type.shape[1]
-    BK_: gl.constexpr = a_ring.type.shape[2]
-    i = 0
-    for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
-        m, n = _tile(t, num_m, num_n, GROUP)
-        for k in range(0, K, BK_):
-            s = i % STAGES
-            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # (a barrier starts as if its phase 1 were done)
-            mbarrier.expect(ready.index(s), (BM_ + BN) * BK_ * 2)
-            tma.async_copy_global_to_shared(x_desc, [m * BM_, k], ready.index(s), a_ring.index(s))
-            tma.async_copy_global_to_shared(w_desc, [n * BN, k], ready.index(s), b_ring.index(s))
-            i += 1
 
 
 @gluon.jit
@@ -125,29 +98,16 @@ def _consumer(W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_
               stats_off, eps, res_off, bias_off, out_stats_off, STAGES: gl.constexpr, GROUP: gl.constexpr,
               GATED: gl.constexpr, NORM_F64: gl.constexpr):
     BN: gl.constexpr = b_ring.type.shape[1]
-    BK_: gl.constexpr = a_ring.type.shape[2]
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                          instr_shape=[16, BN, 16])
     OUT: gl.constexpr = BN // 2 if GATED else BN
     i = 0
     phase = 0
     for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
-        m, n = _tile(t, num_m, num_n, GROUP)
+        m, n = tile_at(t, num_m, num_n, GROUP)
         tma.store_wait(pendings=0)  # the tile before has left the staging buffer
         if res_off >= 0:  # this tile's residual on its way while the products run
             mbarrier.expect(res_bar.index(0), BM * OUT * 2)
             tma.async_copy_global_to_shared(r_desc, [m * BM, n * OUT], res_bar.index(0), c_smem)
-        acc = gl.zeros([BM, BN], gl.float32, acc_layout)
-        for k in range(0, K, BK_):
-            s = i % STAGES
-            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            acc = warpgroup_mma(a_ring.index(s), b_ring.index(s).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-            # the product before this one is done: its slot goes back to the loader
-            mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=k > 0)
-            i += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1)
+        acc, i = tile_product(a_ring, b_ring, ready, empty, i, K, STAGES)
         _epilogue(acc, m * BM, n * BN, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase, stats_off, eps,
                   res_off, bias_off, out_stats_off, GATED, NORM_F64)
         if res_off >= 0:
@@ -171,10 +131,7 @@ def linear_prefill(DESCS, W, ACT, F32, I32, desc_index, rows_at, BN: gl.constexp
     eps = gl.load(desc + WORDS[8]).to(gl.float64, bitcast=True).to(gl.float32)
     res_off, res_stride, bias_off = gl.load(desc + WORDS[9]), gl.load(desc + WORDS[10]), gl.load(desc + WORDS[11])
     out_stats_off = gl.load(desc + WORDS[12])
-    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
-    b_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
-    x_desc = tma.make_tensor_descriptor(ACT + x_off, [num_rows, K], [x_stride, 1], [BM, BK], a_layout)
-    w_desc = tma.make_tensor_descriptor(W + w_off, [N, K], [K.to(gl.int64), 1], [BN, BK], b_layout)
+    x_desc, w_desc = operands(ACT + x_off, x_stride, num_rows, W + w_off, N, K, BM, BN, BK)
     OUT: gl.constexpr = BN // 2 if GATED else BN
     c_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, OUT], gl.bfloat16)
     n_out = N // 2 if GATED else N
@@ -184,19 +141,13 @@ def linear_prefill(DESCS, W, ACT, F32, I32, desc_index, rows_at, BN: gl.constexp
     c_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, OUT], c_layout)
     res_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     mbarrier.init(res_bar.index(0), count=1)
-    a_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], a_layout)
-    b_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, BK], b_layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
+    a_ring, b_ring, ready, empty = ring(BM, BN, BK, STAGES)
     num_m = gl.cdiv(num_rows, BM)
     num_n = gl.cdiv(N, BN)
     gl.warp_specialize([
         (_consumer, (W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar, num_m, num_n, num_rows, N,
                      K, stats_off, eps, res_off, bias_off, out_stats_off, STAGES, GROUP, GATED, NORM_F64)),
-        (_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
+        (tile_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
     ], [1], [LOADER_REGS])
 
 
@@ -225,7 +176,7 @@ def tiles_for(num_rows: int, n: int, programs: int) -> Tiles:
     """The tile shape whose rounds of `programs` tiles end first, a [128, 128] tile taking NARROW_COST of a [128, 256]
     one's time: the wide tiles are faster a product, the narrow ones waste less of a group's last round."""
     def rounds(tiles: Tiles) -> int:
-        return -(-(-(-num_rows // BM) * -(-n // tiles.bn)) // programs)
+        return -(-(-(-num_rows // BM.value) * -(-n // tiles.bn)) // programs)
     return NARROW if rounds(NARROW) * NARROW_COST < rounds(WIDE) else WIDE
 
 

@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED, OUT_F32
-from codegen.gluon import linear
+from codegen.bodies.qkv import QKV_FIELDS
+from codegen.gluon import linear, qkv
 
 SHARED_PER_SM = 232448  # sm_90's shared memory for one block (227 KB)
 
@@ -28,8 +29,9 @@ def compiled() -> dict[str, dict]:
     return json.loads(out.stdout.splitlines()[-1])
 
 
-def test_linear_prefill_compiles_for_sm90_and_fits_an_sm(compiled):
-    assert len(compiled) == 8  # two tile shapes, gated or not, fp64 or fp32 sums
+def test_every_body_compiles_for_sm90_and_fits_an_sm(compiled):
+    # linear_prefill: two tile shapes, gated or not, fp64 or fp32 sums; qkv_prefill: fp64 or fp32 sums
+    assert len(compiled) == 10
     for name, used in compiled.items():
         assert used["registers"] <= linear.LAUNCH["maxnreg"], name
         assert used["registers"] * 32 * (linear.CONSUMER_WARPS + 4) <= 65536, name  # 12 warps' registers fit an SM
@@ -76,3 +78,12 @@ def test_the_host_driven_executor_refuses_gluon_bodies_without_a_hopper_gpu(tmp_
     path = compile_model(resolve_model("tiny-llama"), config, tmp_path / "model.cubin", WeightsSource(seed=1)).path
     with pytest.raises(ValueError, match="Hopper"):
         HostDriven(Megakernel.load(path, device="cpu"), gluon=True)
+
+
+def test_qkv_prefill_takes_heads_of_128_with_rotary_over_all_of_them():
+    values = dict.fromkeys(QKV_FIELDS, 0)
+    values.update(x_off=8, k=4096, w_off=16, num_q_heads=32, num_kv_heads=8, head_dim=128, rotary_dim=128,
+                  q_out_off=64, step_kv_off=-1)
+    assert qkv.unsupported([values[f] for f in QKV_FIELDS]) is None
+    assert "64 dimensions" in qkv.unsupported([{**values, "head_dim": 64, "rotary_dim": 64}[f] for f in QKV_FIELDS])
+    assert "rotary covers 96" in qkv.unsupported([{**values, "rotary_dim": 96}[f] for f in QKV_FIELDS])

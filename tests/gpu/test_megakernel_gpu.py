@@ -257,8 +257,8 @@ def test_prefill_attention_reads_the_steps_keys_through_descriptors_on_gpu(step_
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("tiles", ["WIDE", "NARROW"])
 def test_gluon_prefill_projections_in_the_host_driven_executor_on_gpu(tiles, tmp_path):
-    """The projections' prefill in Gluon (codegen/gluon/linear.py) in place of their Triton tasks, in the host-driven
-    executor, on [128, 256] or [128, 128] tiles: prompts of 700 and 260 tokens in one step, its logits and a decode
+    """The projections' prefill in Gluon (codegen/gluon: QKV's with its rotary and cache writes, the others on
+    [128, 256] or [128, 128] tiles) in place of their Triton tasks, in the host-driven executor: prompts of 700 and 260 tokens in one step, its logits and a decode
     step's after it within bf16 tolerance of the reference."""
     if not PRECOMPILE and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon bodies are written for sm_90")
@@ -269,9 +269,9 @@ def test_gluon_prefill_projections_in_the_host_driven_executor_on_gpu(tiles, tmp
     kernel = Megakernel.load(compile_model(model, config, tmp_path / "model.cubin", WeightsSource(seed=1)).path,
                              device="cuda", timeout_s=300)
     driver = HostDriven(kernel, gluon=True)
-    driver.linear_prefill.tiles = getattr(linear, tiles)
-    assert len(driver.linear_prefill.covered) == 3 * 32  # o_proj, gate/up, down; the LM head's fp32 logits are not
-    assert list(driver.linear_prefill.skipped.values()) == ["its outputs are not bf16 rows a multiple of 8 wide"]
+    driver.prefill.tiles = getattr(linear, tiles)
+    assert len(driver.prefill.covered) == 4 * 32  # QKV, o_proj, gate/up, down; the LM head's fp32 logits are not
+    assert list(driver.prefill.skipped.values()) == ["its outputs are not bf16 rows a multiple of 8 wide"]
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in (700, 260)]
     driver.generate(prompts, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
