@@ -85,11 +85,30 @@ def check_groups(triton: HostDriven, gluon: HostDriven, prompt: list[int]) -> di
             out.fill_(float("nan"))
         gluon.launch_group(first, count, 0, rows)
         name = group_kind(k.manifest["events"][int(k.tasks[first, 3])])
+        if name not in worst and gluon.prefill.kinds[first] == Kind.QKV:
+            f = dict(zip(QKV_FIELDS, descs[desc]))
+            print(f"  {name} (first layer): {where_off(outputs[0], want[0], rows, f['head_dim'])}", flush=True)
         for out, expected in zip(outputs, want):
             err = ((out.double() - expected).norm() / expected.norm()).item()
             worst[name] = max(worst[name], err if err == err else float("inf"))  # (NaN: some output not written)
             off[name] = max(off[name], (out.double() != expected).double().mean().item())
     return {name: (err, off[name]) for name, err in worst.items()}
+
+
+def where_off(got: torch.Tensor, want: torch.Tensor, rows: int, head_dim: int) -> str:
+    """Where q rows [rows, heads x head_dim] differ: by half of the head's columns, by head, by row, and by how much."""
+    got, want = got.view(rows, -1, head_dim).double(), want.view(rows, -1, head_dim)
+    off = got != want
+    half = head_dim // 2
+    by_head = off.double().mean((0, 2))
+    by_row = off.double().mean((1, 2))
+    step = (want.abs().clamp_min(1e-30).log2().floor() - 7).exp2()  # a bf16 step at each value
+    steps = ((got - want).abs() / step)[off]
+    return (f"{off.double().mean().item():.2%} of q off: columns below {half} {off[..., :half].double().mean().item():.2%}, "
+            f"above {off[..., half:].double().mean().item():.2%}; heads {by_head.min().item():.1%}-"
+            f"{by_head.max().item():.1%}; rows 0-15 {by_row[:16].mean().item():.1%}, the rest "
+            f"{by_row[16:].mean().item():.1%}, row 0 {by_row[0].item():.1%}; "
+            f"by {steps.max().item() if steps.numel() else 0:.1f} bf16 steps at most")
 
 
 def group_outputs(k, kind: Kind, words: list[int], rows: int) -> list[torch.Tensor]:
