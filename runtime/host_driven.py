@@ -134,9 +134,9 @@ class GluonPrefill:
         self.covered: dict[int, int] = {}  # first task of a group -> its descriptor's row
         self.kinds: dict[int, Kind] = {}
         self.skipped: dict[int, str] = {}  # ... -> why it is left to the Triton tasks
-        self.tiles = None  # the LINEAR launches' tile shape (`linear.Tiles`); None: `linear.tiles_for` picks
+        self.tiles = None  # every launch's tile shape (`linear.Tiles`); None: `linear.tiles_for` picks
         self.gated: dict[int, bool] = {}
-        self.columns: dict[int, int] = {}  # a LINEAR group's weight rows, a QKV group's heads
+        self.columns: dict[int, int] = {}  # a group's weight rows
         for first, _ in groups:
             kind, desc = Kind(int(tasks[first, 0])), int(tasks[first, 1])
             if kind == Kind.LINEAR:
@@ -146,7 +146,7 @@ class GluonPrefill:
             elif kind == Kind.QKV:
                 f = dict(zip(QKV_FIELDS, descs[desc]))
                 why = qkv.unsupported(descs[desc][:len(QKV_FIELDS)])
-                self.columns[first] = f["num_q_heads"] + 2 * f["num_kv_heads"]
+                self.columns[first] = (f["num_q_heads"] + 2 * f["num_kv_heads"]) * f["head_dim"]
             else:
                 continue
             if why:
@@ -159,14 +159,13 @@ class GluonPrefill:
         if first not in self.covered or rows is None or rows < self.min_rows:
             return False
         k, linear, desc = self.kernel, self.linear, self.covered[first]
-        if self.kinds[first] == Kind.QKV:
-            grid = min(self.programs, -(-rows // self.qkv.BM.value) * self.columns[first])
-            self.qkv.qkv_prefill[(grid, )](k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, desc,
-                                          self.tokens_at, self.positions_at, self.slots_at,
-                                          **self.qkv.constexprs(self.norm_f64), **self.qkv.LAUNCH)
-            return True
         tiles = self.tiles or linear.tiles_for(rows, self.columns[first], self.programs)
         grid = min(self.programs, -(-rows // linear.BM.value) * -(-self.columns[first] // tiles.bn))
+        if self.kinds[first] == Kind.QKV:
+            self.qkv.qkv_prefill[(grid, )](k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, desc,
+                                          self.tokens_at, self.positions_at, self.slots_at,
+                                          **self.qkv.constexprs(tiles, self.norm_f64), **self.qkv.LAUNCH)
+            return True
         linear.linear_prefill[(grid, )](k.descs, k.weights, k.act, k.f32, k.i32, desc, self.tokens_at,
                                         **tiles.constexprs(self.gated[first], self.norm_f64), **linear.LAUNCH)
         return True

@@ -20,9 +20,11 @@ def variants():
                 name = f"linear_prefill {linear.BM.value}x{tiles.bn} {tiles.stages} stages" \
                        f"{' gated' if gated else ''}{' fp32 sums' if not norm_f64 else ''}"
                 yield name, linear.linear_prefill, linear.SIGNATURE, tiles.constexprs(gated, norm_f64), linear.LAUNCH
-    for norm_f64 in (True, False):
-        name = f"qkv_prefill {qkv.BM.value}x{qkv.HEAD_DIM} {qkv.STAGES} stages{' fp32 sums' if not norm_f64 else ''}"
-        yield name, qkv.qkv_prefill, qkv.SIGNATURE, qkv.constexprs(norm_f64), qkv.LAUNCH
+    for tiles_name in ("WIDE", "NARROW"):
+        tiles = getattr(linear, tiles_name)
+        for norm_f64 in (True, False):
+            name = f"qkv_prefill {qkv.BM.value}x{tiles.bn} {tiles.stages} stages{' fp32 sums' if not norm_f64 else ''}"
+            yield name, qkv.qkv_prefill, qkv.SIGNATURE, qkv.constexprs(tiles, norm_f64), qkv.LAUNCH
 
 
 def main() -> None:

@@ -257,8 +257,8 @@ def test_prefill_attention_reads_the_steps_keys_through_descriptors_on_gpu(step_
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("tiles", ["WIDE", "NARROW"])
 def test_gluon_prefill_projections_in_the_host_driven_executor_on_gpu(tiles, tmp_path):
-    """The projections' prefill in Gluon (codegen/gluon: QKV's with its rotary and cache writes, the others on
-    [128, 256] or [128, 128] tiles) in place of their Triton tasks, in the host-driven executor: prompts of 700 and 260 tokens in one step, its logits and a decode
+    """The projections' prefill in Gluon (codegen/gluon, QKV's with its rotary and cache writes) on [128, 256] or
+    [128, 128] tiles (QKV's two heads a tile or one) in place of their Triton tasks, in the host-driven executor: prompts of 700 and 260 tokens in one step, its logits and a decode
     step's after it within bf16 tolerance of the reference."""
     if not PRECOMPILE and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon bodies are written for sm_90")
