@@ -69,7 +69,7 @@ def capture_decode_step(driver: HostDriven, batch: int, context: int, num_replay
     prompts = [torch.randint(0, 1000, (context,)).tolist() for _ in range(batch)]
     max_tokens = decode_tokens(batch, context, kernel.config.max_tokens_per_step, num_replays)
     num_steps = kernel.prepare(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
-    return capture_step(driver, steps_until_all_decode(driver, batch, num_steps), rows=batch)
+    return capture_step(driver, steps_until_all_decode(driver, batch, num_steps), size=(batch, batch))
 
 
 def steps_until_all_decode(driver: HostDriven, batch: int, num_steps: int) -> int:

@@ -21,6 +21,7 @@ import torch
 from benchmarks import baselines
 from benchmarks.megakernel_tpot import artifact_path, seeded_prompt, ttft_config, ttft_ms
 from blinkc.compile_model import WeightsSource, compile_many, compile_model
+from codegen.bodies.attention import ATTENTION_FIELDS
 from codegen.bodies.linear import LINEAR_FIELDS
 from codegen.bodies.qkv import QKV_FIELDS
 from codegen.gluon import linear
@@ -44,15 +45,14 @@ def timed_first_step(driver: HostDriven, prompt: list[int]) -> tuple[dict[int, f
     and the token."""
     k = driver.kernel
     k.prepare([prompt], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
-    rows = driver.plan_step(0)
-    rows = k.last_step_size()[0] if rows is None else rows
+    size = driver.plan_step(0) or k.last_step_size()
     events = [torch.cuda.Event(enable_timing=True) for _ in range(len(driver.groups) + 1)]
     # the GPU held back while the host launches the step (a Gluon launch takes the host longer than some groups take
     # the GPU: between two events the GPU would wait for the host), so that each event pair times the GPU alone
     torch.cuda._sleep(HOLD_CYCLES)
     events[0].record()
     for (first, count), end in zip(driver.groups, events[1:]):
-        driver.launch_group(first, count, 0, rows)
+        driver.launch_group(first, count, 0, size)
         end.record()
     torch.cuda.synchronize()
     times = {first: start.elapsed_time(end) for (first, _), start, end in zip(driver.groups, events, events[1:])}
@@ -62,28 +62,30 @@ def timed_first_step(driver: HostDriven, prompt: list[int]) -> tuple[dict[int, f
 def check_groups(triton: HostDriven, gluon: HostDriven, prompt: list[int]) -> dict[str, tuple[float, float]]:
     """Each group the Gluon executor covers, run on the same inputs both ways (the arenas as the Triton groups before
     it left them): the largest relative error of its outputs (a projection's rows and their sums of squares; QKV's
-    q rows and the cache) against the Triton group's, and the largest share of outputs that differ at all, by kind."""
+    q rows and the cache; attention's rows) against the Triton group's, and the largest share of outputs that differ
+    at all, by kind. (One prompt: its attention's rows are final after the Triton group, with no merge to wait for.)"""
     k = triton.kernel
     k.prepare([prompt], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
-    rows = k.last_step_size()[0] if (rows := triton.plan_step(0)) is None else rows
+    size = triton.plan_step(0) or k.last_step_size()
+    rows = size[0]
     worst: dict[str, float] = defaultdict(float)
     off: dict[str, float] = defaultdict(float)
     descs = k.descs.cpu().tolist()
     for first, count in triton.groups:
         desc = gluon.prefill.covered.get(first)
         if desc is None:
-            triton.launch_group(first, count, 0, rows)
+            triton.launch_group(first, count, 0, size)
             continue
         outputs = group_outputs(k, gluon.prefill.kinds[first], descs[desc], rows)
         act, f32, kv = k.act.clone(), k.f32.clone(), k.kv.clone()
-        triton.launch_group(first, count, 0, rows)
+        triton.launch_group(first, count, 0, size)
         want = [out.double().clone() for out in outputs]
         k.act.copy_(act)
         k.f32.copy_(f32)
         k.kv.copy_(kv)
         for out in outputs[:1]:  # (what the Triton group wrote is not mistaken for the Gluon body's)
             out.fill_(float("nan"))
-        gluon.launch_group(first, count, 0, rows)
+        gluon.launch_group(first, count, 0, size)
         name = group_kind(k.manifest["events"][int(k.tasks[first, 3])])
         if name not in worst and gluon.prefill.kinds[first] == Kind.QKV:
             f = dict(zip(QKV_FIELDS, descs[desc]))
@@ -113,6 +115,9 @@ def where_off(got: torch.Tensor, want: torch.Tensor, rows: int, head_dim: int) -
 
 def group_outputs(k, kind: Kind, words: list[int], rows: int) -> list[torch.Tensor]:
     """Views of what a covered group writes in a step of `rows` tokens."""
+    if kind == Kind.ATTENTION:
+        f = dict(zip(ATTENTION_FIELDS, words))
+        return [k.act[f["out_off"]:f["out_off"] + rows * f["num_heads"] * f["head_dim"]]]
     if kind == Kind.QKV:
         f = dict(zip(QKV_FIELDS, words))
         width = f["num_q_heads"] * f["head_dim"]

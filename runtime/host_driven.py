@@ -6,8 +6,9 @@ group (launch order is the dependency order, so no events) and a host loop over 
 persistent kernel's synchronisation.
 
 With `gluon`, it is also where the megakernel's Gluon bodies (codegen/gluon) land one at a time: each stands in for
-the Triton group kernel in the steps and groups it covers (today the projections' prefill, `GluonPrefill`), so that
-the model's logits through the mixed executor check the body and its group's time in the step is its figure.
+the Triton group kernel in the steps and groups it covers (today a prefill step's projections and attention,
+`GluonPrefill`), so that the model's logits through the mixed executor check the body and its group's time in the
+step is its figure.
 """
 from __future__ import annotations
 
@@ -37,37 +38,42 @@ class HostDriven:
         self.streamed = {first for first, _ in self.groups if int(kernel.tasks[first, FLAGS]) & STREAMS}
         self.prefill = GluonPrefill(kernel, self.groups) if gluon else None
 
-    def step(self, step: int, rows: int | None = None) -> None:
-        """Step `step`'s launches. `rows`: the step's tokens (a one-row step's streamed groups run in parts, a
-        prefill's projections on Gluon tiles with `gluon`); None reads them from the plan where it matters (a wait
-        for the GPU: pass them where the launches are captured)."""
-        rows = self.plan_step(step, rows)
+    def step(self, step: int, size: tuple[int, int] | None = None) -> None:
+        """Step `step`'s launches. `size`: the step's (tokens, sequences) (a one-row step's streamed groups run in
+        parts, a step that prefills runs the Gluon bodies with `gluon`); None reads it from the plan where it
+        matters (a wait for the GPU: pass it where the launches are captured)."""
+        size = self.plan_step(step, size)
         for first, count in self.groups:
-            self.launch_group(first, count, step, rows)
+            self.launch_group(first, count, step, size)
 
-    def plan_step(self, step: int, rows: int | None = None) -> int | None:
-        """Plans step `step`; returns its tokens (`rows`, or read from the plan where the launches depend on them)."""
+    def plan_step(self, step: int, size: tuple[int, int] | None = None) -> tuple[int, int] | None:
+        """Plans step `step`; returns its (tokens, sequences): `size`, or read from the plan where the launches
+        depend on it."""
         k = self.kernel
         use_scratch_allocator()
         self.plan[(1,)](k.i32, k.f32, step)
-        if rows is None and (self.streamed or self.prefill):
-            rows = k.last_step_size()[0]
-        return rows
+        if size is None and (self.streamed or self.prefill):
+            size = k.last_step_size()
+        return size
 
-    def launch_group(self, first: int, count: int, step: int, rows: int | None) -> None:
-        """The launch of the `count` tasks from `first` (a group of `groups`) in step `step` of `rows` tokens."""
+    def launch_group(self, first: int, count: int, step: int, size: tuple[int, int] | None) -> None:
+        """The launch of the `count` tasks from `first` (a group of `groups`) in step `step` of `size` (tokens,
+        sequences)."""
         k = self.kernel
-        if self.prefill and self.prefill.launch(first, rows):
+        if self.prefill and self.prefill.launch(first, size):
             return
-        parts = min(count, k.programs) if rows == 1 and first in self.streamed else 0
+        parts = min(count, k.programs) if size is not None and size[0] == 1 and first in self.streamed else 0
         self.group[(parts or count,)](k.tasks, k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, first, step,
                                       parts)
 
     def is_done(self) -> bool:
         return bool(self.kernel.i32[self.kernel.region("control")[0] + 2])
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        for step in range(self.kernel.prepare(prompts, params)):
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 max_steps: int | None = None) -> list[Completion]:
+        """As `Megakernel.generate`, a step at a time (at most `max_steps`: requests left unfinished say so)."""
+        num_steps = self.kernel.prepare(prompts, params)
+        for step in range(num_steps if max_steps is None else min(num_steps, max_steps)):
             self.step(step)
             if self.is_done():
                 break
@@ -97,56 +103,71 @@ def _contiguous_groups(signals: list[int]) -> list[tuple[int, int]]:
     return groups
 
 
-def capture_step(driver: HostDriven, step: int, rows: int) -> torch.cuda.CUDAGraph:
-    """One step's launches in one CUDA graph (baseline (c) of the decode benchmark); `rows`: the step's tokens."""
-    driver.step(step, rows)  # compile and warm up outside the capture
+def capture_step(driver: HostDriven, step: int, size: tuple[int, int]) -> torch.cuda.CUDAGraph:
+    """One step's launches in one CUDA graph (baseline (c) of the decode benchmark); `size`: the step's (tokens,
+    sequences)."""
+    driver.step(step, size)  # compile and warm up outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        driver.step(step, rows)
+        driver.step(step, size)
     return graph
 
 
 class GluonPrefill:
-    """The projections' prefill in Gluon (codegen/gluon: `linear.linear_prefill`, `qkv.qkv_prefill`): a step of more
-    tokens than the batched blocks take (`CompileConfig.wide_rows`: the Triton tasks then run the prefill tiles)
-    launches them, one program an SM, for each LINEAR and QKV group they can take, in place of the group's Triton
-    tasks."""
+    """A prefill step's projections and attention in Gluon (codegen/gluon: `linear.linear_prefill`,
+    `qkv.qkv_prefill`, `attention.attention_prefill`), one program an SM, in place of the Triton tasks of each
+    LINEAR, QKV and ATTENTION group they can take: the projections in a step of more tokens than the batched blocks
+    take (`CompileConfig.wide_rows`: the Triton tasks then run the prefill tiles), attention in a step where some
+    sequence has more than one token (its outputs are final: the layer's merge group, if it has one, is not run)."""
 
     def __init__(self, kernel: Megakernel, groups: list[tuple[int, int]]) -> None:
+        from codegen.bodies.attention import ATTENTION_FIELDS
         from codegen.bodies.linear import LINEAR_FIELDS
         from codegen.bodies.qkv import QKV_FIELDS
-        from codegen.gluon import linear, qkv
+        from codegen.gluon import attention, linear, qkv
 
         if kernel.device.type != "cuda" or torch.cuda.get_device_capability(kernel.device) != (9, 0):
             raise ValueError("the Gluon bodies are written for Hopper (sm_90): this device cannot run them")
         if kernel.dtype != torch.bfloat16:
             raise ValueError(f"the Gluon bodies take bf16 models, not {kernel.manifest['model']['dtype']}")
-        self.kernel, self.linear, self.qkv = kernel, linear, qkv
+        self.kernel, self.linear, self.qkv, self.attention = kernel, linear, qkv, attention
         cfg = kernel.config
         self.min_rows = (cfg.wide_m or (32 if cfg.max_batch <= 32 else 64)) + 1  # (`CompileConfig.wide_rows`)
         self.norm_f64 = bool(cfg.exact_norm_sums)
         self.programs = torch.cuda.get_device_properties(kernel.device).multi_processor_count
-        # (the plan's first control word is the step's tokens)
-        self.tokens_at, self.positions_at, self.slots_at = (kernel.region(name)[0]
-                                                            for name in ("control", "positions", "slots"))
+        self.control_at, self.positions_at, self.slots_at = (kernel.region(name)[0]
+                                                             for name in ("control", "positions", "slots"))
+        self.plan_at = tuple(kernel.region(name)[0] for name in ("seq_starts", "context_lens", "seq_req", "req_pages"))
+        self.attention_constexprs = attention.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch)
         descs, tasks = kernel.descs.cpu().tolist(), kernel.tasks.cpu()
         self.covered: dict[int, int] = {}  # first task of a group -> its descriptor's row
         self.kinds: dict[int, Kind] = {}
+        self.merges: set[int] = set()  # the merge groups of covered attention groups
         self.skipped: dict[int, str] = {}  # ... -> why it is left to the Triton tasks
-        self.tiles = None  # every launch's tile shape (`linear.Tiles`); None: `linear.tiles_for` picks
+        self.tiles = None  # the projections' tile shape (`linear.Tiles`); None: `linear.tiles_for` picks
         self.gated: dict[int, bool] = {}
-        self.columns: dict[int, int] = {}  # a group's weight rows
+        self.columns: dict[int, int] = {}  # a projection's weight rows; attention: a token's row of the cache
         for first, _ in groups:
             kind, desc = Kind(int(tasks[first, 0])), int(tasks[first, 1])
+            words = descs[desc]
             if kind == Kind.LINEAR:
-                f = dict(zip(LINEAR_FIELDS, descs[desc]))
-                why = linear.unsupported(descs[desc][:len(LINEAR_FIELDS)])
+                f = dict(zip(LINEAR_FIELDS, words))
+                why = linear.unsupported(words[:len(LINEAR_FIELDS)])
                 self.gated[first], self.columns[first] = bool(f["gated"]), f["n"]
             elif kind == Kind.QKV:
-                f = dict(zip(QKV_FIELDS, descs[desc]))
-                why = qkv.unsupported(descs[desc][:len(QKV_FIELDS)])
+                f = dict(zip(QKV_FIELDS, words))
+                why = qkv.unsupported(words[:len(QKV_FIELDS)])
                 self.columns[first] = (f["num_q_heads"] + 2 * f["num_kv_heads"]) * f["head_dim"]
+            elif kind == Kind.ATTENTION:
+                f = dict(zip(ATTENTION_FIELDS, words))
+                why = attention.unsupported(words[:len(ATTENTION_FIELDS)], cfg.page_size,
+                                            bool(cfg.attention_bf16_scores))
+                self.columns[first] = f["num_kv_heads"] * f["head_dim"]
+                if f["merger"] == 2:  # (right after its attention group, whose descriptor is the one before)
+                    if not why and self.kinds.get(self._group_before(groups, first)) == Kind.ATTENTION:
+                        self.merges.add(first)
+                    continue
             else:
                 continue
             if why:
@@ -154,18 +175,36 @@ class GluonPrefill:
             else:
                 self.covered[first], self.kinds[first] = desc, kind
 
-    def launch(self, first: int, rows: int | None) -> bool:
-        """Launches the group of tasks from `first` in a step of `rows` tokens, if it is one this covers."""
-        if first not in self.covered or rows is None or rows < self.min_rows:
+    @staticmethod
+    def _group_before(groups: list[tuple[int, int]], first: int) -> int:
+        return groups[[f for f, _ in groups].index(first) - 1][0]
+
+    def launch(self, first: int, size: tuple[int, int] | None) -> bool:
+        """Launches the group of tasks from `first` in a step of `size` (tokens, sequences), if it is one this covers
+        (a merge group: takes it, launching nothing)."""
+        if size is None:
             return False
-        k, linear, desc = self.kernel, self.linear, self.covered[first]
-        tiles = self.tiles or linear.tiles_for(rows, self.columns[first], self.programs)
-        grid = min(self.programs, -(-rows // linear.BM.value) * -(-self.columns[first] // tiles.bn))
-        if self.kinds[first] == Kind.QKV:
-            self.qkv.qkv_prefill[(grid, )](k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, desc,
-                                          self.tokens_at, self.positions_at, self.slots_at,
-                                          **self.qkv.constexprs(tiles, self.norm_f64), **self.qkv.LAUNCH)
+        tokens, seqs = size
+        if first in self.merges:
+            return tokens > seqs
+        kind = self.kinds.get(first)
+        k, desc = self.kernel, self.covered.get(first)
+        if kind == Kind.ATTENTION and tokens > seqs:
+            attention = self.attention
+            attention.attention_prefill[(self.programs, )](
+                k.descs, k.act, k.i32, k.kv, k.kv_plane, k.kv.numel() // self.columns[first], desc, self.control_at,
+                *self.plan_at, **self.attention_constexprs, **attention.LAUNCH)
             return True
-        linear.linear_prefill[(grid, )](k.descs, k.weights, k.act, k.f32, k.i32, desc, self.tokens_at,
-                                        **tiles.constexprs(self.gated[first], self.norm_f64), **linear.LAUNCH)
+        if kind not in (Kind.LINEAR, Kind.QKV) or tokens < self.min_rows:
+            return False
+        linear = self.linear
+        tiles = self.tiles or linear.tiles_for(tokens, self.columns[first], self.programs)
+        grid = min(self.programs, -(-tokens // linear.BM.value) * -(-self.columns[first] // tiles.bn))
+        if kind == Kind.QKV:
+            self.qkv.qkv_prefill[(grid, )](k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, desc,
+                                          self.control_at, self.positions_at, self.slots_at,
+                                          **self.qkv.constexprs(tiles, self.norm_f64), **self.qkv.LAUNCH)
+        else:
+            linear.linear_prefill[(grid, )](k.descs, k.weights, k.act, k.f32, k.i32, desc, self.control_at,
+                                            **tiles.constexprs(self.gated[first], self.norm_f64), **linear.LAUNCH)
         return True

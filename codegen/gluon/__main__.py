@@ -8,7 +8,7 @@ import dataclasses
 import json
 
 from codegen.gluon import compile_for_sm90
-from codegen.gluon import linear, qkv
+from codegen.gluon import attention, linear, qkv
 
 
 def variants():
@@ -25,6 +25,10 @@ def variants():
         for norm_f64 in (True, False):
             name = f"qkv_prefill {qkv.BM.value}x{tiles.bn} {tiles.stages} stages{' fp32 sums' if not norm_f64 else ''}"
             yield name, qkv.qkv_prefill, qkv.SIGNATURE, qkv.constexprs(tiles, norm_f64), qkv.LAUNCH
+    for max_batch in (1, 64):  # (the sequences' lanes: 32 or 64)
+        name = f"attention_prefill {attention.BLOCK} keys a slot, {attention.STAGES} stages, max_batch {max_batch}"
+        yield name, attention.attention_prefill, attention.SIGNATURE, attention.constexprs(16, 128, max_batch), \
+            attention.LAUNCH
 
 
 def main() -> None:

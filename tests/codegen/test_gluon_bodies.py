@@ -12,8 +12,9 @@ import sys
 import pytest
 
 from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED, OUT_F32
+from codegen.bodies.attention import ATTENTION_FIELDS
 from codegen.bodies.qkv import QKV_FIELDS
-from codegen.gluon import linear, qkv
+from codegen.gluon import attention, linear, qkv
 
 SHARED_PER_SM = 232448  # sm_90's shared memory for one block (227 KB)
 
@@ -30,16 +31,18 @@ def compiled() -> dict[str, dict]:
 
 
 def test_every_body_compiles_for_sm90_and_fits_an_sm(compiled):
-    # linear_prefill: two tile shapes, gated or not, fp64 or fp32 sums; qkv_prefill: two tile shapes, either sums
-    assert len(compiled) == 12
+    # linear_prefill: two tile shapes, gated or not, fp64 or fp32 sums; qkv_prefill: two tile shapes, either sums;
+    # attention_prefill: 32 or 64 sequences' lanes
+    assert len(compiled) == 14
     for name, used in compiled.items():
         assert used["registers"] <= linear.LAUNCH["maxnreg"], name
         assert used["registers"] * 32 * (linear.CONSUMER_WARPS + 4) <= 65536, name  # 12 warps' registers fit an SM
         assert used["shared_bytes"] <= SHARED_PER_SM, name
         # the wide ungated tile's epilogue holds the products, the residual and the outputs' sums at once: it spills
-        # 184 B at 168 registers (measured with it: o_proj 3,316 us against the Triton groups' 4,766 at 2,048 tokens)
+        # 184 B at 168 registers (measured with it: o_proj 3,316 us against the Triton groups' 4,766 at 2,048 tokens);
+        # attention 32-48 B
         spills = 256 if name.startswith(f"linear_prefill 128x{linear.WIDE.bn}") and "gated" not in name else 0
-        assert used["stack_bytes"] <= spills, name
+        assert used["stack_bytes"] <= (64 if name.startswith("attention") else spills), name
 
 
 def words(**fields) -> list[int]:
@@ -87,3 +90,14 @@ def test_qkv_prefill_takes_heads_of_128_with_rotary_over_all_of_them():
     assert qkv.unsupported([values[f] for f in QKV_FIELDS]) is None
     assert "64 dimensions" in qkv.unsupported([{**values, "head_dim": 64, "rotary_dim": 64}[f] for f in QKV_FIELDS])
     assert "rotary covers 96" in qkv.unsupported([{**values, "rotary_dim": 96}[f] for f in QKV_FIELDS])
+
+
+def test_attention_prefill_takes_heads_of_128_and_fp32_scores():
+    values = dict.fromkeys(ATTENTION_FIELDS, 0)
+    values.update(q_off=8, out_off=64, num_heads=32, num_kv_heads=8, head_dim=128)
+    words = [values[f] for f in ATTENTION_FIELDS]
+    assert attention.unsupported(words, 16, False) is None
+    assert "bf16" in attention.unsupported(words, 16, True)
+    assert "pages of 48" in attention.unsupported(words, 48, False)
+    assert "64 dimensions" in attention.unsupported([{**values, "head_dim": 64}[f] for f in ATTENTION_FIELDS], 16,
+                                                    False)

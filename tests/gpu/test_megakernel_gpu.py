@@ -256,28 +256,53 @@ def test_prefill_attention_reads_the_steps_keys_through_descriptors_on_gpu(step_
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("tiles", ["WIDE", "NARROW"])
-def test_gluon_prefill_projections_in_the_host_driven_executor_on_gpu(tiles, tmp_path):
-    """The projections' prefill in Gluon (codegen/gluon, QKV's with its rotary and cache writes) on [128, 256] or
-    [128, 128] tiles (QKV's two heads a tile or one) in place of their Triton tasks, in the host-driven executor: prompts of 700 and 260 tokens in one step, its logits and a decode
-    step's after it within bf16 tolerance of the reference."""
-    if not PRECOMPILE and torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the Gluon bodies are written for sm_90")
-    from codegen.gluon import linear
-    from runtime.host_driven import HostDriven
-    config = dataclasses.replace(case_config(2), max_tokens_per_step=1024, max_model_len=1024)
-    model = resolve_model("llama3-8b")
-    kernel = Megakernel.load(compile_model(model, config, tmp_path / "model.cubin", WeightsSource(seed=1)).path,
-                             device="cuda", timeout_s=300)
-    driver = HostDriven(kernel, gluon=True)
-    driver.prefill.tiles = getattr(linear, tiles)
-    assert len(driver.prefill.covered) == 4 * 32  # QKV, o_proj, gate/up, down; the LM head's fp32 logits are not
+def test_gluon_prefill_in_the_host_driven_executor_on_gpu(tiles, tmp_path):
+    """A prefill step's projections and attention in Gluon (codegen/gluon; QKV with its rotary and cache writes, on
+    [128, 256] or [128, 128] tiles: two heads a tile or one) in place of their Triton tasks, in the host-driven
+    executor: prompts of 700 and 260 tokens in one step, its logits and a decode step's after it within bf16
+    tolerance of the reference."""
+    driver, model = gluon_driver(tmp_path, max_tokens_per_step=1024)
+    driver.prefill.tiles = getattr(driver.prefill.linear, tiles)
+    # QKV, attention, o_proj, gate/up, down; the LM head's fp32 logits are not, the merge groups have nothing to do
+    assert len(driver.prefill.covered) == 5 * 32 and len(driver.prefill.merges) == 32
     assert list(driver.prefill.skipped.values()) == ["its outputs are not bf16 rows a multiple of 8 wide"]
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in (700, 260)]
     driver.generate(prompts, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
-    assert_within_bf16_tolerance(kernel, model, prompts)
+    assert_within_bf16_tolerance(driver.kernel, model, prompts)
     out = driver.generate(prompts, SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
-    assert_within_bf16_tolerance(kernel, model, [p + c.tokens for p, c in zip(prompts, out)])
+    assert_within_bf16_tolerance(driver.kernel, model, [p + c.tokens for p, c in zip(prompts, out)])
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_gluon_attention_beside_decoding_sequences_on_gpu(tmp_path):
+    """Steps of 256 tokens that prefill one prompt's chunks beside another's and beside decoding sequences: the
+    Gluon attention takes every sequence of such a step, the decoding ones too (a block each), and their merge group
+    is not run. Prompts of 700 and 90 tokens, every step's logits checked (as `check_every_step`)."""
+    driver, model = gluon_driver(tmp_path, max_tokens_per_step=256, max_model_len=720)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in (700, 90)]
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    for steps in range(1, 20):
+        out = driver.generate(prompts, params, max_steps=steps)
+        assert_within_bf16_tolerance(driver.kernel, model, [p + c.tokens for p, c in zip(prompts, out)])
+        if all(c.finish_reason != "incomplete" for c in out):
+            return
+    raise AssertionError("the requests did not finish in 19 steps")
+
+
+def gluon_driver(tmp_path, **fields):
+    """Llama-3-8B (random weights, two requests a step) in the host-driven executor with the Gluon bodies."""
+    if not PRECOMPILE and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon bodies are written for sm_90")
+    from runtime.host_driven import HostDriven
+    config = dataclasses.replace(case_config(2), **{"max_model_len": 1024, **fields})
+    model = resolve_model("llama3-8b")
+    kernel = Megakernel.load(compile_model(model, config, tmp_path / "model.cubin", WeightsSource(seed=1)).path,
+                             device="cuda", timeout_s=300)
+    return HostDriven(kernel, gluon=True), model
 
 
 def check_every_step(preset: str, config: CompileConfig, tmp_path, lengths: list[int], max_tokens: int) -> None:

@@ -1,0 +1,246 @@
+"""Attention in a step that prefills, in Gluon: every sequence's query rows against its paged keys, causal.
+
+It computes what an ATTENTION group's Triton tasks and its merge group compute in a step where some sequence has more
+than one token (codegen/bodies/attention.py, `prefill_rows`, and `decode_rows` with the merge for the others), from
+the same descriptor row (`ATTENTION_FIELDS`) and the step's plan (each sequence's first token, context length and
+request, each request's pages): a sequence's query rows are its tokens x the query heads of a KV head (row r: token
+r // REP, head r % REP of the group), and row r sees the keys up to its token's position. Every sequence, decoding or
+prefilling, comes in items of BM = 128 rows and one KV head, handed out as the Triton tasks hand out prefill blocks
+(round r's items r P .., program p taking item p of even rounds and P - 1 - p of odd ones, so that each has long and
+short causal blocks alike); its outputs are final, so the merge group has nothing to do.
+
+One program an SM (`ws_prefill_attention.py`'s structure, session 59): a loader warp reads IDS of a sequence's page ids
+in one load and copies each page's keys and values as TMA boxes (two column halves of 64, a 128-byte swizzle's
+width) into a ring of STAGES slots of BLOCK keys, running ahead across items; two consumer warp groups fold each
+slot into the online softmax on `wgmma` (scores q k^T over the halves, the output halves += p v), the causal and
+length masks only on the blocks that need them. Scores stay fp32 with the scale in the exponent, as the Triton body
+without `attention_bf16_scores`. Heads of 128 dimensions.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from codegen.bodies.attention import ATTENTION_FIELDS
+from codegen.gluon.linear import LAUNCH, LOADER_REGS
+from codegen.tasks import DESC_WORDS
+
+USED = ("q_off", "out_off", "num_heads", "num_kv_heads", "head_dim", "layer", "scale", "merger")
+WORDS = gl.constexpr(tuple(ATTENTION_FIELDS.index(f) for f in USED))
+HEAD_DIM = 128
+BLOCK, STAGES, IDS = 64, 3, 32  # keys a slot, slots in the ring, page ids the loader reads at once
+LOG2E = gl.constexpr(1.4426950408889634)
+NEG = gl.constexpr(-1.0e30)
+
+SIGNATURE = {"DESCS": "*i64", "ACT": "*bf16", "I32": "*i32", "KV": "*bf16", "kv_plane": "i64", "kv_rows": "i32",
+             "desc_index": "i32", "control_at": "i32", "seq_starts_at": "i32", "context_lens_at": "i32",
+             "seq_req_at": "i32", "req_pages_at": "i32"}
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _step_items(I32, control_at, seq_starts_at, REP, BM: gl.constexpr, HKV, MAX_SEQS: gl.constexpr,
+                layout: gl.constexpr):
+    """The step's items: (each sequence's number of them, their running total, the total), over MAX_SEQS lanes."""
+    num_seqs = gl.load(I32 + control_at + 1)
+    seqs = gl.arange(0, MAX_SEQS, layout=layout)
+    live = seqs < num_seqs
+    starts = gl.load(I32 + seq_starts_at + seqs, mask=live, other=0)
+    rows = (gl.load(I32 + seq_starts_at + seqs + 1, mask=live, other=0) - starts) * REP
+    items = gl.cdiv(rows, BM) * HKV
+    ends = gl.associative_scan(items, 0, _add)
+    return seqs, items, ends, gl.sum(items, axis=0)
+
+
+@gluon.jit
+def _item(r, seqs, items, ends, total, I32, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, REP, HKV,
+          BM: gl.constexpr, PAGES_PER_SEQ: gl.constexpr):
+    """Round r's item of this program: (valid, sequence's first token, its tokens, context, page table, KV head, the
+    item's first query row, the keys it reads)."""
+    P = gl.num_programs(0)
+    pid = gl.program_id(0)
+    item = r * P + gl.where(r % 2 == 0, pid, P - 1 - pid)
+    seq = gl.sum((ends <= item).to(gl.int32), axis=0)
+    local = item - gl.sum(gl.where(seqs == seq, ends - items, 0), axis=0)
+    g = local % HKV
+    m0 = (local // HKV) * BM
+    valid = item < total
+    seq = gl.where(valid, seq, 0)
+    start = gl.load(I32 + seq_starts_at + seq)
+    q_len = gl.load(I32 + seq_starts_at + seq + 1) - start
+    ctx = gl.load(I32 + context_lens_at + seq)
+    pages = I32 + req_pages_at + gl.load(I32 + seq_req_at + seq) * PAGES_PER_SEQ
+    last = gl.minimum(ctx, ctx - q_len + (m0 + BM - 1) // REP + 1)
+    return valid, start, q_len, ctx, pages, g, m0, last
+
+
+@gluon.jit
+def _loader(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at, context_lens_at,
+            seq_req_at, req_pages_at, layer, REP, HKV, HD: gl.constexpr, BM: gl.constexpr, PAGE: gl.constexpr,
+            PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, STAGES_: gl.constexpr, IDS_: gl.constexpr):
+    """Every item's keys and values, a slot of BLOCK keys at a time (each page's two column halves of each)."""
+    BLOCK_: gl.constexpr = k_ring.type.shape[1]
+    HW: gl.constexpr = HD // 2
+    PER: gl.constexpr = BLOCK_ // PAGE  # pages a slot
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    # the pool as rows of a token's every KV head: plane (layer, k or v) at row plane * kv_plane / (HKV HD)
+    pool = tma.make_tensor_descriptor(KV, [kv_rows, HKV * HD], [HKV * HD, 1], [PAGE, HW], k_ring.type.layout)
+    plane_rows = (kv_plane // (HKV * HD)).to(gl.int32)
+    k_row0 = layer * 2 * plane_rows
+    seqs, items, ends, total = _step_items(I32, control_at, seq_starts_at, REP, BM, HKV, MAX_SEQS, one)
+    i = 0
+    for r in range(gl.cdiv(total, gl.num_programs(0))):
+        valid, start, q_len, ctx, pages, g, m0, last = _item(r, seqs, items, ends, total, I32, seq_starts_at,
+                                                             context_lens_at, seq_req_at, req_pages_at, REP, HKV, BM,
+                                                             PAGES_PER_SEQ)
+        if valid:
+            num_pages = gl.cdiv(last, PAGE)
+            for w0 in range(0, num_pages, IDS_):  # IDS page ids in one load, then their pages' copies
+                pw = w0 + gl.arange(0, IDS_, layout=one)
+                ids = gl.load(pages + pw, mask=pw < num_pages, other=0)
+                for p0 in range(w0, gl.minimum(w0 + IDS_, num_pages), PER):
+                    s = i % STAGES_
+                    mbarrier.wait(empty.index(s), ((i // STAGES_) & 1) ^ 1)
+                    # every page of a slot (a constant byte count): past the last, page 0's keys, masked
+                    mbarrier.expect(ready.index(s), 2 * BLOCK_ * HD * 2)
+                    for q in gl.static_range(PER):
+                        row = gl.sum(gl.where(pw == p0 + q, ids, 0), axis=0) * PAGE
+                        for h in gl.static_range(2):
+                            tma.async_copy_global_to_shared(pool, [k_row0 + row, g * HD + h * HW], ready.index(s),
+                                                            k_ring.index(2 * s + h).slice(q * PAGE, PAGE, dim=0))
+                            tma.async_copy_global_to_shared(pool, [k_row0 + plane_rows + row, g * HD + h * HW],
+                                                            ready.index(s),
+                                                            v_ring.index(2 * s + h).slice(q * PAGE, PAGE, dim=0))
+                    i += 1
+
+
+@gluon.jit
+def _consumer(ACT, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at, context_lens_at, seq_req_at,
+              req_pages_at, q_off, out_off, H, HKV, scale, HD: gl.constexpr, BM: gl.constexpr,
+              PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, STAGES_: gl.constexpr):
+    BLOCK_: gl.constexpr = k_ring.type.shape[1]
+    HW: gl.constexpr = HD // 2
+    REP = H // HKV
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                        instr_shape=[16, BLOCK_, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                        instr_shape=[16, HW, 16])
+    q_dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+    p_dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    lanes: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    qr = gl.arange(0, BM, layout=gl.SliceLayout(1, q_dot))
+    qd = gl.arange(0, HW, layout=gl.SliceLayout(0, q_dot))
+    keys = gl.arange(0, BLOCK_, layout=gl.SliceLayout(0, s_layout))
+    sr = gl.arange(0, BM, layout=rows_s)
+    orow = gl.arange(0, BM, layout=rows_o)
+    od = gl.arange(0, HW, layout=gl.SliceLayout(0, o_layout))
+    c = scale * LOG2E  # exp(scale (s - m)) as 2^(s c - m c), as the Triton body's
+    seqs, items, ends, total = _step_items(I32, control_at, seq_starts_at, REP, BM, HKV, MAX_SEQS, lanes)
+    i = 0
+    for r in range(gl.cdiv(total, gl.num_programs(0))):
+        valid, start, q_len, ctx, pages, g, m0, last = _item(r, seqs, items, ends, total, I32, seq_starts_at,
+                                                             context_lens_at, seq_req_at, req_pages_at, REP, HKV, BM,
+                                                             PAGES_PER_SEQ)
+        if valid:
+            rows = m0 + qr
+            q_rows = ACT + q_off + (start + rows // REP).to(gl.int64)[:, None] * (H * HD) + \
+                ((g * REP + rows % REP) * HD)[:, None] + qd[None, :]
+            q_ok = (rows < q_len * REP)[:, None]
+            q0 = gl.load(q_rows, mask=q_ok, other=0.0)
+            q1 = gl.load(q_rows + HW, mask=q_ok, other=0.0)
+            first = ctx - q_len + m0 // REP  # the item's first row's position: keys past it need the causal mask
+            q_pos = ctx - q_len + (m0 + sr) // REP
+            m = gl.full([BM], NEG, gl.float32, rows_s)
+            l = gl.zeros([BM], gl.float32, rows_s)
+            o0 = gl.zeros([BM, HW], gl.float32, o_layout)
+            o1 = gl.zeros([BM, HW], gl.float32, o_layout)
+            for j in range(0, last, BLOCK_):
+                s = i % STAGES_
+                mbarrier.wait(ready.index(s), (i // STAGES_) & 1)
+                sc = warpgroup_mma(q0, k_ring.index(2 * s).permute((1, 0)),
+                                   gl.zeros([BM, BLOCK_], gl.float32, s_layout), is_async=True)
+                sc = warpgroup_mma(q1, k_ring.index(2 * s + 1).permute((1, 0)), sc, is_async=True)
+                sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
+                if (j + BLOCK_ - 1 > first) | (j + BLOCK_ > last):
+                    key = j + keys
+                    sc = gl.where((key[None, :] <= q_pos[:, None]) & (key < last)[None, :], sc, NEG)
+                m_new = gl.maximum(m, gl.max(sc, axis=1))
+                p = gl.exp2(sc * c - (m_new * c)[:, None])
+                alpha = gl.exp2((m - m_new) * c)
+                l = l * alpha + gl.sum(p, axis=1)
+                m = m_new
+                a = gl.convert_layout(alpha, rows_o)[:, None]
+                pb = gl.convert_layout(p.to(gl.bfloat16), p_dot)
+                o0 = warpgroup_mma(pb, v_ring.index(2 * s), o0 * a, is_async=True)
+                o1 = warpgroup_mma(pb, v_ring.index(2 * s + 1), o1 * a, is_async=True)
+                o0, o1 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1))
+                fence_async_shared()  # the slot's reads before the loader's next copies into it
+                mbarrier.arrive(empty.index(s), count=1)
+                i += 1
+            lo = gl.convert_layout(l, rows_o)[:, None]
+            orows = m0 + orow
+            out = ACT + out_off + (start + orows // REP).to(gl.int64)[:, None] * (H * HD) + \
+                ((g * REP + orows % REP) * HD)[:, None] + od[None, :]
+            ok = (orows < q_len * REP)[:, None]
+            gl.store(out, (o0 / lo).to(gl.bfloat16), mask=ok)
+            gl.store(out + HW, (o1 / lo).to(gl.bfloat16), mask=ok)
+
+
+@gluon.jit
+def attention_prefill(DESCS, ACT, I32, KV, kv_plane, kv_rows, desc_index, control_at, seq_starts_at, context_lens_at,
+                      seq_req_at, req_pages_at, HD: gl.constexpr, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr,
+                      MAX_SEQS: gl.constexpr, BLOCK_: gl.constexpr, STAGES_: gl.constexpr, IDS_: gl.constexpr,
+                      DESC_WORDS: gl.constexpr, LOADER_REGS: gl.constexpr):
+    """Row desc_index of DESCS (an ATTENTION group's descriptor) over the step planned in I32 (control words at
+    control_at, the sequences' first tokens, contexts and requests, the requests' page tables at the *_at words);
+    the cache KV: kv_rows rows of a token's every KV head, a layer's keys (then values) kv_plane elements apart."""
+    desc = DESCS + desc_index * DESC_WORDS
+    q_off, out_off = gl.load(desc + WORDS[0]), gl.load(desc + WORDS[1])
+    H, HKV = gl.load(desc + WORDS[2]).to(gl.int32), gl.load(desc + WORDS[3]).to(gl.int32)
+    layer = gl.load(desc + WORDS[5]).to(gl.int32)
+    scale = gl.load(desc + WORDS[6]).to(gl.float64, bitcast=True).to(gl.float32)
+    BM: gl.constexpr = 16 * gl.num_warps()
+    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_, HD // 2], gl.bfloat16)
+    k_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES_ * 2, BLOCK_, HD // 2], layout)
+    v_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES_ * 2, BLOCK_, HD // 2], layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES_):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    gl.warp_specialize([
+        (_consumer, (ACT, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at, context_lens_at, seq_req_at,
+                     req_pages_at, q_off, out_off, H, HKV, scale, HD, BM, PAGES_PER_SEQ, MAX_SEQS, STAGES_)),
+        (_loader, (KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at,
+                   context_lens_at, seq_req_at, req_pages_at, layer, H // HKV, HKV, HD, BM, PAGE, PAGES_PER_SEQ,
+                   MAX_SEQS, STAGES_, IDS_)),
+    ], [1], [LOADER_REGS])
+
+
+def constexprs(page_size: int, pages_per_seq: int, max_batch: int) -> dict:
+    return dict(HD=HEAD_DIM, PAGE=page_size, PAGES_PER_SEQ=pages_per_seq,
+                MAX_SEQS=max(32, 1 << (max_batch - 1).bit_length()), BLOCK_=BLOCK, STAGES_=STAGES, IDS_=IDS,
+                DESC_WORDS=DESC_WORDS, LOADER_REGS=LOADER_REGS)
+
+
+def unsupported(words: list[int], page_size: int, bf16_scores: bool) -> str | None:
+    """Why an ATTENTION descriptor's group cannot run here (None: it can; a merge group's is its group's)."""
+    f = dict(zip(ATTENTION_FIELDS, words))
+    if f["head_dim"] != HEAD_DIM:
+        return f"its heads have {f['head_dim']} dimensions, not {HEAD_DIM}"
+    if bf16_scores:
+        return "its scores are rounded to bf16 (`attention_bf16_scores`)"
+    if BLOCK % page_size or IDS % (BLOCK // page_size):
+        return f"its pages of {page_size} keys do not tile slots of {BLOCK}"
+    for name in ("q_off", "out_off"):
+        if f[name] % 8:
+            return f"{name} {f[name]} is not a multiple of 8 elements"
+    return None
