@@ -3,7 +3,6 @@ projection harness (Llama-3-8B's four projections, checked and timed next to cuB
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 import triton
@@ -11,7 +10,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from codegen.compile import resource_usage
+from codegen.gluon import compile_for_sm90
 
 # Llama-3-8B: (name, output columns, K, gated); gate/up's columns alternate gate, up and its output is half as wide
 SHAPES = (("qkv", 6144, 4096, False), ("o_proj", 4096, 4096, False), ("gate_up", 28672, 4096, True),
@@ -58,20 +57,11 @@ def gemv_consume(xv, yv, g_ring, ready, empty, base, i, first, step, N, K, SLOTS
         gl.store(yv + u * GR + gl.arange(0, GR, layout=rows), gl.sum(acc, axis=1).to(gl.bfloat16))
 
 
-def compile_sm90(fn, signature: dict, opts: dict, name: str, label: str) -> None:
-    """Compiles the Gluon kernel fn for sm_90 (no GPU needed), writes /tmp/NAME.cubin and prints its registers,
-    spills and shared memory. opts: its constexprs, with num_warps and maxnreg; pointers are taken 16-aligned."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+def compile_sm90(fn, signature: dict, opts: dict, label: str) -> None:
+    """Compiles the Gluon kernel fn for sm_90 (no GPU needed, `codegen.gluon.compile_for_sm90`) and prints its
+    registers, spills and shared memory. opts: its constexprs, with num_warps and maxnreg."""
     const = {k: v for k, v in opts.items() if k not in ("num_warps", "maxnreg")}
-    aligned = {(i, ): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind.startswith("*")}
-    src = GluonASTSource(fn, signature={**signature, **{k: "constexpr" for k in const}}, constexprs=const,
-                         attrs=aligned)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": opts["num_warps"], "maxnreg": opts["maxnreg"]})
-    path = Path(f"/tmp/{name}.cubin")
-    path.write_bytes(compiled.asm["cubin"])
-    print(f"{label}: {resource_usage(path)}, shared {compiled.metadata.shared} B", flush=True)
+    print(f"{label}: {compile_for_sm90(fn, signature, const, opts['num_warps'], opts['maxnreg'])}", flush=True)
 
 
 def graph_ms(fn, reps: int) -> float:
@@ -183,7 +173,6 @@ def projection_main(doc: str, kernel, options, parse, default_variants: str, var
         for spec in specs:
             for gated in (False, True):
                 compile_sm90(kernel, PROJECTION_SIGNATURE, options(*spec, gated),
-                             f"{kernel.__name__}_{'_'.join(str(v) for v in spec)}_{int(gated)}",
                              f"{'/'.join(str(v) for v in spec)} gated={gated}")
         return
 

@@ -261,7 +261,6 @@ def compile_only(specs):
            "num_slots": "i32", "kv_plane": "i32", "pages_per_seq": "i32", "scale": "fp32"}
     for block, stages, warps, mode, mma in specs:
         compile_sm90(ws_attend, sig, options(block, stages, warps, mode, mma),
-                     f"ws_decode_attention_{block}_{stages}_{warps}_{mode}_{mma}",
                      f"{block} keys a slot, {stages} stages, {warps} warps, mode {mode}, wgmma {mma}")
 
 

@@ -195,7 +195,7 @@ def compile_only(ring, warps):
            "err": "*i32", "epoch": "i32", "NL": "i32", "act_rows": "i32"}
     const.update(RING=ring, WAIT=True, SIGNAL=True, MAX_SPIN=MAX_SPIN, WORKER_REGS=40, ATTN_NS=10000,
                  num_warps=warps, maxnreg=regs_per_thread(2, warps))
-    compile_sm90(ws_chain, sig, const, f"ws_gemv_ring{ring}", f"ring {ring}")
+    compile_sm90(ws_chain, sig, const, f"ring {ring}")
 
 
 def run_gpu(rings, reps, warps, programs, attention_us=(0, )):

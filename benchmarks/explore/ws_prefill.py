@@ -263,7 +263,6 @@ def compile_only(specs, warps, group):
         for gated in (False, True):
             for build in (["prefill"] if claim else BUILDS):
                 compile_sm90(ws_linear, sig, options(bm, bn, bk, stages, gated, warps, group, build, claim=claim),
-                             f"ws_prefill_{bm}x{bn}x{bk}_{stages}_{int(gated)}_{build}_{int(claim)}",
                              f"{bm}x{bn}x{bk}/{stages}{'/c' if claim else ''} gated={gated} {build}")
 
 

@@ -226,7 +226,6 @@ def compile_only(specs):
            "scale": "fp32"}
     for block, stages, warps, pipe in specs:
         compile_sm90(ws_prefill_attend, sig, options(block, stages, warps, pipe),
-                     f"ws_prefill_attention_{block}_{stages}_{warps}_{pipe}",
                      f"{block} keys a slot, {stages} stages, {warps} warps, pipe {pipe}")
 
 
