@@ -1,14 +1,16 @@
-"""The Gluon bodies against the Triton ones, group by group, in one prefill step of the host-driven executor.
+"""The Gluon bodies against the Triton ones, group by group, in one step of the host-driven executor.
 
-For each prompt length: the TTFT benchmark's kernel (`megakernel_tpot.ttft_config`), its first step run by the
-host-driven executor twice, with the Triton group kernels and with the Gluon bodies where they exist
-(`HostDriven(kernel, gluon=True)`; codegen/gluon). Each group's launch is timed with CUDA events (the best of
-`--repeats` steps), and each kind of group's times are summed over the layers. The two runs' logits and first tokens
-are compared, and each covered group's outputs are checked against the Triton group's on the same inputs. Printed
-beside them: the persistent megakernel's TTFT and torch's prefill of the same prompt, measured in the same run.
+For each prompt length (`--prompts`): the TTFT benchmark's kernel (`megakernel_tpot.ttft_config`) and its first step;
+for each batch x context (`--decode`): the decode benchmark's kernel (`megakernel_tpot.decode_config`) and a step that
+decodes the whole batch. The step runs in the host-driven executor twice, with the Triton group kernels and with the
+Gluon bodies where they apply (`HostDriven(kernel, gluon=True)`; codegen/gluon). Each group's launch is timed with CUDA
+events (the best of `--repeats` steps) and each kind of group's times are summed over the layers; each covered
+group's outputs are checked against the Triton group's on the same inputs (attention's after its merge group). Beside
+them: for a prompt the two runs' logits and first tokens, the persistent megakernel's TTFT and torch's prefill of the
+same prompt, measured in the same run; for a batch the persistent kernel's TPOT.
 
-    python -m benchmarks.gluon_groups --prompts 512,2048              # on an H100 / H200
-    python -m benchmarks.gluon_groups --prompts 512,2048 --compile-only   # here: the kernels into the cache
+    python -m benchmarks.gluon_groups --prompts 2048,512 --decode 64x512     # on an H100 / H200
+    python -m benchmarks.gluon_groups --prompts 2048,512 --decode 64x512 --compile-only   # here: into the cache
 """
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from collections import defaultdict
 import torch
 
 from benchmarks import baselines
-from benchmarks.megakernel_tpot import artifact_path, seeded_prompt, ttft_config, ttft_ms
+from benchmarks.decode import steps_until_all_decode
+from benchmarks.megakernel_tpot import (artifact_path, decode_config, decode_tokens, seeded_prompt, tpot_ms,
+                                        ttft_config, ttft_ms)
 from blinkc.compile_model import WeightsSource, compile_many, compile_model
 from codegen.bodies.attention import ATTENTION_FIELDS
 from codegen.bodies.linear import LINEAR_FIELDS
@@ -33,6 +37,7 @@ from runtime.sampling import SamplingParams
 
 
 HOLD_CYCLES = 200_000_000  # ~0.1 s at the H200's 1.98 GHz: the step's ~230 launches take the host ~20 ms
+DECODE_STEPS = 24  # steps a decode row's kernel has room for once the whole batch decodes
 
 
 def group_kind(event: str) -> str:
@@ -40,54 +45,64 @@ def group_kind(event: str) -> str:
     return re.sub(r"\.weight$", "", re.sub(r"^model\.layers\.\d+\.|\.\d+$", "", event))
 
 
-def timed_first_step(driver: HostDriven, prompt: list[int]) -> tuple[dict[int, float], torch.Tensor, int]:
-    """The first step of `prompt` (prefill and its first token): each group's ms (by its first task), the logits
-    and the token."""
-    k = driver.kernel
-    k.prepare([prompt], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
-    size = driver.plan_step(0) or k.last_step_size()
+def timed_step(driver: HostDriven, step: int) -> dict[int, float]:
+    """Step `step` of the prepared requests: each group's ms (by its first task)."""
+    size = driver.plan_step(step) or driver.kernel.last_step_size()
     events = [torch.cuda.Event(enable_timing=True) for _ in range(len(driver.groups) + 1)]
     # the GPU held back while the host launches the step (a Gluon launch takes the host longer than some groups take
     # the GPU: between two events the GPU would wait for the host), so that each event pair times the GPU alone
     torch.cuda._sleep(HOLD_CYCLES)
     events[0].record()
     for (first, count), end in zip(driver.groups, events[1:]):
-        driver.launch_group(first, count, 0, size)
+        driver.launch_group(first, count, step, size)
         end.record()
     torch.cuda.synchronize()
-    times = {first: start.elapsed_time(end) for (first, _), start, end in zip(driver.groups, events, events[1:])}
+    return {first: start.elapsed_time(end) for (first, _), start, end in zip(driver.groups, events, events[1:])}
+
+
+def timed_first_step(driver: HostDriven, prompt: list[int]) -> tuple[dict[int, float], torch.Tensor, int]:
+    """The first step of `prompt` (prefill and its first token): each group's ms, the logits and the token."""
+    k = driver.kernel
+    k.prepare([prompt], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+    times = timed_step(driver, 0)
     return times, k.last_logits().float().clone(), k.completions(1)[0].tokens[0]
 
 
-def check_groups(triton: HostDriven, gluon: HostDriven, prompt: list[int]) -> dict[str, tuple[float, float]]:
-    """Each group the Gluon executor covers, run on the same inputs both ways (the arenas as the Triton groups before
-    it left them): the largest relative error of its outputs (a projection's rows and their sums of squares; QKV's
-    q rows and the cache; attention's rows) against the Triton group's, and the largest share of outputs that differ
-    at all, by kind. (One prompt: its attention's rows are final after the Triton group, with no merge to wait for.)"""
+def check_groups(triton: HostDriven, gluon: HostDriven, step: int) -> dict[str, tuple[float, float]]:
+    """Step `step` of the prepared requests, each group the Gluon executor covers in it run on the same inputs both
+    ways (the arenas as the Triton groups before it left them; attention's outputs compared after the Triton merge
+    group that follows it, which the Gluon executor skips): the largest relative error of its outputs (a
+    projection's rows and their sums of squares; QKV's q rows and the cache; attention's rows) against the Triton
+    group's, and the largest share of outputs that differ at all, by kind."""
     k = triton.kernel
-    k.prepare([prompt], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
-    size = triton.plan_step(0) or k.last_step_size()
+    size = triton.plan_step(step) or k.last_step_size()
     rows = size[0]
     worst: dict[str, float] = defaultdict(float)
     off: dict[str, float] = defaultdict(float)
     descs = k.descs.cpu().tolist()
+    merged = {attention: merge for merge, attention in gluon.gluon.merges.items()}
     for first, count in triton.groups:
-        desc = gluon.prefill.covered.get(first)
-        if desc is None:
-            triton.launch_group(first, count, 0, size)
+        if first in gluon.gluon.merges:
+            continue  # (run with its attention group, below)
+        covered = gluon.gluon.applies(first, size)
+        if covered:
+            desc = gluon.gluon.covered[first]
+            outputs = group_outputs(k, gluon.gluon.kinds[first], descs[desc], rows)
+            act, f32, kv = k.act.clone(), k.f32.clone(), k.kv.clone()
+        triton.launch_group(first, count, step, size)
+        if first in merged:
+            triton.launch_group(merged[first], dict(triton.groups)[merged[first]], step, size)
+        if not covered:
             continue
-        outputs = group_outputs(k, gluon.prefill.kinds[first], descs[desc], rows)
-        act, f32, kv = k.act.clone(), k.f32.clone(), k.kv.clone()
-        triton.launch_group(first, count, 0, size)
         want = [out.double().clone() for out in outputs]
         k.act.copy_(act)
         k.f32.copy_(f32)
         k.kv.copy_(kv)
         for out in outputs[:1]:  # (what the Triton group wrote is not mistaken for the Gluon body's)
             out.fill_(float("nan"))
-        gluon.launch_group(first, count, 0, size)
+        gluon.launch_group(first, count, step, size)
         name = group_kind(k.manifest["events"][int(k.tasks[first, 3])])
-        if name not in worst and gluon.prefill.kinds[first] == Kind.QKV:
+        if name not in worst and gluon.gluon.kinds[first] == Kind.QKV:
             f = dict(zip(QKV_FIELDS, descs[desc]))
             print(f"  {name} (first layer): {where_off(outputs[0], want[0], rows, f['head_dim'])}", flush=True)
         for out, expected in zip(outputs, want):
@@ -102,12 +117,13 @@ def where_off(got: torch.Tensor, want: torch.Tensor, rows: int, head_dim: int) -
     got, want = got.view(rows, -1, head_dim).double(), want.view(rows, -1, head_dim)
     off = got != want
     half = head_dim // 2
-    by_head = off.double().mean((0, 2))
-    by_row = off.double().mean((1, 2))
+    share = off.double()
+    by_head = share.mean((0, 2))
+    by_row = share.mean((1, 2))
     step = (want.abs().clamp_min(1e-30).log2().floor() - 7).exp2()  # a bf16 step at each value
     steps = ((got - want).abs() / step)[off]
-    return (f"{off.double().mean().item():.2%} of q off: columns below {half} {off[..., :half].double().mean().item():.2%}, "
-            f"above {off[..., half:].double().mean().item():.2%}; heads {by_head.min().item():.1%}-"
+    return (f"{share.mean().item():.2%} of q off: columns below {half} {share[..., :half].mean().item():.2%}, "
+            f"above {share[..., half:].mean().item():.2%}; heads {by_head.min().item():.1%}-"
             f"{by_head.max().item():.1%}; rows 0-15 {by_row[:16].mean().item():.1%}, the rest "
             f"{by_row[16:].mean().item():.1%}, row 0 {by_row[0].item():.1%}; "
             f"by {steps.max().item() if steps.numel() else 0:.1f} bf16 steps at most")
@@ -135,63 +151,118 @@ def out_sums(k, offset: int, rows: int) -> torch.Tensor:
     return k.f32[offset:offset + rows]
 
 
+def report(triton: HostDriven, best: dict[str, dict[int, float]], worst: dict[str, tuple[float, float]]) -> list[str]:
+    """Each kind of group's time both ways, summed over the layers, with its check."""
+    k = triton.kernel
+    by_kind: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for first, _ in triton.groups:
+        kind = group_kind(k.manifest["events"][int(k.tasks[first, 3])])
+        by_kind[kind][0] += best["triton"][first]
+        by_kind[kind][1] += best["gluon"][first]
+    lines = []
+    for kind, (t, g) in by_kind.items():
+        check = (f", outputs against Triton's rel_err <= {worst[kind][0]:.1e}, at most {worst[kind][1]:.2%} of "
+                 f"them off" if kind in worst else "")
+        lines.append(f"  {kind:24s} Triton {t * 1e3:8.0f} us  Gluon {g * 1e3:8.0f} us  ({t / max(g, 1e-9):.2f}x)"
+                     + check)
+    return lines
+
+
+def drivers(kernel: Megakernel, tiles: str) -> tuple[HostDriven, HostDriven]:
+    triton, gluon = HostDriven(kernel), HostDriven(kernel, gluon=True)
+    gluon.gluon.tiles = {"auto": None, "wide": linear.WIDE, "narrow": linear.NARROW}[tiles]
+    for first, why in gluon.gluon.skipped.items():
+        print(f"  left to Triton: {group_kind(kernel.manifest['events'][int(kernel.tasks[first, 3])])}: {why}")
+    return triton, gluon
+
+
+def prompt_row(model, n: int, args) -> None:
+    """A prompt of n tokens: its first step both ways, beside the persistent kernel's TTFT and torch's prefill."""
+    device = torch.device("cuda")
+    kernel = Megakernel.load(compile_model(model, ttft_config(n), artifact_path("ttft"), WeightsSource(seed=0)).path,
+                             device="cuda", timeout_s=300)
+    persistent, persistent_gpu, persistent_token = ttft_ms(kernel, n)
+    prompt = seeded_prompt(n)
+    triton, gluon = drivers(kernel, args.tiles)
+    kernel.prepare([prompt], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+    worst = check_groups(triton, gluon, 0)
+    best: dict[str, dict[int, float]] = {}
+    results = {}
+    _, again, _ = timed_first_step(triton, prompt)
+    for name, driver in (("triton", triton), ("gluon", gluon)):
+        for _ in range(args.repeats):
+            times, logits, token = timed_first_step(driver, prompt)
+            best[name] = {g: min(t, best.get(name, {}).get(g, t)) for g, t in times.items()}
+        results[name] = (logits, token)
+    (t_logits, t_token), (g_logits, g_token) = results["triton"], results["gluon"]
+    diff = ((g_logits - t_logits).norm() / t_logits.norm()).item()
+    noise = ((again - t_logits).norm() / t_logits.norm()).item()
+    total_t, total_g = sum(best["triton"].values()), sum(best["gluon"].values())
+    lines = report(triton, best, worst)
+    del kernel, triton, gluon, results, t_logits, g_logits, again
+    baselines.release_memory(device)
+    torch_gpu, torch_host = baselines.torch_ttft_ms(model.config, n, device)
+    print(f"\nprompt {n} tokens: host-driven first step, Triton groups {total_t:.2f} ms, with the Gluon bodies "
+          f"{total_g:.2f} ms ({total_t / total_g:.2f}x); persistent megakernel TTFT {persistent:.2f} ms (kernel "
+          f"{persistent_gpu:.2f}); torch prefill {torch_host:.2f} ms (GPU {torch_gpu:.2f})")
+    print(f"  logits with the Gluon bodies against without: rel {diff:.1e} (Triton's against another of its runs "
+          f"{noise:.1e}); first token {g_token} against {t_token} (persistent {persistent_token})")
+    print("\n".join(lines), flush=True)
+
+
+def decode_row(model, batch: int, context: int, args) -> None:
+    """`batch` prompts of `context` tokens: a step that decodes them all, both ways, beside the persistent kernel's
+    TPOT."""
+    config = decode_config(batch, context, DECODE_STEPS)
+    kernel = Megakernel.load(compile_model(model, config, artifact_path("decode"), WeightsSource(seed=0)).path,
+                             device="cuda", timeout_s=300)
+    persistent = tpot_ms(kernel, batch, context, DECODE_STEPS)
+    triton, gluon = drivers(kernel, args.tiles)
+    prompts = [torch.randint(0, 1000, (context,), generator=torch.Generator().manual_seed(i)).tolist()
+               for i in range(batch)]
+    params = SamplingParams(max_tokens=decode_tokens(batch, context, config.max_tokens_per_step, DECODE_STEPS),
+                            temperature=0, ignore_eos=True)
+    step = steps_until_all_decode(triton, batch, kernel.prepare(prompts, params))
+    worst = check_groups(triton, gluon, step)
+    best: dict[str, dict[int, float]] = {"triton": {}, "gluon": {}}
+    for _ in range(args.repeats):  # the two ways on alternate steps (a context a token longer each)
+        for name, driver in (("triton", triton), ("gluon", gluon)):
+            step += 1
+            times = timed_step(driver, step)
+            best[name] = {g: min(t, best[name].get(g, t)) for g, t in times.items()}
+            if kernel.last_step_size() != (batch, batch):
+                raise RuntimeError(f"step {step} did not decode all {batch} sequences")
+    total_t, total_g = sum(best["triton"].values()), sum(best["gluon"].values())
+    print(f"\nbatch {batch}, context {context}: host-driven decode step (launches, not a graph), Triton groups "
+          f"{total_t:.2f} ms, with the Gluon bodies {total_g:.2f} ms ({total_t / total_g:.2f}x); persistent "
+          f"megakernel TPOT {persistent:.2f} ms")
+    print("\n".join(report(triton, best, worst)), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="llama3-8b")
-    parser.add_argument("--prompts", default="512,2048", help="prompt lengths")
+    parser.add_argument("--prompts", default="512,2048", help="prompt lengths ('' for none)")
+    parser.add_argument("--decode", default="", help="batch x context pairs, e.g. 64x512")
     parser.add_argument("--repeats", type=int, default=5, help="steps timed each way (the best is kept)")
     parser.add_argument("--tiles", choices=["auto", "wide", "narrow"], default="auto",
                         help="the Gluon projections' tiles: [128, 256], [128, 128], or as `linear.tiles_for` picks")
     parser.add_argument("--compile-only", action="store_true", help="compile the kernels into the cache and stop")
     args = parser.parse_args()
-    lengths = [int(n) for n in args.prompts.split(",")]
-    seconds = compile_many([(args.preset, ttft_config(n)) for n in lengths])
-    print(f"compiled {len(lengths)} kernels in {seconds:.0f} s", flush=True)
+    lengths = [int(n) for n in args.prompts.split(",") if n]
+    shapes = [tuple(int(v) for v in pair.split("x")) for pair in args.decode.split(",") if pair]
+    configs = [ttft_config(n) for n in lengths] + [decode_config(b, c, DECODE_STEPS) for b, c in shapes]
+    seconds = compile_many([(args.preset, config) for config in configs])
+    print(f"compiled {len(configs)} kernels in {seconds:.0f} s", flush=True)
     if args.compile_only:
         return
-    device = torch.device("cuda")
     model = resolve_model(args.preset)
-    print(f"device {torch.cuda.get_device_name(device)}; {args.preset}, random weights; the Gluon projections' tiles "
+    print(f"device {torch.cuda.get_device_name()}; {args.preset}, random weights; the Gluon projections' tiles "
           f"{args.tiles}; each group's launch timed by CUDA events, best of {args.repeats}", flush=True)
     for n in lengths:
-        kernel = Megakernel.load(compile_model(model, ttft_config(n), artifact_path("ttft"), WeightsSource(seed=0)).path,
-                                 device="cuda", timeout_s=300)
-        persistent, persistent_gpu, persistent_token = ttft_ms(kernel, n)
-        prompt = seeded_prompt(n)
-        triton, gluon = HostDriven(kernel), HostDriven(kernel, gluon=True)
-        gluon.prefill.tiles = {"auto": None, "wide": linear.WIDE, "narrow": linear.NARROW}[args.tiles]
-        for first, why in gluon.prefill.skipped.items():
-            print(f"  left to Triton: {group_kind(kernel.manifest['events'][int(kernel.tasks[first, 3])])}: {why}")
-        worst = check_groups(triton, gluon, prompt)
-        best: dict[str, dict[int, float]] = {}
-        results = {}
-        _, again, _ = timed_first_step(triton, prompt)
-        for name, driver in (("triton", triton), ("gluon", gluon)):
-            for _ in range(args.repeats):
-                times, logits, token = timed_first_step(driver, prompt)
-                best[name] = {g: min(t, best.get(name, {}).get(g, t)) for g, t in times.items()}
-            results[name] = (logits, token)
-        by_kind: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-        for first, _ in triton.groups:
-            kind = group_kind(kernel.manifest["events"][int(kernel.tasks[first, 3])])
-            by_kind[kind][0] += best["triton"][first]
-            by_kind[kind][1] += best["gluon"][first]
-        (t_logits, t_token), (g_logits, g_token) = results["triton"], results["gluon"]
-        diff = ((g_logits - t_logits).norm() / t_logits.norm()).item()
-        noise = ((again - t_logits).norm() / t_logits.norm()).item()
-        del kernel, triton, gluon
-        baselines.release_memory(device)
-        torch_gpu, torch_host = baselines.torch_ttft_ms(model.config, n, device)
-        total_t, total_g = sum(best["triton"].values()), sum(best["gluon"].values())
-        print(f"\nprompt {n} tokens: host-driven first step, Triton groups {total_t:.2f} ms, with the Gluon bodies "
-              f"{total_g:.2f} ms ({total_t / total_g:.2f}x); persistent megakernel TTFT {persistent:.2f} ms (kernel "
-              f"{persistent_gpu:.2f}); torch prefill {torch_host:.2f} ms (GPU {torch_gpu:.2f})")
-        print(f"  logits with the Gluon bodies against without: rel {diff:.1e} (Triton's against another of its runs "
-              f"{noise:.1e}); first token {g_token} against {t_token} (persistent {persistent_token})")
-        for kind, (t, g) in by_kind.items():
-            check = (f", outputs against Triton's rel_err <= {worst[kind][0]:.1e}, at most {worst[kind][1]:.2%} of "
-                     f"them off" if kind in worst else "")
-            print(f"  {kind:24s} Triton {t * 1e3:8.0f} us  Gluon {g * 1e3:8.0f} us  ({t / g:.2f}x){check}")
+        prompt_row(model, n, args)
+    for batch, context in shapes:
+        decode_row(model, batch, context, args)
 
 
 if __name__ == "__main__":

@@ -6,9 +6,9 @@ group (launch order is the dependency order, so no events) and a host loop over 
 persistent kernel's synchronisation.
 
 With `gluon`, it is also where the megakernel's Gluon bodies (codegen/gluon) land one at a time: each stands in for
-the Triton group kernel in the steps and groups it covers (today a prefill step's projections and attention,
-`GluonPrefill`), so that the model's logits through the mixed executor check the body and its group's time in the
-step is its figure.
+the Triton group kernel in the steps and groups it covers (today a prefill step's projections and attention, and a
+decode step's attention where its sequences fill the GPU: `GluonGroups`), so that the model's logits through the
+mixed executor check the body and its group's time in the step is its figure.
 """
 from __future__ import annotations
 
@@ -36,11 +36,11 @@ class HostDriven:
         # the groups that stream a one-row step (`gemv_stream`): then as many CTAs as the persistent launch has
         # programs, a part each, as its programs take them
         self.streamed = {first for first, _ in self.groups if int(kernel.tasks[first, FLAGS]) & STREAMS}
-        self.prefill = GluonPrefill(kernel, self.groups) if gluon else None
+        self.gluon = GluonGroups(kernel, self.groups) if gluon else None
 
     def step(self, step: int, size: tuple[int, int] | None = None) -> None:
         """Step `step`'s launches. `size`: the step's (tokens, sequences) (a one-row step's streamed groups run in
-        parts, a step that prefills runs the Gluon bodies with `gluon`); None reads it from the plan where it
+        parts; with `gluon`, which groups the Gluon bodies take depends on it); None reads it from the plan where it
         matters (a wait for the GPU: pass it where the launches are captured)."""
         size = self.plan_step(step, size)
         for first, count in self.groups:
@@ -52,7 +52,7 @@ class HostDriven:
         k = self.kernel
         use_scratch_allocator()
         self.plan[(1,)](k.i32, k.f32, step)
-        if size is None and (self.streamed or self.prefill):
+        if size is None and (self.streamed or self.gluon):
             size = k.last_step_size()
         return size
 
@@ -60,7 +60,7 @@ class HostDriven:
         """The launch of the `count` tasks from `first` (a group of `groups`) in step `step` of `size` (tokens,
         sequences)."""
         k = self.kernel
-        if self.prefill and self.prefill.launch(first, size):
+        if self.gluon and self.gluon.launch(first, size):
             return
         parts = min(count, k.programs) if size is not None and size[0] == 1 and first in self.streamed else 0
         self.group[(parts or count,)](k.tasks, k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, first, step,
@@ -114,12 +114,14 @@ def capture_step(driver: HostDriven, step: int, size: tuple[int, int]) -> torch.
     return graph
 
 
-class GluonPrefill:
-    """A prefill step's projections and attention in Gluon (codegen/gluon: `linear.linear_prefill`,
-    `qkv.qkv_prefill`, `attention.attention_prefill`), one program an SM, in place of the Triton tasks of each
-    LINEAR, QKV and ATTENTION group they can take: the projections in a step of more tokens than the batched blocks
-    take (`CompileConfig.wide_rows`: the Triton tasks then run the prefill tiles), attention in a step where some
-    sequence has more than one token (its outputs are final: the layer's merge group, if it has one, is not run)."""
+class GluonGroups:
+    """The groups the Gluon bodies take (codegen/gluon: `linear.linear_prefill`, `qkv.qkv_prefill`,
+    `attention.attention_prefill`), one program an SM, in place of the Triton tasks of each LINEAR, QKV and
+    ATTENTION group they can: the projections in a step of more tokens than the batched blocks take
+    (`CompileConfig.wide_rows`: the Triton tasks then run the prefill tiles); attention in a step where some
+    sequence has more than one token (items of 128 query rows), and in a step that only decodes where its (sequence,
+    KV head) pairs are a wave at least (items of 64 rows, on one consumer warp group; fewer pairs leave SMs idle where
+    the Triton tasks split the context). Its outputs are final: the layer's merge group, if it has one, is not run."""
 
     def __init__(self, kernel: Megakernel, groups: list[tuple[int, int]]) -> None:
         from codegen.bodies.attention import ATTENTION_FIELDS
@@ -143,11 +145,12 @@ class GluonPrefill:
         descs, tasks = kernel.descs.cpu().tolist(), kernel.tasks.cpu()
         self.covered: dict[int, int] = {}  # first task of a group -> its descriptor's row
         self.kinds: dict[int, Kind] = {}
-        self.merges: set[int] = set()  # the merge groups of covered attention groups
+        self.merges: dict[int, int] = {}  # the merge group of a covered attention group -> that group
         self.skipped: dict[int, str] = {}  # ... -> why it is left to the Triton tasks
         self.tiles = None  # the projections' tile shape (`linear.Tiles`); None: `linear.tiles_for` picks
         self.gated: dict[int, bool] = {}
         self.columns: dict[int, int] = {}  # a projection's weight rows; attention: a token's row of the cache
+        self.kv_heads: dict[int, int] = {}
         for first, _ in groups:
             kind, desc = Kind(int(tasks[first, 0])), int(tasks[first, 1])
             words = descs[desc]
@@ -163,10 +166,11 @@ class GluonPrefill:
                 f = dict(zip(ATTENTION_FIELDS, words))
                 why = attention.unsupported(words[:len(ATTENTION_FIELDS)], cfg.page_size,
                                             bool(cfg.attention_bf16_scores))
-                self.columns[first] = f["num_kv_heads"] * f["head_dim"]
-                if f["merger"] == 2:  # (right after its attention group, whose descriptor is the one before)
-                    if not why and self.kinds.get(self._group_before(groups, first)) == Kind.ATTENTION:
-                        self.merges.add(first)
+                self.columns[first], self.kv_heads[first] = f["num_kv_heads"] * f["head_dim"], f["num_kv_heads"]
+                if f["merger"] == 2:  # (right after its attention group)
+                    before = self._group_before(groups, first)
+                    if not why and self.kinds.get(before) == Kind.ATTENTION:
+                        self.merges[first] = before
                     continue
             else:
                 continue
@@ -179,25 +183,41 @@ class GluonPrefill:
     def _group_before(groups: list[tuple[int, int]], first: int) -> int:
         return groups[[f for f, _ in groups].index(first) - 1][0]
 
-    def launch(self, first: int, size: tuple[int, int] | None) -> bool:
-        """Launches the group of tasks from `first` in a step of `size` (tokens, sequences), if it is one this covers
-        (a merge group: takes it, launching nothing)."""
+    def attention_launch(self, first: int, size: tuple[int, int]) -> dict | None:
+        """The launch options of covered attention group `first` in a step of `size`, or None where it is the
+        Triton tasks'."""
+        tokens, seqs = size
+        if tokens > seqs:
+            return self.attention.LAUNCH
+        if seqs * self.kv_heads[first] >= self.programs:
+            return self.attention.DECODE_LAUNCH
+        return None
+
+    def applies(self, first: int, size: tuple[int, int] | None) -> bool:
+        """Whether the group of tasks from `first` is this one's in a step of `size` (tokens, sequences)."""
         if size is None:
             return False
-        tokens, seqs = size
         if first in self.merges:
-            return tokens > seqs
+            return self.attention_launch(self.merges[first], size) is not None
         kind = self.kinds.get(first)
-        k, desc = self.kernel, self.covered.get(first)
-        if kind == Kind.ATTENTION and tokens > seqs:
-            attention = self.attention
-            attention.attention_prefill[(self.programs, )](
-                k.descs, k.act, k.i32, k.kv, k.kv_plane, k.kv.numel() // self.columns[first], desc, self.control_at,
-                *self.plan_at, **self.attention_constexprs, **attention.LAUNCH)
-            return True
-        if kind not in (Kind.LINEAR, Kind.QKV) or tokens < self.min_rows:
+        if kind == Kind.ATTENTION:
+            return self.attention_launch(first, size) is not None
+        return kind in (Kind.LINEAR, Kind.QKV) and size[0] >= self.min_rows
+
+    def launch(self, first: int, size: tuple[int, int] | None) -> bool:
+        """Launches the group of tasks from `first` in a step of `size`, if it is this one's (a merge group whose
+        attention group it took: takes it too, launching nothing)."""
+        if not self.applies(first, size):
             return False
-        linear = self.linear
+        if first in self.merges:
+            return True  # (its attention group's Gluon body left nothing to merge)
+        k, desc, kind = self.kernel, self.covered[first], self.kinds[first]
+        if kind == Kind.ATTENTION:
+            self.attention.attention_prefill[(self.programs, )](
+                k.descs, k.act, k.i32, k.kv, k.kv_plane, k.kv.numel() // self.columns[first], desc, self.control_at,
+                *self.plan_at, **self.attention_constexprs, **self.attention_launch(first, size))
+            return True
+        linear, tokens = self.linear, size[0]
         tiles = self.tiles or linear.tiles_for(tokens, self.columns[first], self.programs)
         grid = min(self.programs, -(-tokens // linear.BM.value) * -(-self.columns[first] // tiles.bn))
         if kind == Kind.QKV:

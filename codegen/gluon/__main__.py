@@ -25,23 +25,27 @@ def variants():
         for norm_f64 in (True, False):
             name = f"qkv_prefill {qkv.BM.value}x{tiles.bn} {tiles.stages} stages{' fp32 sums' if not norm_f64 else ''}"
             yield name, qkv.qkv_prefill, qkv.SIGNATURE, qkv.constexprs(tiles, norm_f64), qkv.LAUNCH
-    for max_batch in (1, 64):  # (the sequences' lanes: 32 or 64)
-        name = f"attention_prefill {attention.BLOCK} keys a slot, {attention.STAGES} stages, max_batch {max_batch}"
-        yield name, attention.attention_prefill, attention.SIGNATURE, attention.constexprs(16, 128, max_batch), \
-            attention.LAUNCH
+    for launch in (attention.LAUNCH, attention.DECODE_LAUNCH):
+        for max_batch in (1, 64):  # (the sequences' lanes: 32 or 64)
+            name = f"attention_prefill {16 * launch['num_warps']}-row items, {attention.BLOCK} keys a slot, " \
+                   f"{attention.STAGES} stages, max_batch {max_batch}"
+            yield name, attention.attention_prefill, attention.SIGNATURE, attention.constexprs(16, 128, max_batch), \
+                launch
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--json", action="store_true", help="one JSON object: variant -> its resources")
+    parser.add_argument("--json", action="store_true",
+                        help="one JSON object: variant -> its resources and launch options")
     args = parser.parse_args()
     found = {}
     for name, kernel, signature, constexprs, launch in variants():
-        found[name] = used = compile_for_sm90(kernel, signature, constexprs, **launch)
+        used = compile_for_sm90(kernel, signature, constexprs, **launch)
+        found[name] = {**dataclasses.asdict(used), **launch}
         if not args.json:
-            print(f"{name}: {used}", flush=True)
+            print(f"{name}, {launch['num_warps']} consumer warps: {used}", flush=True)
     if args.json:
-        print(json.dumps({name: dataclasses.asdict(used) for name, used in found.items()}))
+        print(json.dumps(found))
 
 
 if __name__ == "__main__":

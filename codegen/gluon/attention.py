@@ -5,7 +5,8 @@ than one token (codegen/bodies/attention.py, `prefill_rows`, and `decode_rows` w
 the same descriptor row (`ATTENTION_FIELDS`) and the step's plan (each sequence's first token, context length and
 request, each request's pages): a sequence's query rows are its tokens x the query heads of a KV head (row r: token
 r // REP, head r % REP of the group), and row r sees the keys up to its token's position. Every sequence, decoding or
-prefilling, comes in items of BM = 128 rows and one KV head, handed out as the Triton tasks hand out prefill blocks
+prefilling, comes in items of BM rows (16 a consumer warp: 128 with `LAUNCH`, 64 with `DECODE_LAUNCH` for a step
+that only decodes) and one KV head, handed out as the Triton tasks hand out prefill blocks
 (round r's items r P .., program p taking item p of even rounds and P - 1 - p of odd ones, so that each has long and
 short causal blocks alike); its outputs are final, so the merge group has nothing to do.
 
@@ -33,6 +34,10 @@ HEAD_DIM = 128
 BLOCK, STAGES, IDS = 64, 3, 32  # keys a slot, slots in the ring, page ids the loader reads at once
 LOG2E = gl.constexpr(1.4426950408889634)
 NEG = gl.constexpr(-1.0e30)
+
+# a step that only decodes: a sequence's query rows are a few (its token x the KV head's query heads), so items of
+# 64 rows on one consumer warp group (wgmma's least M) rather than 128 on two
+DECODE_LAUNCH = dict(num_warps=4, maxnreg=65536 // ((4 + 4) * 32) // 8 * 8)
 
 SIGNATURE = {"DESCS": "*i64", "ACT": "*bf16", "I32": "*i32", "KV": "*bf16", "kv_plane": "i64", "kv_rows": "i32",
              "desc_index": "i32", "control_at": "i32", "seq_starts_at": "i32", "context_lens_at": "i32",

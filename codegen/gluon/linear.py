@@ -34,7 +34,8 @@ from codegen.tasks import DESC_WORDS
 USED = ("x_off", "x_stride", "k", "w_off", "n", "out_off", "out_stride", "stats_off", "eps", "res_off", "res_stride",
         "bias_off", "out_stats_off")
 WORDS = gl.constexpr(tuple(LINEAR_FIELDS.index(f) for f in USED))
-BM, BK = gl.constexpr(128), gl.constexpr(64)  # a tile's rows; a chunk's columns of K (a 128-byte swizzle holds 64 bf16 columns)
+# a tile's rows; a chunk's columns of K (a 128-byte swizzle holds 64 bf16 columns)
+BM, BK = gl.constexpr(128), gl.constexpr(64)
 CONSUMER_WARPS, LOADER_REGS = 8, 40
 
 SIGNATURE = {"DESCS": "*i64", "W": "*bf16", "ACT": "*bf16", "F32": "*fp32", "I32": "*i32", "desc_index": "i32",

@@ -64,7 +64,8 @@ def _store_head(lo, hi, head, rows, j, mask, pos_cos, pos_sin, W, ACT, KV, kv_pl
             lo = _round(_round(lo * inv) * gl.load(norm).to(gl.float32)[None, :])
             hi = _round(_round(hi * inv) * gl.load(norm + HALF).to(gl.float32)[None, :])
         # HF's rotate_half
-        lo, hi = _round(_round(lo * pos_cos) + _round(-hi * pos_sin)), _round(_round(hi * pos_cos) + _round(lo * pos_sin))
+        lo, hi = (_round(_round(lo * pos_cos) + _round(-hi * pos_sin)),
+                  _round(_round(hi * pos_cos) + _round(lo * pos_sin)))
     if head < HQ:
         out = ACT + q_out_off + rows[:, None].to(gl.int64) * (HQ * HD) + head * HD + j[None, :]
     else:

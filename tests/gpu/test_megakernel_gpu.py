@@ -19,6 +19,7 @@ import torch
 from blinkc.build import build_graph
 from blinkc.compile_model import WeightsSource, compile_many, compile_model
 from codegen.config import CompileConfig
+from codegen.tasks import Kind
 from ir.executor import execute
 from models.registry import resolve_model
 from runtime.megakernel import STOP_GRACE_S, HangError, Megakernel
@@ -261,11 +262,12 @@ def test_gluon_prefill_in_the_host_driven_executor_on_gpu(tiles, tmp_path):
     [128, 256] or [128, 128] tiles: two heads a tile or one) in place of their Triton tasks, in the host-driven
     executor: prompts of 700 and 260 tokens in one step, its logits and a decode step's after it within bf16
     tolerance of the reference."""
-    driver, model = gluon_driver(tmp_path, max_tokens_per_step=1024)
-    driver.prefill.tiles = getattr(driver.prefill.linear, tiles)
+    driver, model = gluon_driver(tmp_path, dataclasses.replace(case_config(2), max_tokens_per_step=1024,
+                                                               max_model_len=1024))
+    driver.gluon.tiles = getattr(driver.gluon.linear, tiles)
     # QKV, attention, o_proj, gate/up, down; the LM head's fp32 logits are not, the merge groups have nothing to do
-    assert len(driver.prefill.covered) == 5 * 32 and len(driver.prefill.merges) == 32
-    assert list(driver.prefill.skipped.values()) == ["its outputs are not bf16 rows a multiple of 8 wide"]
+    assert len(driver.gluon.covered) == 5 * 32 and len(driver.gluon.merges) == 32
+    assert list(driver.gluon.skipped.values()) == ["its outputs are not bf16 rows a multiple of 8 wide"]
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in (700, 260)]
     driver.generate(prompts, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
@@ -281,7 +283,7 @@ def test_gluon_attention_beside_decoding_sequences_on_gpu(tmp_path):
     """Steps of 256 tokens that prefill one prompt's chunks beside another's and beside decoding sequences: the
     Gluon attention takes every sequence of such a step, the decoding ones too (a block each), and their merge group
     is not run. Prompts of 700 and 90 tokens, every step's logits checked (as `check_every_step`)."""
-    driver, model = gluon_driver(tmp_path, max_tokens_per_step=256, max_model_len=720)
+    driver, model = gluon_driver(tmp_path, dataclasses.replace(case_config(2), max_model_len=720))
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in (700, 90)]
     params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
@@ -293,12 +295,28 @@ def test_gluon_attention_beside_decoding_sequences_on_gpu(tmp_path):
     raise AssertionError("the requests did not finish in 19 steps")
 
 
-def gluon_driver(tmp_path, **fields):
-    """Llama-3-8B (random weights, two requests a step) in the host-driven executor with the Gluon bodies."""
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_gluon_decode_attention_for_64_sequences_on_gpu(tmp_path):
+    """64 prompts of 3 to 39 tokens: the prefill step's attention in 128-row items, then decode steps whose 512
+    (sequence, KV head) pairs fill the GPU, in 64-row items on one consumer warp group (`attention.DECODE_LAUNCH`),
+    the merge groups idle; the last decode step's logits within bf16 tolerance of the reference."""
+    driver, model = gluon_driver(tmp_path, case_config(64))
+    g = torch.Generator().manual_seed(64)
+    lengths = torch.randint(3, 40, (64,), generator=g).tolist()
+    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in lengths]
+    attention = [first for first, kind in driver.gluon.kinds.items() if kind == Kind.ATTENTION]
+    assert len(attention) == 32 and all(driver.gluon.applies(first, (64, 64)) for first in attention)
+    out = driver.generate(prompts, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    assert_within_bf16_tolerance(driver.kernel, model, [p + c.tokens for p, c in zip(prompts, out)])
+
+
+def gluon_driver(tmp_path, config: CompileConfig):
+    """Llama-3-8B (random weights) compiled with `config`, in the host-driven executor with the Gluon bodies."""
     if not PRECOMPILE and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon bodies are written for sm_90")
     from runtime.host_driven import HostDriven
-    config = dataclasses.replace(case_config(2), **{"max_model_len": 1024, **fields})
     model = resolve_model("llama3-8b")
     kernel = Megakernel.load(compile_model(model, config, tmp_path / "model.cubin", WeightsSource(seed=1)).path,
                              device="cuda", timeout_s=300)
