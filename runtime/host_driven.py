@@ -114,44 +114,33 @@ def capture_step(driver: HostDriven, step: int, size: tuple[int, int]) -> torch.
     return graph
 
 
-class GluonGroups:
-    """The groups the Gluon bodies take (codegen/gluon: `linear.linear_prefill`, `qkv.qkv_prefill`,
-    `attention.attention_prefill`), one program an SM, in place of the Triton tasks of each LINEAR, QKV and
-    ATTENTION group they can: the projections in a step of more tokens than the batched blocks take
-    (`CompileConfig.wide_rows`: the Triton tasks then run the prefill tiles); attention in a step where some
-    sequence has more than one token (items of 128 query rows), and in a step that only decodes where its (sequence,
-    KV head) pairs are a wave at least (items of 64 rows, on one consumer warp group; fewer pairs leave SMs idle where
-    the Triton tasks split the context). Its outputs are final: the layer's merge group, if it has one, is not run."""
+class GluonCoverage:
+    """Which task groups the Gluon bodies take (codegen/gluon: `linear.linear_prefill`, `qkv.qkv_prefill`,
+    `attention.attention_prefill`), and in which steps, from the task and descriptor tables alone: the projections
+    in a step of more tokens than the batched blocks take (`CompileConfig.wide_rows`: the Triton tasks then run the
+    prefill tiles); attention in a step where some sequence has more than one token (items of 128 query rows), and in
+    a step that only decodes where its (sequence, KV head) pairs are a wave of `programs` at least (items of 64 rows,
+    on one consumer warp group; fewer pairs leave SMs idle where the Triton tasks split the context). Attention's
+    outputs are final: the layer's merge group, if it has one, has nothing to do."""
 
-    def __init__(self, kernel: Megakernel, groups: list[tuple[int, int]]) -> None:
+    def __init__(self, tasks: torch.Tensor, descs: list[list[int]], cfg, groups: list[tuple[int, int]],
+                 programs: int) -> None:
         from codegen.bodies.attention import ATTENTION_FIELDS
         from codegen.bodies.linear import LINEAR_FIELDS
         from codegen.bodies.qkv import QKV_FIELDS
         from codegen.gluon import attention, linear, qkv
 
-        if kernel.device.type != "cuda" or torch.cuda.get_device_capability(kernel.device) != (9, 0):
-            raise ValueError("the Gluon bodies are written for Hopper (sm_90): this device cannot run them")
-        if kernel.dtype != torch.bfloat16:
-            raise ValueError(f"the Gluon bodies take bf16 models, not {kernel.manifest['model']['dtype']}")
-        self.kernel, self.linear, self.qkv, self.attention = kernel, linear, qkv, attention
-        cfg = kernel.config
+        self.linear, self.qkv, self.attention = linear, qkv, attention
+        self.programs = programs
         self.min_rows = (cfg.wide_m or (32 if cfg.max_batch <= 32 else 64)) + 1  # (`CompileConfig.wide_rows`)
-        self.norm_f64 = bool(cfg.exact_norm_sums)
-        self.programs = torch.cuda.get_device_properties(kernel.device).multi_processor_count
-        self.control_at, self.positions_at, self.slots_at = (kernel.region(name)[0]
-                                                             for name in ("control", "positions", "slots"))
-        self.plan_at = tuple(kernel.region(name)[0] for name in ("seq_starts", "context_lens", "seq_req", "req_pages"))
-        self.attention_constexprs = attention.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch)
-        descs, tasks = kernel.descs.cpu().tolist(), kernel.tasks.cpu()
         self.covered: dict[int, int] = {}  # first task of a group -> its descriptor's row
         self.kinds: dict[int, Kind] = {}
         self.merges: dict[int, int] = {}  # the merge group of a covered attention group -> that group
         self.skipped: dict[int, str] = {}  # ... -> why it is left to the Triton tasks
-        self.tiles = None  # the projections' tile shape (`linear.Tiles`); None: `linear.tiles_for` picks
         self.gated: dict[int, bool] = {}
         self.columns: dict[int, int] = {}  # a projection's weight rows; attention: a token's row of the cache
         self.kv_heads: dict[int, int] = {}
-        for first, _ in groups:
+        for i, (first, _) in enumerate(groups):
             kind, desc = Kind(int(tasks[first, 0])), int(tasks[first, 1])
             words = descs[desc]
             if kind == Kind.LINEAR:
@@ -168,7 +157,7 @@ class GluonGroups:
                                             bool(cfg.attention_bf16_scores))
                 self.columns[first], self.kv_heads[first] = f["num_kv_heads"] * f["head_dim"], f["num_kv_heads"]
                 if f["merger"] == 2:  # (right after its attention group)
-                    before = self._group_before(groups, first)
+                    before = groups[i - 1][0]
                     if not why and self.kinds.get(before) == Kind.ATTENTION:
                         self.merges[first] = before
                     continue
@@ -179,13 +168,9 @@ class GluonGroups:
             else:
                 self.covered[first], self.kinds[first] = desc, kind
 
-    @staticmethod
-    def _group_before(groups: list[tuple[int, int]], first: int) -> int:
-        return groups[[f for f, _ in groups].index(first) - 1][0]
-
     def attention_launch(self, first: int, size: tuple[int, int]) -> dict | None:
-        """The launch options of covered attention group `first` in a step of `size`, or None where it is the
-        Triton tasks'."""
+        """The launch options of covered attention group `first` in a step of `size` (tokens, sequences), or None
+        where it is the Triton tasks'."""
         tokens, seqs = size
         if tokens > seqs:
             return self.attention.LAUNCH
@@ -194,7 +179,7 @@ class GluonGroups:
         return None
 
     def applies(self, first: int, size: tuple[int, int] | None) -> bool:
-        """Whether the group of tasks from `first` is this one's in a step of `size` (tokens, sequences)."""
+        """Whether the group of tasks from `first` is the Gluon bodies' in a step of `size` (tokens, sequences)."""
         if size is None:
             return False
         if first in self.merges:
@@ -204,9 +189,29 @@ class GluonGroups:
             return self.attention_launch(first, size) is not None
         return kind in (Kind.LINEAR, Kind.QKV) and size[0] >= self.min_rows
 
+
+class GluonGroups(GluonCoverage):
+    """`GluonCoverage` of a loaded kernel, launching the bodies on its arenas, one program an SM."""
+
+    def __init__(self, kernel: Megakernel, groups: list[tuple[int, int]]) -> None:
+        if kernel.device.type != "cuda" or torch.cuda.get_device_capability(kernel.device) != (9, 0):
+            raise ValueError("the Gluon bodies are written for Hopper (sm_90): this device cannot run them")
+        if kernel.dtype != torch.bfloat16:
+            raise ValueError(f"the Gluon bodies take bf16 models, not {kernel.manifest['model']['dtype']}")
+        super().__init__(kernel.tasks.cpu(), kernel.descs.cpu().tolist(), kernel.config, groups,
+                         torch.cuda.get_device_properties(kernel.device).multi_processor_count)
+        self.kernel = kernel
+        cfg = kernel.config
+        self.norm_f64 = bool(cfg.exact_norm_sums)
+        self.tiles = None  # the projections' tile shape (`linear.Tiles`); None: `linear.tiles_for` picks
+        self.control_at, self.positions_at, self.slots_at = (kernel.region(name)[0]
+                                                             for name in ("control", "positions", "slots"))
+        self.plan_at = tuple(kernel.region(name)[0] for name in ("seq_starts", "context_lens", "seq_req", "req_pages"))
+        self.attention_constexprs = self.attention.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch)
+
     def launch(self, first: int, size: tuple[int, int] | None) -> bool:
-        """Launches the group of tasks from `first` in a step of `size`, if it is this one's (a merge group whose
-        attention group it took: takes it too, launching nothing)."""
+        """Launches the group of tasks from `first` in a step of `size`, if it is the Gluon bodies' (a merge group
+        whose attention group they took: takes it too, launching nothing)."""
         if not self.applies(first, size):
             return False
         if first in self.merges:

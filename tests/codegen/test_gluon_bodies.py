@@ -15,6 +15,7 @@ from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED, OUT_F32
 from codegen.bodies.attention import ATTENTION_FIELDS
 from codegen.bodies.qkv import QKV_FIELDS
 from codegen.gluon import attention, linear, qkv
+from codegen.tasks import Kind
 
 SHARED_PER_SM = 232448  # sm_90's shared memory for one block (227 KB)
 
@@ -102,3 +103,64 @@ def test_attention_prefill_takes_heads_of_128_and_fp32_scores():
     assert "pages of 48" in attention.unsupported(words, 48, False)
     assert "64 dimensions" in attention.unsupported([{**values, "head_dim": 64}[f] for f in ATTENTION_FIELDS], 16,
                                                     False)
+
+
+def llama_coverage(**fields):
+    """`GluonCoverage` of Llama-3-8B's task tables (lowered here, no kernel compiled), on 132 SMs."""
+    from types import SimpleNamespace
+
+    from blinkc.build import build_graph
+    from codegen.config import CompileConfig
+    from codegen.lower import lower
+    from models.registry import resolve_model
+    from runtime.host_driven import GluonCoverage, _contiguous_groups
+
+    config = CompileConfig(**{**dict(max_model_len=512, max_new_tokens=8), **fields})
+    lw = lower(build_graph(resolve_model("llama3-8b"), config), config)
+    tasks = lw.tasks.task_table()
+    groups = _contiguous_groups(tasks[:, 3].tolist())
+    return GluonCoverage(tasks, lw.tasks.desc_table().tolist(), SimpleNamespace(**config.to_dict()), groups, 132), lw
+
+
+@pytest.fixture(scope="module")
+def coverage_64():
+    """... for 64 sequences (decode attention in one task a (sequence, KV head): no merge groups)."""
+    return llama_coverage(max_batch=64, max_tokens_per_step=2560)
+
+
+@pytest.fixture(scope="module")
+def coverage_1():
+    """... for one sequence of up to 2,048 tokens (decode attention split over the context, merged by a group)."""
+    return llama_coverage(max_batch=1, max_tokens_per_step=2048, max_model_len=2056)
+
+
+@pytest.mark.parametrize("fixture, merges", [("coverage_64", 0), ("coverage_1", 32)])
+def test_gluon_coverage_of_llama3_takes_every_layer_group_but_the_lm_head(fixture, merges, request):
+    coverage, lw = request.getfixturevalue(fixture)
+    kinds = list(coverage.kinds.values())
+    assert (kinds.count(Kind.QKV), kinds.count(Kind.ATTENTION), kinds.count(Kind.LINEAR)) == (32, 32, 96)
+    # each layer's attention merge where it has one, idle where the Gluon attention ran
+    assert len(coverage.merges) == merges == sum(name.startswith("attention_merge") for name in lw.tasks.event_names)
+    names = [lw.tasks.event_names[lw.tasks.tasks[first].signal] for first in coverage.skipped]
+    assert names == ["lm_head"] and "bf16 rows" in next(iter(coverage.skipped.values()))
+
+
+@pytest.mark.parametrize("size, projections, attention", [
+    ((2048, 1), True, True),  # a prompt's prefill
+    ((100, 64), True, True),  # prefill chunks beside decoding sequences
+    ((40, 2), False, True),  # a few prefill tokens: the projections' batched blocks, attention's items
+    ((64, 64), False, True),  # 64 sequences decoding: 512 (sequence, KV head) pairs fill 132 SMs
+    ((16, 16), False, False),  # 128 pairs do not: the Triton tasks split the context
+    ((1, 1), False, False),
+])
+def test_gluon_coverage_by_step(coverage_64, size, projections, attention):
+    coverage, _ = coverage_64
+    for first, kind in coverage.kinds.items():
+        assert coverage.applies(first, size) == (attention if kind == Kind.ATTENTION else projections), (kind, size)
+    assert not coverage.applies(next(iter(coverage.skipped)), size)
+
+
+def test_gluon_coverage_skips_a_merge_group_where_its_attention_ran(coverage_1):
+    coverage, _ = coverage_1
+    assert all(coverage.applies(merge, (2048, 1)) for merge in coverage.merges)  # a prefill: items of 128 rows
+    assert not any(coverage.applies(merge, (1, 1)) for merge in coverage.merges)  # one sequence decoding: Triton's
