@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|gluon-tests|all]
 set -uo pipefail
 # BLINK_CACHE_DIR: kernels compiled on the CPU machine and carried here (benchmarks/megakernel_tpot.py, --compile-only)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=${BLINK_CACHE_DIR:-/tmp/blink-cache}
@@ -65,4 +65,13 @@ if [[ $mode == stalls ]]; then  # STALLS="64x512 ttft512": ncu's warp-state samp
     step 150 python -m benchmarks.stall_profile summarize "$OUT/$name.ncu-rep" --tsv "$OUT/$name.tsv" --source "/tmp/$name.py" ||
       ncu -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass > "$OUT/$name.csv"  # no ncu_report module
   done
+fi
+
+if [[ $mode == gluon ]]; then  # the Gluon bodies (codegen/gluon): each covered group against the Triton one, timed
+  # (a Gluon kernel whose barrier waits on a wrong phase hangs: every step its own timeout)
+  step "${GLUON_LIMIT:-420}" python -m benchmarks.gluon_groups --prompts "${PROMPTS-2048,512}" --decode "${DECODE-64x512}"
+  step 120 python -m benchmarks.explore.ws_chain --tokens 2048,512
+fi
+if [[ $mode == gluon-tests ]]; then  # ... and through the host-driven executor against the reference (a call of its own)
+  step "${TEST_LIMIT:-560}" python -m pytest -q -s -m gpu tests/gpu -k "${CASES:-gluon}" -p no:cacheprovider
 fi
