@@ -10,7 +10,7 @@ and row block, which each tile of that row block adds one to once its outputs ar
 the same counter before reading the tile's residual and norm sums. A tile of down can then start as soon as its 128
 rows of gate/up are done, while the rest of gate/up still runs.
 
-The tiles, their loads and their epilogues are `codegen.gluon`'s ([128, 256] tiles, `tile_loader`'s copies, the
+The tiles, their loads and their epilogues are `codegen.gluon`'s ([128, 256] tiles, `load_tile`'s copies, the
 LINEAR epilogue); the arenas are synthetic, laid out as the lowering lays them (as `ws_linear_group.py`). Checked
 against the three group kernels launched back to back on the same arenas (the outputs should match bit for bit: the
 same tiles and order), both timed from CUDA graphs.
@@ -29,7 +29,7 @@ from benchmarks.explore.gluon_probe import compile_sm90, graph_ms, probe_header
 from codegen.bodies.linear import LINEAR_FIELDS
 from codegen.gluon import linear
 from codegen.gluon.linear import BK, BM, WORDS, _epilogue
-from codegen.gluon.tiles import ring, tile_at, tile_product
+from codegen.gluon.tiles import load_tile, ring, tile_at, tile_product
 from codegen.tasks import DESC_WORDS, float_word
 
 BN = gl.constexpr(256)
@@ -64,18 +64,6 @@ def _which(t, T0, T1, num_m, n0, n1, n2):
 
 
 @gluon.jit
-def _copy(x_desc, w_desc, a_ring, b_ring, ready, empty, i, m, n, K, STAGES: gl.constexpr):
-    for k in range(0, K, BK):
-        s = i % STAGES
-        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(s), (BM + BN) * BK * 2)
-        tma.async_copy_global_to_shared(x_desc, [m * BM, k], ready.index(s), a_ring.index(s))
-        tma.async_copy_global_to_shared(w_desc, [n * BN, k], ready.index(s), b_ring.index(s))
-        i += 1
-    return i
-
-
-@gluon.jit
 def _loader(x0, w0, x1, w1, x2, w2, EVENTS, a_ring, b_ring, ready, empty, num_m, n0, n1, n2, K0, K1, K2,
             STAGES: gl.constexpr):
     T0, T1 = num_m * n0, num_m * n1
@@ -83,13 +71,13 @@ def _loader(x0, w0, x1, w1, x2, w2, EVENTS, a_ring, b_ring, ready, empty, num_m,
     for t in range(gl.program_id(0), T0 + T1 + num_m * n2, gl.num_programs(0)):
         g, m, n = _which(t, T0, T1, num_m, n0, n1, n2)
         if g == 0:
-            i = _copy(x0, w0, a_ring, b_ring, ready, empty, i, m, n, K0, STAGES)
+            i = load_tile(x0, w0, a_ring, b_ring, ready, empty, i, m, n, K0, STAGES)
         elif g == 1:  # its input rows: o_proj's row block m, every column of it
             _wait(EVENTS, m, n0)
-            i = _copy(x1, w1, a_ring, b_ring, ready, empty, i, m, n, K1, STAGES)
+            i = load_tile(x1, w1, a_ring, b_ring, ready, empty, i, m, n, K1, STAGES)
         else:  # gate/up's
             _wait(EVENTS, num_m + m, n1)
-            i = _copy(x2, w2, a_ring, b_ring, ready, empty, i, m, n, K2, STAGES)
+            i = load_tile(x2, w2, a_ring, b_ring, ready, empty, i, m, n, K2, STAGES)
 
 
 @gluon.jit

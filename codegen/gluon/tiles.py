@@ -27,19 +27,26 @@ def tile_at(t, num_m, num_n, GROUP: gl.constexpr):
 def tile_loader(x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES: gl.constexpr,
                 GROUP: gl.constexpr):
     """The loader partition: every chunk of this program's tiles into the ring, in the consumers' order."""
-    BM: gl.constexpr = a_ring.type.shape[1]
-    BN: gl.constexpr = b_ring.type.shape[1]
-    BK: gl.constexpr = a_ring.type.shape[2]
     i = 0
     for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
         m, n = tile_at(t, num_m, num_n, GROUP)
-        for k in range(0, K, BK):
-            s = i % STAGES
-            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # (a barrier starts as if its phase 1 were done)
-            mbarrier.expect(ready.index(s), (BM + BN) * BK * 2)
-            tma.async_copy_global_to_shared(x_desc, [m * BM, k], ready.index(s), a_ring.index(s))
-            tma.async_copy_global_to_shared(w_desc, [n * BN, k], ready.index(s), b_ring.index(s))
-            i += 1
+        i = load_tile(x_desc, w_desc, a_ring, b_ring, ready, empty, i, m, n, K, STAGES)
+
+
+@gluon.jit
+def load_tile(x_desc, w_desc, a_ring, b_ring, ready, empty, i, m, n, K, STAGES: gl.constexpr):
+    """Tile (m, n)'s chunks into ring slots i ..; returns the next tile's first slot."""
+    BM: gl.constexpr = a_ring.type.shape[1]
+    BN: gl.constexpr = b_ring.type.shape[1]
+    BK: gl.constexpr = a_ring.type.shape[2]
+    for k in range(0, K, BK):
+        s = i % STAGES
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # (a barrier starts as if its phase 1 were done)
+        mbarrier.expect(ready.index(s), (BM + BN) * BK * 2)
+        tma.async_copy_global_to_shared(x_desc, [m * BM, k], ready.index(s), a_ring.index(s))
+        tma.async_copy_global_to_shared(w_desc, [n * BN, k], ready.index(s), b_ring.index(s))
+        i += 1
+    return i
 
 
 @gluon.jit
