@@ -6,7 +6,8 @@ set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=${BLINK_CACHE_DIR:-/tmp/blink-cache}
 OUT=${OUT:-/tmp/blink-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
-step() { local limit=$1; shift; echo "== $*"; timeout "$limit" "$@" 2>&1 | tee -a "$OUT/gpu_check.log" | tail -30; }
+step() { local limit=$1; shift; echo "== $*"; timeout "$limit" "$@" 2>&1 | tee -a "$OUT/gpu_check.log" | tail -30
+          return "${PIPESTATUS[0]}"; }
 mode=${1:-all}
 if [[ $mode == quick ]]; then
   step 240 python -m pytest -q -x -s -m gpu tests/gpu -k "llama3-8b-1]" -p no:cacheprovider
@@ -68,8 +69,10 @@ if [[ $mode == stalls ]]; then  # STALLS="64x512 ttft512": ncu's warp-state samp
 fi
 
 if [[ $mode == gluon ]]; then  # the Gluon bodies (codegen/gluon): each covered group against the Triton one, timed
-  # (a Gluon kernel whose barrier waits on a wrong phase hangs: every step its own timeout)
-  step "${GLUON_LIMIT:-420}" python -m benchmarks.gluon_groups --prompts "${PROMPTS-2048,512}" --decode "${DECODE-64x512}"
+  # (a Gluon kernel whose barrier waits on a wrong phase hangs: a short prompt first, alone, and the rest only if it
+  # ended well)
+  step 240 python -m benchmarks.gluon_groups --prompts 512 --decode "" &&
+    step "${GLUON_LIMIT:-420}" python -m benchmarks.gluon_groups --prompts "${PROMPTS-2048}" --decode "${DECODE-64x512}"
   step 120 python -m benchmarks.explore.ws_chain --tokens 2048,512
 fi
 if [[ $mode == gluon-tests ]]; then  # ... and through the host-driven executor against the reference (a call of its own)
