@@ -26,9 +26,9 @@ from benchmarks.megakernel_tpot import (artifact_path, decode_config, decode_tok
                                         ttft_config, ttft_ms)
 from blinkc.compile_model import WeightsSource, compile_many, compile_model
 from codegen.bodies.attention import ATTENTION_FIELDS
-from codegen.bodies.linear import LINEAR_FIELDS
+from codegen.bodies.linear import LINEAR_FIELDS, OUT_F32
 from codegen.bodies.qkv import QKV_FIELDS
-from codegen.gluon import linear
+from codegen.gluon import gemv, linear
 from codegen.tasks import Kind
 from models.registry import resolve_model
 from runtime.host_driven import HostDriven
@@ -86,8 +86,8 @@ def check_groups(triton: HostDriven, gluon: HostDriven, step: int) -> dict[str, 
             continue  # (run with its attention group, below)
         covered = gluon.gluon.applies(first, size)
         if covered:
-            desc = gluon.gluon.covered[first]
-            outputs = group_outputs(k, gluon.gluon.kinds[first], descs[desc], rows)
+            desc = gluon.gluon.descriptor(first)
+            outputs = group_outputs(k, Kind(int(k.tasks[first, 0])), descs[desc], rows)
             act, f32, kv = k.act.clone(), k.f32.clone(), k.kv.clone()
         triton.launch_group(first, count, step, size)
         if first in merged:
@@ -102,7 +102,7 @@ def check_groups(triton: HostDriven, gluon: HostDriven, step: int) -> dict[str, 
             out.fill_(float("nan"))
         gluon.launch_group(first, count, step, size)
         name = group_kind(k.manifest["events"][int(k.tasks[first, 3])])
-        if name not in worst and gluon.gluon.kinds[first] == Kind.QKV:
+        if name not in worst and Kind(int(k.tasks[first, 0])) == Kind.QKV:
             f = dict(zip(QKV_FIELDS, descs[desc]))
             print(f"  {name} (first layer): {where_off(outputs[0], want[0], rows, f['head_dim'])}", flush=True)
         for out, expected in zip(outputs, want):
@@ -140,7 +140,9 @@ def group_outputs(k, kind: Kind, words: list[int], rows: int) -> list[torch.Tens
         return [k.act[f["q_out_off"]:f["q_out_off"] + rows * width], k.kv]
     f = dict(zip(LINEAR_FIELDS, words))
     width = f["n"] // 2 if f["gated"] else f["n"]
-    out = k.act[f["out_off"]:f["out_off"] + rows * f["out_stride"]].view(rows, f["out_stride"])[:, :width]
+    rows = k.last_step_size()[1] if f["rows_kind"] == 1 else rows  # (the sequences' last rows: the LM head)
+    arena = k.f32 if f["out_kind"] == OUT_F32 else k.act
+    out = arena[f["out_off"]:f["out_off"] + rows * f["out_stride"]].view(rows, f["out_stride"])[:, :width]
     return [out] + ([out_sums(k, f["out_stats_off"], rows)] if f["out_stats_off"] >= 0 else [])
 
 
@@ -168,11 +170,15 @@ def report(triton: HostDriven, best: dict[str, dict[int, float]], worst: dict[st
     return lines
 
 
-def drivers(kernel: Megakernel, tiles: str) -> tuple[HostDriven, HostDriven]:
+def drivers(kernel: Megakernel, args) -> tuple[HostDriven, HostDriven]:
     triton, gluon = HostDriven(kernel), HostDriven(kernel, gluon=True)
-    gluon.gluon.tiles = {"auto": None, "wide": linear.WIDE, "narrow": linear.NARROW}[tiles]
+    gluon.gluon.tiles = {"auto": None, "wide": linear.WIDE, "narrow": linear.NARROW}[args.tiles]
+    gluon.gluon.gemv_rows = None if args.gemv_rows == "auto" else int(args.gemv_rows)
     for first, why in gluon.gluon.skipped.items():
         print(f"  left to Triton: {group_kind(kernel.manifest['events'][int(kernel.tasks[first, 3])])}: {why}")
+    for first, why in gluon.gluon.one_row_skipped.items():
+        print(f"  left to Triton in one-row steps: {group_kind(kernel.manifest['events'][int(kernel.tasks[first, 3])])}"
+              f": {why}")
     return triton, gluon
 
 
@@ -183,7 +189,7 @@ def prompt_row(model, n: int, args) -> None:
                              device="cuda", timeout_s=300)
     persistent, persistent_gpu, persistent_token = ttft_ms(kernel, n)
     prompt = seeded_prompt(n)
-    triton, gluon = drivers(kernel, args.tiles)
+    triton, gluon = drivers(kernel, args)
     kernel.prepare([prompt], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
     worst = check_groups(triton, gluon, 0)
     best: dict[str, dict[int, float]] = {}
@@ -217,7 +223,7 @@ def decode_row(model, batch: int, context: int, args) -> None:
     kernel = Megakernel.load(compile_model(model, config, artifact_path("decode"), WeightsSource(seed=0)).path,
                              device="cuda", timeout_s=300)
     persistent = tpot_ms(kernel, batch, context, DECODE_STEPS)
-    triton, gluon = drivers(kernel, args.tiles)
+    triton, gluon = drivers(kernel, args)
     prompts = [torch.randint(0, 1000, (context,), generator=torch.Generator().manual_seed(i)).tolist()
                for i in range(batch)]
     params = SamplingParams(max_tokens=decode_tokens(batch, context, config.max_tokens_per_step, DECODE_STEPS),
@@ -247,6 +253,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="steps timed each way (the best is kept)")
     parser.add_argument("--tiles", choices=["auto", "wide", "narrow"], default="auto",
                         help="the Gluon projections' tiles: [128, 256], [128, 128], or as `linear.tiles_for` picks")
+    parser.add_argument("--gemv-rows", choices=["auto"] + [str(r) for r in gemv.UNIT_ROWS], default="auto",
+                        help="the one-row GEMV's units of weight rows (auto: as `gemv.rows_for` picks)")
     parser.add_argument("--compile-only", action="store_true", help="compile the kernels into the cache and stop")
     args = parser.parse_args()
     lengths = [int(n) for n in args.prompts.split(",") if n]
@@ -258,7 +266,8 @@ def main() -> None:
         return
     model = resolve_model(args.preset)
     print(f"device {torch.cuda.get_device_name()}; {args.preset}, random weights; the Gluon projections' tiles "
-          f"{args.tiles}; each group's launch timed by CUDA events, best of {args.repeats}", flush=True)
+          f"{args.tiles}, the GEMV's units {args.gemv_rows} rows; each group's launch timed by CUDA events, best of "
+          f"{args.repeats}", flush=True)
     for n in lengths:
         prompt_row(model, n, args)
     for batch, context in shapes:

@@ -125,12 +125,15 @@ def _cache_key(model: ResolvedModel, config: CompileConfig, model_dtype: str, ar
 def _compiler_digest() -> bytes:
     """The source of Blink's compiler packages, read once a process: the code this process builds with. (Read at
     every compile, a source edited while a long process ran keyed that process's builds, from the code it had
-    imported before, as the edited code's: a later process then took a stale kernel from the cache.)"""
+    imported before, as the edited code's: a later process then took a stale kernel from the cache.) Not
+    codegen/gluon: its bodies are compiled where they run (the host-driven executor launches them), never into an
+    artifact, so an edit there leaves every compiled kernel as it was; once an artifact holds a Gluon kernel, they
+    belong in the key."""
     h = hashlib.sha256()
     root = Path(__file__).resolve().parent.parent
     for package in ("codegen", "ir", "models", "blinkc"):
         for path in sorted((root / package).rglob("*")):
-            if path.suffix in (".py", ".j2"):
+            if path.suffix in (".py", ".j2") and (root / "codegen" / "gluon") not in path.parents:
                 h.update(path.read_bytes())
     return h.digest()
 

@@ -6,8 +6,8 @@ group (launch order is the dependency order, so no events) and a host loop over 
 persistent kernel's synchronisation.
 
 With `gluon`, it is also where the megakernel's Gluon bodies (codegen/gluon) land one at a time: each stands in for
-the Triton group kernel in the steps and groups it covers (today a prefill step's projections and attention, and a
-decode step's attention where its sequences fill the GPU: `GluonGroups`), so that the model's logits through the
+the Triton group kernel in the steps and groups it covers (today a prefill step's projections and attention, a
+decode step's attention where its sequences fill the GPU, and a one-row step's projections: `GluonGroups`), so that the model's logits through the
 mixed executor check the body and its group's time in the step is its figure.
 """
 from __future__ import annotations
@@ -116,9 +116,10 @@ def capture_step(driver: HostDriven, step: int, size: tuple[int, int]) -> torch.
 
 class GluonCoverage:
     """Which task groups the Gluon bodies take (codegen/gluon: `linear.linear_prefill`, `qkv.qkv_prefill`,
-    `attention.attention_prefill`), and in which steps, from the task and descriptor tables alone: the projections
-    in a step of more tokens than the batched blocks take (`CompileConfig.wide_rows`: the Triton tasks then run the
-    prefill tiles); attention in a step where some sequence has more than one token (items of 128 query rows), and in
+    `attention.attention_prefill`, `gemv.linear_gemv`), and in which steps, from the task and descriptor tables alone:
+    the projections in a step of more tokens than the batched blocks take (`CompileConfig.wide_rows`: the Triton tasks
+    then run the prefill tiles), and in a step of one row (batch-1 decode; the LM head of a step with one sequence);
+    attention in a step where some sequence has more than one token (items of 128 query rows), and in
     a step that only decodes where its (sequence, KV head) pairs are a wave of `programs` at least (items of 64 rows,
     on one consumer warp group; fewer pairs leave SMs idle where the Triton tasks split the context). Attention's
     outputs are final: the layer's merge group, if it has one, has nothing to do."""
@@ -128,9 +129,9 @@ class GluonCoverage:
         from codegen.bodies.attention import ATTENTION_FIELDS
         from codegen.bodies.linear import LINEAR_FIELDS
         from codegen.bodies.qkv import QKV_FIELDS
-        from codegen.gluon import attention, linear, qkv
+        from codegen.gluon import attention, gemv, linear, qkv
 
-        self.linear, self.qkv, self.attention = linear, qkv, attention
+        self.linear, self.qkv, self.attention, self.gemv = linear, qkv, attention, gemv
         self.programs = programs
         self.min_rows = (cfg.wide_m or (32 if cfg.max_batch <= 32 else 64)) + 1  # (`CompileConfig.wide_rows`)
         self.covered: dict[int, int] = {}  # first task of a group -> its descriptor's row
@@ -140,6 +141,12 @@ class GluonCoverage:
         self.gated: dict[int, bool] = {}
         self.columns: dict[int, int] = {}  # a projection's weight rows; attention: a token's row of the cache
         self.kv_heads: dict[int, int] = {}
+        # a projection the GEMV takes in a step of one row (of the step's tokens or, rows_kind 1, of its sequences'
+        # last rows) -> its descriptor's row, and why the others are left to the Triton tasks there
+        self.one_row: dict[int, int] = {}
+        self.one_row_skipped: dict[int, str] = {}
+        self.rows_kind: dict[int, int] = {}
+        self.out_kind: dict[int, int] = {}
         for i, (first, _) in enumerate(groups):
             kind, desc = Kind(int(tasks[first, 0])), int(tasks[first, 1])
             words = descs[desc]
@@ -147,6 +154,12 @@ class GluonCoverage:
                 f = dict(zip(LINEAR_FIELDS, words))
                 why = linear.unsupported(words[:len(LINEAR_FIELDS)])
                 self.gated[first], self.columns[first] = bool(f["gated"]), f["n"]
+                self.rows_kind[first], self.out_kind[first] = f["rows_kind"], f["out_kind"]
+                why_not = gemv.unsupported(words[:len(LINEAR_FIELDS)])
+                if why_not:
+                    self.one_row_skipped[first] = why_not
+                else:
+                    self.one_row[first] = desc
             elif kind == Kind.QKV:
                 f = dict(zip(QKV_FIELDS, words))
                 why = qkv.unsupported(words[:len(QKV_FIELDS)])
@@ -168,6 +181,14 @@ class GluonCoverage:
             else:
                 self.covered[first], self.kinds[first] = desc, kind
 
+    def descriptor(self, first: int) -> int:
+        """The descriptor row of a group some Gluon body takes in some step."""
+        return self.covered[first] if first in self.covered else self.one_row[first]
+
+    def takes_one_row(self, first: int, size: tuple[int, int]) -> bool:
+        """Whether the GEMV takes projection group `first` in a step of `size` (tokens, sequences): one row."""
+        return first in self.one_row and size[1 if self.rows_kind[first] == 1 else 0] == 1
+
     def attention_launch(self, first: int, size: tuple[int, int]) -> dict | None:
         """The launch options of covered attention group `first` in a step of `size` (tokens, sequences), or None
         where it is the Triton tasks'."""
@@ -184,6 +205,8 @@ class GluonCoverage:
             return False
         if first in self.merges:
             return self.attention_launch(self.merges[first], size) is not None
+        if self.takes_one_row(first, size):
+            return True
         kind = self.kinds.get(first)
         if kind == Kind.ATTENTION:
             return self.attention_launch(first, size) is not None
@@ -204,6 +227,7 @@ class GluonGroups(GluonCoverage):
         cfg = kernel.config
         self.norm_f64 = bool(cfg.exact_norm_sums)
         self.tiles = None  # the projections' tile shape (`linear.Tiles`); None: `linear.tiles_for` picks
+        self.gemv_rows = None  # the GEMV's unit height; None: `gemv.rows_for` picks
         self.control_at, self.positions_at, self.slots_at = (kernel.region(name)[0]
                                                              for name in ("control", "positions", "slots"))
         self.plan_at = tuple(kernel.region(name)[0] for name in ("seq_starts", "context_lens", "seq_req", "req_pages"))
@@ -216,7 +240,16 @@ class GluonGroups(GluonCoverage):
             return False
         if first in self.merges:
             return True  # (its attention group's Gluon body left nothing to merge)
-        k, desc, kind = self.kernel, self.covered[first], self.kinds[first]
+        k = self.kernel
+        if self.takes_one_row(first, size):
+            gemv, n = self.gemv, self.columns[first]
+            rows = self.gemv_rows or gemv.rows_for(n, self.programs)
+            units, programs = gemv.grid(n, rows, self.programs)
+            gemv.linear_gemv[(programs, )](k.descs, k.weights, k.act, k.f32, self.one_row[first], units,
+                                           **gemv.constexprs(rows, self.gated[first], self.out_kind[first],
+                                                             self.norm_f64), **gemv.LAUNCH)
+            return True
+        desc, kind = self.covered[first], self.kinds[first]
         if kind == Kind.ATTENTION:
             self.attention.attention_prefill[(self.programs, )](
                 k.descs, k.act, k.i32, k.kv, k.kv_plane, k.kv.numel() // self.columns[first], desc, self.control_at,

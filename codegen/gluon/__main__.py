@@ -7,8 +7,9 @@ import argparse
 import dataclasses
 import json
 
+from codegen.bodies.linear import OUT_ALIGNED, OUT_F32
 from codegen.gluon import compile_for_sm90
-from codegen.gluon import attention, linear, qkv
+from codegen.gluon import attention, gemv, linear, qkv
 
 
 def variants():
@@ -31,6 +32,10 @@ def variants():
                    f"{attention.STAGES} stages, max_batch {max_batch}"
             yield name, attention.attention_prefill, attention.SIGNATURE, attention.constexprs(16, 128, max_batch), \
                 launch
+    for rows in gemv.UNIT_ROWS:
+        for gated, out_kind in ((False, OUT_ALIGNED), (True, OUT_ALIGNED), (False, OUT_F32)):
+            name = f"linear_gemv {rows}-row units{' gated' if gated else ''}{' fp32 logits' if out_kind else ''}"
+            yield name, gemv.linear_gemv, gemv.SIGNATURE, gemv.constexprs(rows, gated, out_kind, True), gemv.LAUNCH
 
 
 def main() -> None:

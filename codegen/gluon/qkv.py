@@ -14,8 +14,12 @@ values through shared memory so that each row's two halves (rotary pairs column 
 one layout, and stores by pointers: a q row and a cache row are each one contiguous head. Heads of 128 dimensions with
 rotary over all of them (Llama-3, Qwen3, Phi-4); others stay with the Triton body.
 
-H200, Llama-3-8B's first step in the host-driven executor (`benchmarks/gluon_groups.py`, session 60, one head a
-tile, the rows' words read after the products): 6,483 us at 2,048 tokens against the Triton groups' 5,925.
+H200, Llama-3-8B's first step in the host-driven executor (`benchmarks/gluon_groups.py`, 32 layers): session 60, one
+head a tile, the rows' words read after the products: 6,483 us at 2,048 tokens against the Triton groups' 5,925;
+session 61, two heads a tile where the wide tiles pay: 6,290 against 5,811 (bit for bit with the Triton body), and
+with the staging buffer swizzled (ncu: the unswizzled one's stores from the products' layout were 193-way bank
+conflicts) 6,189 against 5,915, at 512 tokens 2,171 against 2,154. The epilogue is still ~40% of the consumers'
+stall samples, with no products under it.
 """
 from __future__ import annotations
 
@@ -146,7 +150,9 @@ def qkv_prefill(DESCS, W, ACT, F32, I32, KV, kv_plane, desc_index, tokens_at, po
     n_cols = (HQ + 2 * HKV) * HD
     x_desc, w_desc = operands(ACT + x_off, K.to(gl.int64), num_rows, W + w_off, n_cols, K, BM, BN, BK)
     a_ring, b_ring, ready, empty = ring(BM, BN, BK, STAGES)
-    stage = gl.allocate_shared_memory(gl.bfloat16, [BM, BN], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    # 16-byte units of a row swizzled by the row (its low 3 bits): the products' layout stores 8 rows' 16 bytes at a
+    # time and the halves' layout reads 128-byte row pieces, both across every bank
+    stage = gl.allocate_shared_memory(gl.bfloat16, [BM, BN], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
     num_m = gl.cdiv(num_rows, BM)
     num_n = gl.cdiv(n_cols, BN)
     gl.warp_specialize([

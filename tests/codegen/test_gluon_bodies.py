@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED, OUT_F32
+from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED, OUT_F32, OUT_NARROW
 from codegen.bodies.attention import ATTENTION_FIELDS
 from codegen.bodies.qkv import QKV_FIELDS
-from codegen.gluon import attention, linear, qkv
+from codegen.gluon import attention, gemv, linear, qkv
 from codegen.tasks import Kind
 
 SHARED_PER_SM = 232448  # sm_90's shared memory for one block (227 KB)
@@ -33,13 +33,15 @@ def compiled() -> dict[str, dict]:
 
 def test_every_body_compiles_for_sm90_and_fits_an_sm(compiled):
     # linear_prefill: two tile shapes, gated or not, fp64 or fp32 sums; qkv_prefill: two tile shapes, either sums;
-    # attention_prefill: items of 128 or 64 rows, 32 or 64 sequences' lanes
-    assert len(compiled) == 16
+    # attention_prefill: items of 128 or 64 rows, 32 or 64 sequences' lanes; linear_gemv: 3 unit heights, plain,
+    # gated or the logits
+    assert len(compiled) == 25
     for name, used in compiled.items():
         assert used["registers"] <= used["maxnreg"], name
-        # a program's warps (the consumers', a loader's warp group) and their registers fit an SM
-        assert used["registers"] * 32 * (used["num_warps"] + 4) <= 65536, name
-        assert used["shared_bytes"] <= SHARED_PER_SM, name
+        # a program's warps (the consumers', a loader's warp group) and their registers fit an SM (the GEMV's two)
+        per_sm = gemv.PER_SM if name.startswith("linear_gemv") else 1
+        assert used["registers"] * 32 * (used["num_warps"] + 4) * per_sm <= 65536, name
+        assert (used["shared_bytes"] + 1024) * per_sm <= SHARED_PER_SM + 1024, name
         # the wide ungated tile's epilogue holds the products, the residual and the outputs' sums at once: it spills
         # 184 B at 168 registers (measured with it: o_proj 3,316 us against the Triton groups' 4,766 at 2,048 tokens);
         # attention 32-48 B
@@ -145,19 +147,48 @@ def test_gluon_coverage_of_llama3_takes_every_layer_group_but_the_lm_head(fixtur
     assert names == ["lm_head"] and "bf16 rows" in next(iter(coverage.skipped.values()))
 
 
-@pytest.mark.parametrize("size, projections, attention", [
-    ((2048, 1), True, True),  # a prompt's prefill
-    ((100, 64), True, True),  # prefill chunks beside decoding sequences
-    ((40, 2), False, True),  # a few prefill tokens: the projections' batched blocks, attention's items
-    ((64, 64), False, True),  # 64 sequences decoding: 512 (sequence, KV head) pairs fill 132 SMs
-    ((16, 16), False, False),  # 128 pairs do not: the Triton tasks split the context
-    ((1, 1), False, False),
+@pytest.mark.parametrize("size, projections, qkv_, attention, lm_head", [
+    ((2048, 1), True, True, True, True),  # a prompt's prefill (the LM head: one sequence's last row, the GEMV's)
+    ((100, 64), True, True, True, False),  # prefill chunks beside decoding sequences
+    ((40, 2), False, False, True, False),  # a few prefill tokens: the projections' batched blocks, attention's items
+    ((64, 64), False, False, True, False),  # 64 sequences decoding: 512 (sequence, KV head) pairs fill 132 SMs
+    ((16, 16), False, False, False, False),  # 128 pairs do not: the Triton tasks split the context
+    ((1, 1), True, False, False, True),  # one sequence decoding: the projections' GEMV
 ])
-def test_gluon_coverage_by_step(coverage_64, size, projections, attention):
+def test_gluon_coverage_by_step(coverage_64, size, projections, qkv_, attention, lm_head):
     coverage, _ = coverage_64
+    want = {Kind.ATTENTION: attention, Kind.QKV: qkv_, Kind.LINEAR: projections}
     for first, kind in coverage.kinds.items():
-        assert coverage.applies(first, size) == (attention if kind == Kind.ATTENTION else projections), (kind, size)
-    assert not coverage.applies(next(iter(coverage.skipped)), size)
+        assert coverage.applies(first, size) == want[kind], (kind, size)
+    assert coverage.applies(next(iter(coverage.skipped)), size) == lm_head
+
+
+def test_the_gemv_takes_every_projection_of_llama3_in_a_one_row_step(coverage_1):
+    coverage, lw = coverage_1
+    assert not coverage.one_row_skipped
+    names = [lw.tasks.event_names[lw.tasks.tasks[first].signal] for first in coverage.one_row]
+    assert len(names) == 97 and names[-1] == "lm_head"
+    assert [coverage.descriptor(first) for first in coverage.one_row] == list(coverage.one_row.values())
+
+
+@pytest.mark.parametrize("n, rows, units", [
+    (4096, 8, 512),  # o_proj, down: 32-row units would leave one program an SM idle (128 of 264)
+    (6144, 8, 768),  # QKV: 16-row units would be 384 for 264 programs, shares of 1 and 2
+    (28672, 16, 1792),  # gate/up: shares of 6 and 7
+    (128256, 32, 4008),  # the LM head
+    (64, 8, 8),  # a tiny model's: fewer units than programs, the one whose shares are most even
+])
+def test_gemv_units_fill_two_programs_an_sm_evenly(n, rows, units):
+    assert gemv.rows_for(n, 132) == rows
+    assert gemv.grid(n, rows, 132) == (units, min(units, 264))
+
+
+def test_the_gemv_takes_bf16_rows_and_the_logits():
+    assert gemv.unsupported(words()) is None
+    assert gemv.unsupported(words(out_kind=OUT_F32, rows_kind=1)) is None
+    assert "router" in gemv.unsupported(words(out_kind=OUT_NARROW))
+    assert "routes" in gemv.unsupported(words(route_ticket=100))
+    assert "w_off 20" in gemv.unsupported(words(w_off=20))
 
 
 def test_gluon_coverage_skips_a_merge_group_where_its_attention_ran(coverage_1):

@@ -312,6 +312,22 @@ def test_gluon_decode_attention_for_64_sequences_on_gpu(tmp_path):
     assert_within_bf16_tolerance(driver.kernel, model, [p + c.tokens for p, c in zip(prompts, out)])
 
 
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_gluon_gemv_for_one_sequence_on_gpu(tmp_path):
+    """One prompt of 200 tokens, then decode steps of its one row: every projection and the LM head in the GEMV
+    (`gemv.linear_gemv`, units of 8, 16 or 32 weight rows, two programs an SM), the LM head's fp32 logits in the
+    prefill step too (one sequence's last row); every step's logits checked (as `check_every_step`)."""
+    driver, model = gluon_driver(tmp_path, case_config(1))
+    assert len(driver.gluon.one_row) == 3 * 32 + 1 and not driver.gluon.one_row_skipped
+    prompt = torch.randint(0, model.config.vocab_size, (200,), generator=torch.Generator().manual_seed(1)).tolist()
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    for steps in range(1, 5):
+        out = driver.generate([prompt], params, max_steps=steps)
+        assert_within_bf16_tolerance(driver.kernel, model, [prompt + out[0].tokens])
+
+
 def gluon_driver(tmp_path, config: CompileConfig):
     """Llama-3-8B (random weights) compiled with `config`, in the host-driven executor with the Gluon bodies."""
     if not PRECOMPILE and torch.cuda.get_device_capability() != (9, 0):

@@ -1,0 +1,200 @@
+"""One row's projection in Gluon: a LINEAR group's output in a step of one row (batch-1 decode), a GEMV.
+
+It computes what the group's Triton tasks compute in a one-row step (codegen/bodies/linear.py, `gemv_stream` and
+`gemv_row` with `kept_epilogue`), from the same descriptor row (`LINEAR_FIELDS`) and arenas: the row times the placed
+weight (an RMSNorm's weight folded into it), scaled by 1/rms from its producer's sum of squares, the bias, a rounding
+to bf16, gate/up's silu(gate) * up (the placed weight's rows alternate gate, up), the residual added and rounded
+again, the store (bf16 activations, or the LM head's fp32 logits), and the stored row's sum of squares added into F32
+for the norm that reads it.
+
+The weight's rows come in units of GR (a unit: GR outputs over all of K). Program p of G takes units p U / G .. (p +
+1) U / G, contiguous, so every program streams its share without a seam to settle with another. Two programs an SM
+(two independent streams: session 59 measured a one-row chain at 84-87% of the bandwidth on one program an SM and 92%
+on two), each a loader warp that copies [GR, 256] weight boxes and the row's matching [1, 256] box by TMA into a ring
+of SLOTS slots of BOXES boxes (16 KB of weights a slot, whatever GR), and a consumer warp group that multiplies each
+box on the CUDA cores into an fp32 [GR, 256] accumulator, reduced once a unit and handed to the epilogue while the
+loader streams on. `rows_for` picks GR so that the units fill two programs an SM evenly.
+
+H200, Llama-3-8B's batch-1 decode step at context 512 in the host-driven executor (`benchmarks/gluon_groups.py
+--decode 1x512`, session 61, 32 layers, each group a launch): gate/up 1,900-1,930 us against the Triton stream's
+1,939-1,975 (3.9 TB/s of weights), down 1,102-1,127 against 1,079-1,087, o_proj 538-555 against 491-502, the LM head
+236-237 against 241-242; the unit height (8, 16 or 32 rows) moved none of them more than 3%. A group this short
+is mostly a launch's fixed costs (o_proj: 32 MB in ~17 us, 8 at the bandwidth); in the persistent kernel, whose
+loaders stream on across groups, they are not paid a group.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+
+from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED, OUT_F32
+from codegen.gluon.linear import _norm_sums, _round
+from codegen.tasks import DESC_WORDS
+
+USED = ("x_off", "k", "w_off", "n", "out_off", "out_kind", "stats_off", "eps", "res_off", "bias_off", "out_stats_off")
+WORDS = gl.constexpr(tuple(LINEAR_FIELDS.index(f) for f in USED))
+GK = gl.constexpr(256)  # a box's columns of K: the widest TMA box (unswizzled: the consumers read it by rows)
+SLOT_ROWS = gl.constexpr(32)  # GR x BOXES: a slot's weight rows of GK, 16 KB
+SLOTS = 6
+PER_SM = 2  # programs an SM
+CONSUMER_WARPS, LOADER_REGS = 4, 40
+# two programs an SM: each program's warps (the consumers' warp group and the loader's, allocated as a warp group)
+# hold half the register file
+LAUNCH = dict(num_warps=CONSUMER_WARPS, maxnreg=65536 // PER_SM // ((CONSUMER_WARPS + 4) * 32) // 8 * 8)
+
+SIGNATURE = {"DESCS": "*i64", "W": "*bf16", "ACT": "*bf16", "F32": "*fp32", "desc_index": "i32", "units": "i32"}
+
+
+@gluon.jit
+def _units(units):
+    """This program's units: u0 .. u1 of `units`, contiguous."""
+    p, G = gl.program_id(0), gl.num_programs(0)
+    return p * units // G, (p + 1) * units // G
+
+
+@gluon.jit
+def _loader(w_desc, x_desc, w_ring, x_ring, ready, empty, units, K, SLOTS_: gl.constexpr):
+    """Every box of this program's units into the ring: a slot's BOXES weight boxes and the row's boxes beside them."""
+    GR: gl.constexpr = w_ring.type.shape[1]
+    GK_: gl.constexpr = w_ring.type.shape[2]
+    BOXES: gl.constexpr = w_ring.type.shape[0] // SLOTS_
+    u0, u1 = _units(units)
+    i = 0
+    for u in range(u0, u1):
+        for k0 in range(0, K, BOXES * GK_):
+            s = i % SLOTS_
+            mbarrier.wait(empty.index(s), ((i // SLOTS_) & 1) ^ 1)  # (a barrier starts as if its phase 1 were done)
+            # every box of the slot (a constant byte count): past K, TMA's zeros
+            mbarrier.expect(ready.index(s), BOXES * (GR + 1) * GK_ * 2)
+            for b in gl.static_range(BOXES):
+                tma.async_copy_global_to_shared(w_desc, [u * GR, k0 + b * GK_], ready.index(s),
+                                                w_ring.index(s * BOXES + b))
+                tma.async_copy_global_to_shared(x_desc, [0, k0 + b * GK_], ready.index(s), x_ring.index(s * BOXES + b))
+            i += 1
+
+
+@gluon.jit
+def _consumer(W, ACT, F32, w_ring, x_ring, ready, empty, units, K, N, out_off, stats_off, eps, res_off, bias_off,
+              out_stats_off, SLOTS_: gl.constexpr, GATED: gl.constexpr, OUT_KIND: gl.constexpr,
+              NORM_F64: gl.constexpr):
+    GR: gl.constexpr = w_ring.type.shape[1]
+    GK_: gl.constexpr = w_ring.type.shape[2]
+    BOXES: gl.constexpr = w_ring.type.shape[0] // SLOTS_
+    box: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [gl.num_warps(), 1], [1, 0])
+    vec: gl.constexpr = gl.BlockedLayout([2], [32], [gl.num_warps()], [0])
+    # 1/rms of the row (`row_inv_rms`)
+    sums = gl.load(_norm_sums(F32, gl.maximum(stats_off, 0), NORM_F64), mask=stats_off >= 0, other=1.0)
+    inv = gl.where(stats_off >= 0, gl.rsqrt(sums.to(gl.float32) / K.to(gl.float32) + eps), 1.0)
+    sq = gl.to_tensor(0.0)  # the stored row's sum of squares, this program's share
+    u0, u1 = _units(units)
+    i = 0
+    for u in range(u0, u1):
+        acc = gl.zeros([GR, GK_], gl.float32, box)
+        for k0 in range(0, K, BOXES * GK_):
+            s = i % SLOTS_
+            mbarrier.wait(ready.index(s), (i // SLOTS_) & 1)
+            for b in gl.static_range(BOXES):
+                w = w_ring.index(s * BOXES + b).load(box).to(gl.float32)
+                x = x_ring.index(s * BOXES + b).load(box).to(gl.float32)  # ([1, GK]: every row's the same)
+                acc += w * x
+            fence_async_shared()  # the slot's reads before the loader's next copies into it
+            mbarrier.arrive(empty.index(s))  # (after a barrier of the warp group: every warp's reads)
+            i += 1
+        # `kept_epilogue` of the unit's GR outputs
+        y = gl.convert_layout(gl.sum(acc, axis=1), vec)
+        cols = u * GR + gl.arange(0, GR, layout=vec)
+        bias = gl.load(W + gl.maximum(bias_off, 0) + cols, mask=(cols < N) & (bias_off >= 0), other=0.0)
+        y = _round(y * inv + bias.to(gl.float32))
+        n_out = N
+        if GATED:  # columns alternate gate, up: output column j is silu(y[2j]) * y[2j + 1]
+            gate, up = gl.split(gl.reshape(y, [GR // 2, 2]))
+            y = _round(_round(gate / (1.0 + gl.exp(-gate))) * up)
+            cols = u * (GR // 2) + gl.arange(0, GR // 2, layout=y.type.layout)
+            n_out = N // 2
+        ok = cols < n_out
+        if res_off >= 0:
+            y = _round(gl.load(ACT + res_off + cols, mask=ok, other=0.0).to(gl.float32) + y)
+        if OUT_KIND == 1:  # OUT_F32: the logits
+            gl.store(F32 + out_off + cols, y, mask=ok)
+        else:
+            gl.store(ACT + out_off + cols, y.to(gl.bfloat16), mask=ok)
+        sq += gl.sum(gl.where(ok, y * y, 0.0), axis=0)
+    if out_stats_off >= 0:
+        out_sums = _norm_sums(F32, out_stats_off, NORM_F64)
+        gl.atomic_add(out_sums, sq.to(out_sums.dtype.element_ty))
+
+
+@gluon.jit
+def linear_gemv(DESCS, W, ACT, F32, desc_index, units, GR: gl.constexpr, SLOTS_: gl.constexpr, GATED: gl.constexpr,
+                OUT_KIND: gl.constexpr, NORM_F64: gl.constexpr, DESC_WORDS: gl.constexpr, LOADER_REGS: gl.constexpr):
+    """Row desc_index of DESCS (a LINEAR group's descriptor) over a step's one row, in `units` units of GR weight
+    rows. GATED, OUT_KIND: the descriptor's `gated` and `out_kind` words; NORM_F64: the norms' sums are fp64."""
+    desc = DESCS + desc_index * DESC_WORDS
+    x_off, K, w_off = gl.load(desc + WORDS[0]), gl.load(desc + WORDS[1]).to(gl.int32), gl.load(desc + WORDS[2])
+    N, out_off = gl.load(desc + WORDS[3]).to(gl.int32), gl.load(desc + WORDS[4])
+    stats_off = gl.load(desc + WORDS[6])
+    eps = gl.load(desc + WORDS[7]).to(gl.float64, bitcast=True).to(gl.float32)
+    res_off, bias_off, out_stats_off = gl.load(desc + WORDS[8]), gl.load(desc + WORDS[9]), gl.load(desc + WORDS[10])
+    BOXES: gl.constexpr = SLOT_ROWS // GR
+    plain: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+    w_desc = tma.make_tensor_descriptor(W + w_off, [N, K], [K.to(gl.int64), 1], [GR, GK], plain)
+    x_desc = tma.make_tensor_descriptor(ACT + x_off, [1, K], [K.to(gl.int64), 1], [1, GK], plain)
+    w_ring = gl.allocate_shared_memory(gl.bfloat16, [SLOTS_ * BOXES, GR, GK], plain)
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [SLOTS_ * BOXES, 1, GK], plain)
+    ready = gl.allocate_shared_memory(gl.int64, [SLOTS_, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [SLOTS_, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(SLOTS_):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    gl.warp_specialize([
+        (_consumer, (W, ACT, F32, w_ring, x_ring, ready, empty, units, K, N, out_off, stats_off, eps, res_off,
+                     bias_off, out_stats_off, SLOTS_, GATED, OUT_KIND, NORM_F64)),
+        (_loader, (w_desc, x_desc, w_ring, x_ring, ready, empty, units, K, SLOTS_)),
+    ], [1], [LOADER_REGS])
+
+
+def constexprs(rows: int, gated: bool, out_kind: int, norm_f64: bool) -> dict:
+    """A launch's constexprs: units of `rows` weight rows (`rows_for`), the descriptor's gating and output kind, the
+    sums' type."""
+    return dict(GR=rows, SLOTS_=SLOTS, GATED=gated, OUT_KIND=out_kind, NORM_F64=norm_f64, DESC_WORDS=DESC_WORDS,
+                LOADER_REGS=LOADER_REGS)
+
+
+UNIT_ROWS = (32, 16, 8)  # GR: a slot of 1, 2 or 4 boxes
+
+
+def rows_for(n: int, sms: int) -> int:
+    """GR for a projection of n weight rows on `sms` SMs: the largest whose units give every program of two an SM
+    one at least, in shares within 10% of even (a program's share is the floor or the ceiling of units / programs);
+    else the one whose shares are most even."""
+    def evenness(rows: int) -> float:
+        units = -(-n // rows)
+        share = units / min(units, PER_SM * sms)
+        return share / -(-units // min(units, PER_SM * sms)) * min(1.0, units / (PER_SM * sms))
+    for rows in UNIT_ROWS:
+        if -(-n // rows) >= PER_SM * sms and evenness(rows) >= 0.9:
+            return rows
+    return max(UNIT_ROWS, key=evenness)
+
+
+def grid(n: int, rows: int, sms: int) -> tuple[int, int]:
+    """(units, programs) of a projection of n weight rows in units of `rows`."""
+    units = -(-n // rows)
+    return units, min(units, PER_SM * sms)
+
+
+def unsupported(words: list[int]) -> str | None:
+    """Why a LINEAR descriptor's group cannot run here in a one-row step (None: it can): outputs that are neither bf16
+    rows nor the fp32 logits, a router, or an operand TMA cannot address (offsets and widths of 16 bytes)."""
+    f = dict(zip(LINEAR_FIELDS, words))
+    if f["out_kind"] not in (OUT_ALIGNED, OUT_F32):
+        return "its outputs are rows of another width (a router's logits)"
+    if f["route_ticket"] >= 0:
+        return "it routes (a MoE router)"
+    for name in ("x_off", "k", "w_off"):
+        if f[name] % 8:
+            return f"{name} {f[name]} is not a multiple of 8 elements"
+    if f["gated"] and f["n"] % 2:
+        return "its gated columns are odd"
+    return None
