@@ -261,7 +261,7 @@ class GluonGroups(GluonCoverage):
         if kind == Kind.QKV:
             self.qkv.qkv_prefill[(grid, )](k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, desc,
                                           self.control_at, self.positions_at, self.slots_at,
-                                          **self.qkv.constexprs(tiles, self.norm_f64), **self.qkv.LAUNCH)
+                                          **self.qkv.constexprs(tiles, self.norm_f64), **self.qkv.launch(tiles))
         else:
             linear.linear_prefill[(grid, )](k.descs, k.weights, k.act, k.f32, k.i32, desc, self.control_at,
                                             **tiles.constexprs(self.gated[first], self.norm_f64), **linear.LAUNCH)

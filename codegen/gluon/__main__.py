@@ -24,8 +24,10 @@ def variants():
     for tiles_name in ("WIDE", "NARROW"):
         tiles = getattr(linear, tiles_name)
         for norm_f64 in (True, False):
-            name = f"qkv_prefill {qkv.BM.value}x{tiles.bn} {tiles.stages} stages{' fp32 sums' if not norm_f64 else ''}"
-            yield name, qkv.qkv_prefill, qkv.SIGNATURE, qkv.constexprs(tiles, norm_f64), qkv.LAUNCH
+            split = ", an epilogue partition" if qkv.split_epilogue(tiles) else ""
+            name = f"qkv_prefill {qkv.BM.value}x{tiles.bn} {tiles.stages} stages{split}" \
+                   f"{' fp32 sums' if not norm_f64 else ''}"
+            yield name, qkv.qkv_prefill, qkv.SIGNATURE, qkv.constexprs(tiles, norm_f64), qkv.launch(tiles)
     for launch in (attention.LAUNCH, attention.DECODE_LAUNCH):
         for max_batch in (1, 64):  # (the sequences' lanes: 32 or 64)
             name = f"attention_prefill {16 * launch['num_warps']}-row items, {attention.BLOCK} keys a slot, " \

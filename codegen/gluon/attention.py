@@ -25,7 +25,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from codegen.bodies.attention import ATTENTION_FIELDS
-from codegen.gluon.linear import LAUNCH, LOADER_REGS
+from codegen.gluon.linear import ALIGN, LAUNCH, LOADER_REGS, _region
 from codegen.tasks import DESC_WORDS
 
 USED = ("q_off", "out_off", "num_heads", "num_kv_heads", "head_dim", "layer", "scale", "merger")
@@ -156,7 +156,7 @@ def _consumer(ACT, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at,
                                                              PAGES_PER_SEQ)
         if valid:
             rows = m0 + qr
-            q_rows = ACT + q_off + (start + rows // REP).to(gl.int64)[:, None] * (H * HD) + \
+            q_rows = ACT + _region(q_off) + ((start + rows // REP).to(gl.int64) * H)[:, None] * HD + \
                 ((g * REP + rows % REP) * HD)[:, None] + qd[None, :]
             q_ok = (rows < q_len * REP)[:, None]
             q0 = gl.load(q_rows, mask=q_ok, other=0.0)
@@ -192,7 +192,7 @@ def _consumer(ACT, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at,
                 i += 1
             lo = gl.convert_layout(l, rows_o)[:, None]
             orows = m0 + orow
-            out = ACT + out_off + (start + orows // REP).to(gl.int64)[:, None] * (H * HD) + \
+            out = ACT + _region(out_off) + ((start + orows // REP).to(gl.int64) * H)[:, None] * HD + \
                 ((g * REP + orows % REP) * HD)[:, None] + od[None, :]
             ok = (orows < q_len * REP)[:, None]
             gl.store(out, (o0 / lo).to(gl.bfloat16), mask=ok)
@@ -245,7 +245,7 @@ def unsupported(words: list[int], page_size: int, bf16_scores: bool) -> str | No
         return "its scores are rounded to bf16 (`attention_bf16_scores`)"
     if BLOCK % page_size or IDS % (BLOCK // page_size):
         return f"its pages of {page_size} keys do not tile slots of {BLOCK}"
-    for name in ("q_off", "out_off"):
-        if f[name] % 8:
-            return f"{name} {f[name]} is not a multiple of 8 elements"
+    for name in ("q_off", "out_off"):  # (regions' offsets, `linear._region`)
+        if f[name] % ALIGN.value:
+            return f"{name} {f[name]} is not a multiple of {ALIGN.value} elements"
     return None

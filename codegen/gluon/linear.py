@@ -27,6 +27,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED
+from codegen.layout import ALIGN as REGION_ALIGN
 from codegen.gluon.tiles import operands, ring, tile_at, tile_loader, tile_product
 from codegen.tasks import DESC_WORDS
 
@@ -34,6 +35,7 @@ from codegen.tasks import DESC_WORDS
 USED = ("x_off", "x_stride", "k", "w_off", "n", "out_off", "out_stride", "stats_off", "eps", "res_off", "res_stride",
         "bias_off", "out_stats_off")
 WORDS = gl.constexpr(tuple(LINEAR_FIELDS.index(f) for f in USED))
+ALIGN = gl.constexpr(REGION_ALIGN)
 # a tile's rows; a chunk's columns of K (a 128-byte swizzle holds 64 bf16 columns)
 BM, BK = gl.constexpr(128), gl.constexpr(64)
 CONSUMER_WARPS, LOADER_REGS = 8, 40
@@ -46,6 +48,14 @@ SIGNATURE = {"DESCS": "*i64", "W": "*bf16", "ACT": "*bf16", "F32": "*fp32", "I32
 def _round(x):
     """fp32 values rounded to bf16 and back, as storing them would (`round_to`)."""
     return x.to(gl.bfloat16).to(gl.float32)
+
+
+@gluon.jit
+def _region(off):
+    """A region's offset (a descriptor word or an arena's plane), said to be what `codegen.layout` makes every
+    region's: a multiple of ALIGN elements. Then a thread's 8 bf16 (or 4 fp32) from it are one 16-byte access,
+    where an offset read at run time left the compiler 2-byte ones (QKV's epilogue stored and read everything so)."""
+    return off // ALIGN * ALIGN
 
 
 @gluon.jit
@@ -69,7 +79,7 @@ def _epilogue(y, m0, n0, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase,
         sums = gl.load(_norm_sums(F32, stats_off, NORM_F64) + rows, mask=rows < num_rows, other=1.0).to(gl.float32)
         y = y * gl.rsqrt(sums / K.to(gl.float32) + eps)[:, None]
     if bias_off >= 0:
-        y = y + gl.load(W + bias_off + cols, mask=cols < N, other=0.0).to(gl.float32)[None, :]
+        y = y + gl.load(W + _region(bias_off) + cols, mask=cols < N, other=0.0).to(gl.float32)[None, :]
     y = _round(y)
     if GATED:  # columns alternate gate, up: output column j is silu(y[:, 2j]) * y[:, 2j + 1]
         gate, up = gl.split(gl.reshape(y, [BM, BN // 2, 2]))
@@ -197,4 +207,6 @@ def unsupported(words: list[int]) -> str | None:
             return f"{name} {f[name]} is not a multiple of 8 elements"
     if f["res_off"] >= 0 and (f["res_off"] % 8 or f["res_stride"] % 8):
         return "its residual's rows are not 16-byte aligned"
+    if f["bias_off"] >= 0 and f["bias_off"] % ALIGN.value:  # (a region's offset, `_region`)
+        return f"bias_off {f['bias_off']} is not a multiple of {ALIGN.value} elements"
     return None

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from codegen.bodies.qkv import QKV_FIELDS
-from codegen.gluon.linear import LAUNCH, LOADER_REGS, Tiles, _norm_sums, _round
+from codegen.gluon.linear import ALIGN, CONSUMER_WARPS as LINEAR_WARPS, LAUNCH, LOADER_REGS, Tiles
+from codegen.gluon.linear import _norm_sums, _region, _round
 from codegen.gluon.tiles import operands, ring, tile_at, tile_loader, tile_product
 from codegen.tasks import DESC_WORDS
 
@@ -42,17 +44,20 @@ SIGNATURE = {"DESCS": "*i64", "W": "*bf16", "ACT": "*bf16", "F32": "*fp32", "I32
 
 
 @gluon.jit
-def _row_loads(m0, num_rows, F32, I32, stats_off, positions_at, slots_at, layout: gl.constexpr,
-               NORM_F64: gl.constexpr):
-    """What a tile's epilogue reads a row, asked for before its products (they do not depend on them): the rows'
-    sums of squares (1 where no norm applies), positions and cache slots, in `layout`'s rows."""
+def _row_sums(m0, num_rows, F32, stats_off, layout: gl.constexpr, NORM_F64: gl.constexpr):
+    """The sums of squares of rows m0 .. m0 + BM (1 where no norm applies), in `layout`'s rows: asked for before a
+    tile's products, which they do not depend on."""
     rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
-    row_ok = rows < num_rows
-    sums = gl.load(_norm_sums(F32, gl.maximum(stats_off, 0), NORM_F64) + rows, mask=row_ok & (stats_off >= 0),
-                   other=1.0).to(gl.float32)
+    return gl.load(_norm_sums(F32, gl.maximum(stats_off, 0), NORM_F64) + rows,
+                   mask=(rows < num_rows) & (stats_off >= 0), other=1.0).to(gl.float32)
+
+
+@gluon.jit
+def _row_words(rows, row_ok, I32, positions_at, slots_at):
+    """The rows' positions and cache slots."""
     pos = gl.load(I32 + positions_at + rows, mask=row_ok, other=0)
     slot = gl.load(I32 + slots_at + rows, mask=row_ok, other=0)
-    return sums, pos, slot
+    return pos, slot
 
 
 @gluon.jit
@@ -63,7 +68,7 @@ def _store_head(lo, hi, head, rows, j, mask, pos_cos, pos_sin, W, ACT, KV, kv_pl
     HALF: gl.constexpr = HD // 2
     if head < HQ + HKV:
         if has_qk_norm == 1:  # (`head_norm`: over the head's HD columns, its weight per column)
-            norm = W + gl.where(head < HQ, q_norm_off, k_norm_off) + j
+            norm = W + _region(gl.where(head < HQ, q_norm_off, k_norm_off)) + j
             inv = gl.rsqrt((gl.sum(lo * lo, axis=1) + gl.sum(hi * hi, axis=1)) / HD + qk_eps)[:, None]
             lo = _round(_round(lo * inv) * gl.load(norm).to(gl.float32)[None, :])
             hi = _round(_round(hi * inv) * gl.load(norm + HALF).to(gl.float32)[None, :])
@@ -71,15 +76,16 @@ def _store_head(lo, hi, head, rows, j, mask, pos_cos, pos_sin, W, ACT, KV, kv_pl
         lo, hi = (_round(_round(lo * pos_cos) + _round(-hi * pos_sin)),
                   _round(_round(hi * pos_cos) + _round(lo * pos_sin)))
     if head < HQ:
-        out = ACT + q_out_off + rows[:, None].to(gl.int64) * (HQ * HD) + head * HD + j[None, :]
+        out = ACT + _region(q_out_off) + (rows.to(gl.int64) * HQ)[:, None] * HD + head * HD + j[None, :]
     else:
         plane = gl.where(head < HQ + HKV, 0, 1)
-        out = KV + (layer * 2 + plane) * kv_plane + (head - HQ - plane * HKV) * HD + \
-            slot.to(gl.int64)[:, None] * (HKV * HD) + j[None, :]
+        out = KV + (layer * 2 + plane) * _region(kv_plane) + (head - HQ - plane * HKV) * HD + \
+            (slot.to(gl.int64) * HKV)[:, None] * HD + j[None, :]
     gl.store(out, lo.to(gl.bfloat16), mask=mask)
     gl.store(out + HALF, hi.to(gl.bfloat16), mask=mask)
     if (head >= HQ) & (step_kv_off >= 0):  # ... and to the step's rows (`attention_step_keys`)
-        step = ACT + step_kv_off + rows[:, None].to(gl.int64) * (2 * HKV * HD) + (head - HQ) * HD + j[None, :]
+        step = ACT + _region(step_kv_off) + (rows.to(gl.int64) * (2 * HKV))[:, None] * HD + (head - HQ) * HD + \
+            j[None, :]
         gl.store(step, lo.to(gl.bfloat16), mask=mask)
         gl.store(step + HALF, hi.to(gl.bfloat16), mask=mask)
 
@@ -105,19 +111,20 @@ def _consumer(W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stag
         m, n = tile_at(t, num_m, num_n, GROUP)
         m0 = m * BM
         # the rows' words on their way while the products run
-        sums, _, _ = _row_loads(m0, num_rows, F32, I32, stats_off, positions_at, slots_at, acc_layout, NORM_F64)
-        _, pos, slot = _row_loads(m0, num_rows, F32, I32, -1, positions_at, slots_at, half, NORM_F64)
-        acc, i = tile_product(a_ring, b_ring, ready, empty, i, K, STAGES)
+        sums = _row_sums(m0, num_rows, F32, stats_off, acc_layout, NORM_F64)
         rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, half))
+        pos, slot = _row_words(rows, rows < num_rows, I32, positions_at, slots_at)
+        acc, i = tile_product(a_ring, b_ring, ready, empty, i, K, STAGES)
         mask = (rows < num_rows)[:, None] & (j < HALF)[None, :]
-        angles = F32 + rope_off + pos[:, None] * HD + j[None, :]  # (a row of the table: HD / 2 cos, HD / 2 sin)
+        angles = F32 + _region(rope_off) + pos[:, None] * HD + j[None, :]  # (a row of the table: HD / 2 cos, HD / 2 sin)
         pos_cos = _round(gl.load(angles, mask=mask, other=0.0))
         pos_sin = _round(gl.load(angles + HALF, mask=mask, other=0.0))
         if stats_off >= 0:
             acc = acc * gl.rsqrt(sums / K.to(gl.float32) + eps)[:, None]
         if bias_off >= 0:
             cols = n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
-            acc = acc + gl.load(W + bias_off + cols, mask=cols < num_heads * HD, other=0.0).to(gl.float32)[None, :]
+            acc = acc + gl.load(W + _region(bias_off) + cols, mask=cols < num_heads * HD,
+                                  other=0.0).to(gl.float32)[None, :]
         stage.store(acc.to(gl.bfloat16))  # (rounded to bf16 as `head_epilogue` rounds it)
         gl.thread_barrier()  # every warp's values in before any reads them in the halves' layout
         for h in gl.static_range(HEADS):
@@ -131,9 +138,71 @@ def _consumer(W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stag
 
 
 @gluon.jit
+def _producer(W, F32, a_ring, b_ring, ready, empty, stages, staged, freed, num_m, num_n, num_rows, K, stats_off, eps,
+              bias_off, num_heads, STAGES: gl.constexpr, GROUP: gl.constexpr, NORM_F64: gl.constexpr):
+    """With an epilogue partition (`EPILOGUE_WARPS`): each tile's products, 1/rms and bias, rounded to bf16 into
+    staging buffer j % 2 (once the epilogue partition has freed it), then on to the next tile's products."""
+    BN: gl.constexpr = b_ring.type.shape[1]
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                          instr_shape=[16, BN, 16])
+    HD: gl.constexpr = BN
+    i = 0
+    j = 0
+    for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
+        m, n = tile_at(t, num_m, num_n, GROUP)
+        sums = _row_sums(m * BM, num_rows, F32, stats_off, acc_layout, NORM_F64)
+        acc, i = tile_product(a_ring, b_ring, ready, empty, i, K, STAGES)
+        if stats_off >= 0:
+            acc = acc * gl.rsqrt(sums / K.to(gl.float32) + eps)[:, None]
+        if bias_off >= 0:
+            cols = n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
+            acc = acc + gl.load(W + _region(bias_off) + cols, mask=cols < num_heads * HD,
+                                  other=0.0).to(gl.float32)[None, :]
+        b = j % 2
+        mbarrier.wait(freed.index(b), ((j // 2) & 1) ^ 1)  # (a barrier starts as if its phase 1 were done)
+        stages.index(b).store(acc.to(gl.bfloat16))  # (rounded to bf16 as `head_epilogue` rounds it)
+        mbarrier.arrive(staged.index(b))  # (after a barrier of the partition: every warp's values in)
+        j += 1
+
+
+@gluon.jit
+def _epilogue(W, ACT, F32, I32, KV, kv_plane, stages, staged, freed, num_m, num_n, num_rows, HQ, HKV, q_norm_off,
+              k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, step_kv_off, positions_at, slots_at,
+              HD: gl.constexpr, GROUP: gl.constexpr):
+    """The epilogue partition: each staged head, CHUNK rows at a time, through `_store_head` (the q or k norm,
+    rotary, the stores), while the producers multiply the next tile."""
+    HALF: gl.constexpr = HD // 2
+    CHUNK: gl.constexpr = 32  # rows at a time: a chunk's halves, cos and sin are 16 registers a thread each
+    half: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+    j_cols = gl.arange(0, HALF, layout=gl.SliceLayout(0, half))
+    j = 0
+    for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
+        m, head = tile_at(t, num_m, num_n, GROUP)
+        b = j % 2
+        mbarrier.wait(staged.index(b), (j // 2) & 1)
+        for r0 in gl.static_range(0, BM, CHUNK):
+            m0 = m * BM + r0
+            rows = m0 + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, half))
+            row_ok = rows < num_rows
+            pos, slot = _row_words(rows, row_ok, I32, positions_at, slots_at)
+            mask = row_ok[:, None] & (j_cols < HALF)[None, :]
+            angles = F32 + _region(rope_off) + pos[:, None] * HD + j_cols[None, :]
+            pos_cos = _round(gl.load(angles, mask=mask, other=0.0))
+            pos_sin = _round(gl.load(angles + HALF, mask=mask, other=0.0))
+            rows_of = stages.index(b).slice(r0, CHUNK, dim=0)
+            lo = rows_of.slice(0, HALF, dim=1).load(half).to(gl.float32)
+            hi = rows_of.slice(HALF, HALF, dim=1).load(half).to(gl.float32)
+            _store_head(lo, hi, head, rows, j_cols, mask, pos_cos, pos_sin, W, ACT, KV, kv_plane, HQ, HKV, q_norm_off,
+                        k_norm_off, qk_eps, q_out_off, layer, has_qk_norm, step_kv_off, slot, HD)
+        mbarrier.arrive(freed.index(b))  # (after a barrier of the partition: every warp's reads done)
+        j += 1
+
+
+@gluon.jit
 def qkv_prefill(DESCS, W, ACT, F32, I32, KV, kv_plane, desc_index, tokens_at, positions_at, slots_at,
                 HD: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
-                NORM_F64: gl.constexpr, DESC_WORDS: gl.constexpr, LOADER_REGS: gl.constexpr):
+                NORM_F64: gl.constexpr, DESC_WORDS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                EPILOGUE_WARPS: gl.constexpr, EPILOGUE_REGS: gl.constexpr):
     """Row desc_index of DESCS (a QKV group's descriptor) over the I32[tokens_at] tokens of the step, their positions
     and cache slots at I32[positions_at ..] and I32[slots_at ..]; HD: the heads' dimensions; BN: a tile's columns
     (HD or 2 HD: one head a tile or two)."""
@@ -152,21 +221,59 @@ def qkv_prefill(DESCS, W, ACT, F32, I32, KV, kv_plane, desc_index, tokens_at, po
     a_ring, b_ring, ready, empty = ring(BM, BN, BK, STAGES)
     # 16-byte units of a row swizzled by the row (its low 3 bits): the products' layout stores 8 rows' 16 bytes at a
     # time and the halves' layout reads 128-byte row pieces, both across every bank
-    stage = gl.allocate_shared_memory(gl.bfloat16, [BM, BN], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
+    swizzled: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
     num_m = gl.cdiv(num_rows, BM)
     num_n = gl.cdiv(n_cols, BN)
-    gl.warp_specialize([
-        (_consumer, (W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stage, num_m, num_n, num_rows,
-                     K, stats_off, eps, bias_off, HQ, HKV, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off,
-                     has_qk_norm, step_kv_off, positions_at, slots_at, HD, STAGES, GROUP, NORM_F64)),
-        (tile_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
-    ], [1], [LOADER_REGS])
+    if EPILOGUE_WARPS > 0:  # one head a tile, its epilogue in a partition of its own, two staging buffers
+        stages = gl.allocate_shared_memory(gl.bfloat16, [2, BM, BN], swizzled)
+        staged = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        freed = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for b in gl.static_range(2):
+            mbarrier.init(staged.index(b), count=1)
+            mbarrier.init(freed.index(b), count=1)
+        gl.warp_specialize([
+            (_producer, (W, F32, a_ring, b_ring, ready, empty, stages, staged, freed, num_m, num_n, num_rows, K,
+                         stats_off, eps, bias_off, HQ + 2 * HKV, STAGES, GROUP, NORM_F64)),
+            (_epilogue, (W, ACT, F32, I32, KV, kv_plane, stages, staged, freed, num_m, num_n, num_rows, HQ, HKV,
+                         q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, step_kv_off,
+                         positions_at, slots_at, HD, GROUP)),
+            (tile_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
+        ], [EPILOGUE_WARPS, 1], [EPILOGUE_REGS, LOADER_REGS])
+    else:
+        stage = gl.allocate_shared_memory(gl.bfloat16, [BM, BN], swizzled)
+        gl.warp_specialize([
+            (_consumer, (W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stage, num_m, num_n,
+                         num_rows, K, stats_off, eps, bias_off, HQ, HKV, q_norm_off, k_norm_off, qk_eps, q_out_off,
+                         layer, rope_off, has_qk_norm, step_kv_off, positions_at, slots_at, HD, STAGES, GROUP,
+                         NORM_F64)),
+            (tile_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
+        ], [1], [LOADER_REGS])
+
+
+# one head a tile: its epilogue in a partition of EPILOGUE_WARPS warps. The program's 16 warps cap every thread at
+# 128 registers (Triton hands ptxas `maxnreg`): the [128, 128] products' accumulator is 64 of them, the [128, 256]
+# one's 128, so two heads a tile keep their epilogue in the consumers
+EPILOGUE_WARPS = 4
+SPLIT_LAUNCH = dict(num_warps=LINEAR_WARPS, maxnreg=65536 // ((LINEAR_WARPS + EPILOGUE_WARPS + 4) * 32) // 8 * 8)
+
+
+def split_epilogue(tiles: Tiles) -> bool:
+    """Whether a launch of `tiles` runs its epilogue in a partition of its own (one head a tile)."""
+    return tiles.bn == HEAD_DIM
+
+
+def launch(tiles: Tiles) -> dict:
+    """A launch's options: with the epilogue partition, a program of 16 warps."""
+    return SPLIT_LAUNCH if split_epilogue(tiles) else LAUNCH
 
 
 def constexprs(tiles: Tiles, norm_f64: bool) -> dict:
-    """A launch's constexprs: `tiles` (linear.WIDE: two heads a tile, linear.NARROW: one) and the sums' type."""
+    """A launch's constexprs: `tiles` (linear.WIDE: two heads a tile, linear.NARROW: one, its epilogue in a partition
+    of its own) and the sums' type."""
+    split = split_epilogue(tiles)
     return dict(HD=HEAD_DIM, BN=tiles.bn, STAGES=tiles.stages, GROUP=8, NORM_F64=norm_f64, DESC_WORDS=DESC_WORDS,
-                LOADER_REGS=LOADER_REGS)
+                LOADER_REGS=LOADER_REGS, EPILOGUE_WARPS=EPILOGUE_WARPS if split else 0,
+                EPILOGUE_REGS=SPLIT_LAUNCH["maxnreg"] if split else 0)
 
 
 def unsupported(words: list[int]) -> str | None:
@@ -176,7 +283,13 @@ def unsupported(words: list[int]) -> str | None:
         return f"its heads have {f['head_dim']} dimensions, not {HEAD_DIM}"
     if f["rotary_dim"] != f["head_dim"]:
         return f"its rotary covers {f['rotary_dim']} of {f['head_dim']} dimensions"
-    for name in ("x_off", "k", "w_off", "q_out_off"):
+    for name in ("x_off", "k", "w_off"):
         if f[name] % 8:
             return f"{name} {f[name]} is not a multiple of 8 elements"
+    # (the epilogue takes these for regions' offsets, `linear._region`; the cache's planes are multiples of HEAD_DIM)
+    regions = ["q_out_off", "rope_off"] + ["q_norm_off", "k_norm_off"] * (f["has_qk_norm"] == 1) + \
+        [name for name in ("bias_off", "step_kv_off") if f[name] >= 0]
+    for name in regions:
+        if f[name] % ALIGN.value:
+            return f"{name} {f[name]} is not a multiple of {ALIGN.value} elements"
     return None

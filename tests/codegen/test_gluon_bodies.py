@@ -46,6 +46,8 @@ def test_every_body_compiles_for_sm90_and_fits_an_sm(compiled):
         # 184 B at 168 registers (measured with it: o_proj 3,316 us against the Triton groups' 4,766 at 2,048 tokens);
         # attention 32-48 B
         spills = 256 if name.startswith(f"linear_prefill 128x{linear.WIDE.bn}") and "gated" not in name else 0
+        # QKV's two heads a tile: its epilogue's 16-byte stores take 104 B more than the 2-byte ones did
+        spills = 128 if name.startswith(f"qkv_prefill 128x{linear.WIDE.bn}") else spills
         assert used["stack_bytes"] <= (64 if name.startswith("attention") else spills), name
 
 
@@ -65,6 +67,7 @@ def test_linear_prefill_takes_aligned_projections_of_the_steps_tokens():
     assert "last rows" in linear.unsupported(words(rows_kind=1))
     assert "x_off 12" in linear.unsupported(words(x_off=12))
     assert "residual" in linear.unsupported(words(res_off=4100))
+    assert "bias_off 8" in linear.unsupported(words(bias_off=8))
 
 
 def test_linear_prefill_tiles_are_the_shape_whose_rounds_end_first():
@@ -94,17 +97,23 @@ def test_qkv_prefill_takes_heads_of_128_with_rotary_over_all_of_them():
     assert qkv.unsupported([values[f] for f in QKV_FIELDS]) is None
     assert "64 dimensions" in qkv.unsupported([{**values, "head_dim": 64, "rotary_dim": 64}[f] for f in QKV_FIELDS])
     assert "rotary covers 96" in qkv.unsupported([{**values, "rotary_dim": 96}[f] for f in QKV_FIELDS])
+    # the epilogue's regions: 16-byte accesses from offsets it takes for multiples of 64 elements
+    assert "rope_off 8 is not a multiple of 64" in qkv.unsupported([{**values, "rope_off": 8}[f] for f in QKV_FIELDS])
+    assert "step_kv_off 72" in qkv.unsupported([{**values, "step_kv_off": 72}[f] for f in QKV_FIELDS])
+    assert qkv.unsupported([{**values, "q_norm_off": -1}[f] for f in QKV_FIELDS]) is None  # (no q/k norm)
 
 
 def test_attention_prefill_takes_heads_of_128_and_fp32_scores():
     values = dict.fromkeys(ATTENTION_FIELDS, 0)
-    values.update(q_off=8, out_off=64, num_heads=32, num_kv_heads=8, head_dim=128)
+    values.update(q_off=128, out_off=64, num_heads=32, num_kv_heads=8, head_dim=128)
     words = [values[f] for f in ATTENTION_FIELDS]
     assert attention.unsupported(words, 16, False) is None
     assert "bf16" in attention.unsupported(words, 16, True)
     assert "pages of 48" in attention.unsupported(words, 48, False)
     assert "64 dimensions" in attention.unsupported([{**values, "head_dim": 64}[f] for f in ATTENTION_FIELDS], 16,
                                                     False)
+    assert "q_off 8 is not a multiple of 64" in attention.unsupported([{**values, "q_off": 8}[f]
+                                                                       for f in ATTENTION_FIELDS], 16, False)
 
 
 def llama_coverage(**fields):
