@@ -18,8 +18,10 @@ H200, Llama-3-8B's first step in the host-driven executor (`benchmarks/gluon_gro
 head a tile, the rows' words read after the products: 6,483 us at 2,048 tokens against the Triton groups' 5,925;
 session 61, two heads a tile where the wide tiles pay: 6,290 against 5,811 (bit for bit with the Triton body), and
 with the staging buffer swizzled (ncu: the unswizzled one's stores from the products' layout were 193-way bank
-conflicts) 6,189 against 5,915, at 512 tokens 2,171 against 2,154. The epilogue is still ~40% of the consumers'
-stall samples, with no products under it.
+conflicts) 6,189 against 5,915, at 512 tokens 2,171 against 2,154; then with the epilogue's accesses 16 bytes wide
+(its offsets said to be regions', `linear._region`: every store and cos/sin load had been 2 or 4 bytes) and one-head
+tiles' epilogue in a partition of its own: at 2,048 tokens two heads a tile 4,760 against 5,920 (one head a tile with
+the partition 5,050), at 512 one head a tile 1,865 against 2,152.
 """
 from __future__ import annotations
 
