@@ -118,7 +118,8 @@ class GluonCoverage:
     """Which task groups the Gluon bodies take (codegen/gluon: `linear.linear_prefill`, `qkv.qkv_prefill`,
     `attention.attention_prefill`, `gemv.linear_gemv`), and in which steps, from the task and descriptor tables alone:
     the projections in a step of more tokens than the batched blocks take (`CompileConfig.wide_rows`: the Triton tasks
-    then run the prefill tiles), and in a step of one row (batch-1 decode; the LM head of a step with one sequence);
+    then run the prefill tiles), and in a step of one row (batch-1 decode, QKV too; the LM head of a step with one
+    sequence);
     attention in a step where some sequence has more than one token (items of 128 query rows), and in
     a step that only decodes where its (sequence, KV head) pairs are a wave of `programs` at least (items of 64 rows,
     on one consumer warp group; fewer pairs leave SMs idle where the Triton tasks split the context). Attention's
@@ -164,6 +165,12 @@ class GluonCoverage:
                 f = dict(zip(QKV_FIELDS, words))
                 why = qkv.unsupported(words[:len(QKV_FIELDS)])
                 self.columns[first] = (f["num_q_heads"] + 2 * f["num_kv_heads"]) * f["head_dim"]
+                self.rows_kind[first] = 0
+                why_not = gemv.qkv_unsupported(words[:len(QKV_FIELDS)])
+                if why_not:
+                    self.one_row_skipped[first] = why_not
+                else:
+                    self.one_row[first] = desc
             elif kind == Kind.ATTENTION:
                 f = dict(zip(ATTENTION_FIELDS, words))
                 why = attention.unsupported(words[:len(ATTENTION_FIELDS)], cfg.page_size,
@@ -245,9 +252,14 @@ class GluonGroups(GluonCoverage):
             gemv, n = self.gemv, self.columns[first]
             rows = self.gemv_rows or gemv.rows_for(n, self.programs)
             units, programs = gemv.grid(n, rows, self.programs)
-            gemv.linear_gemv[(programs, )](k.descs, k.weights, k.act, k.f32, self.one_row[first], units,
-                                           **gemv.constexprs(rows, self.gated[first], self.out_kind[first],
-                                                             self.norm_f64), **gemv.LAUNCH)
+            if first in self.out_kind:  # (a projection's)
+                gemv.linear_gemv[(programs, )](k.descs, k.weights, k.act, k.f32, self.one_row[first], units,
+                                               **gemv.constexprs(rows, self.gated[first], self.out_kind[first],
+                                                                 self.norm_f64), **gemv.LAUNCH)
+            else:  # QKV
+                gemv.qkv_gemv[(programs, )](k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane,
+                                            self.one_row[first], units, self.positions_at, self.slots_at,
+                                            **gemv.qkv_constexprs(rows, self.norm_f64), **gemv.LAUNCH)
             return True
         desc, kind = self.covered[first], self.kinds[first]
         if kind == Kind.ATTENTION:

@@ -38,6 +38,8 @@ def variants():
         for gated, out_kind in ((False, OUT_ALIGNED), (True, OUT_ALIGNED), (False, OUT_F32)):
             name = f"linear_gemv {rows}-row units{' gated' if gated else ''}{' fp32 logits' if out_kind else ''}"
             yield name, gemv.linear_gemv, gemv.SIGNATURE, gemv.constexprs(rows, gated, out_kind, True), gemv.LAUNCH
+        yield f"qkv_gemv {rows}-row units", gemv.qkv_gemv, gemv.QKV_SIGNATURE, gemv.qkv_constexprs(rows, True), \
+            gemv.LAUNCH
 
 
 def main() -> None:

@@ -29,7 +29,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED, OUT_F32
-from codegen.gluon.linear import _norm_sums, _round
+from codegen.bodies.qkv import QKV_FIELDS
+from codegen.gluon.linear import _norm_sums, _region, _round
+from codegen.gluon import qkv
+from codegen.gluon.qkv import HEAD_DIM, _store_head
 from codegen.tasks import DESC_WORDS
 
 USED = ("x_off", "k", "w_off", "n", "out_off", "out_kind", "stats_off", "eps", "res_off", "bias_off", "out_stats_off")
@@ -75,34 +78,46 @@ def _loader(w_desc, x_desc, w_ring, x_ring, ready, empty, units, K, SLOTS_: gl.c
 
 
 @gluon.jit
-def _consumer(W, ACT, F32, w_ring, x_ring, ready, empty, units, K, N, out_off, stats_off, eps, res_off, bias_off,
-              out_stats_off, SLOTS_: gl.constexpr, GATED: gl.constexpr, OUT_KIND: gl.constexpr,
-              NORM_F64: gl.constexpr):
+def _inv_rms(F32, stats_off, K, eps, NORM_F64: gl.constexpr):
+    """1/rms of the step's row from its producer's sum of squares (1 where no norm applies: `row_inv_rms`)."""
+    sums = gl.load(_norm_sums(F32, gl.maximum(stats_off, 0), NORM_F64), mask=stats_off >= 0, other=1.0)
+    return gl.where(stats_off >= 0, gl.rsqrt(sums.to(gl.float32) / K.to(gl.float32) + eps), 1.0)
+
+
+@gluon.jit
+def _unit(w_ring, x_ring, ready, empty, i, K, SLOTS_: gl.constexpr, vec: gl.constexpr):
+    """A unit's GR products over all of K from ring slot i on, in `vec`; returns them and the next unit's slot."""
     GR: gl.constexpr = w_ring.type.shape[1]
     GK_: gl.constexpr = w_ring.type.shape[2]
     BOXES: gl.constexpr = w_ring.type.shape[0] // SLOTS_
     box: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [gl.num_warps(), 1], [1, 0])
+    acc = gl.zeros([GR, GK_], gl.float32, box)
+    for k0 in range(0, K, BOXES * GK_):
+        s = i % SLOTS_
+        mbarrier.wait(ready.index(s), (i // SLOTS_) & 1)
+        for b in gl.static_range(BOXES):
+            w = w_ring.index(s * BOXES + b).load(box).to(gl.float32)
+            x = x_ring.index(s * BOXES + b).load(box).to(gl.float32)  # ([1, GK]: every row's the same)
+            acc += w * x
+        fence_async_shared()  # the slot's reads before the loader's next copies into it
+        mbarrier.arrive(empty.index(s))  # (after a barrier of the warp group: every warp's reads)
+        i += 1
+    return gl.convert_layout(gl.sum(acc, axis=1), vec), i
+
+
+@gluon.jit
+def _consumer(W, ACT, F32, w_ring, x_ring, ready, empty, units, K, N, out_off, stats_off, eps, res_off, bias_off,
+              out_stats_off, SLOTS_: gl.constexpr, GATED: gl.constexpr, OUT_KIND: gl.constexpr,
+              NORM_F64: gl.constexpr):
+    GR: gl.constexpr = w_ring.type.shape[1]
     vec: gl.constexpr = gl.BlockedLayout([2], [32], [gl.num_warps()], [0])
-    # 1/rms of the row (`row_inv_rms`)
-    sums = gl.load(_norm_sums(F32, gl.maximum(stats_off, 0), NORM_F64), mask=stats_off >= 0, other=1.0)
-    inv = gl.where(stats_off >= 0, gl.rsqrt(sums.to(gl.float32) / K.to(gl.float32) + eps), 1.0)
+    inv = _inv_rms(F32, stats_off, K, eps, NORM_F64)
     sq = gl.to_tensor(0.0)  # the stored row's sum of squares, this program's share
     u0, u1 = _units(units)
     i = 0
     for u in range(u0, u1):
-        acc = gl.zeros([GR, GK_], gl.float32, box)
-        for k0 in range(0, K, BOXES * GK_):
-            s = i % SLOTS_
-            mbarrier.wait(ready.index(s), (i // SLOTS_) & 1)
-            for b in gl.static_range(BOXES):
-                w = w_ring.index(s * BOXES + b).load(box).to(gl.float32)
-                x = x_ring.index(s * BOXES + b).load(box).to(gl.float32)  # ([1, GK]: every row's the same)
-                acc += w * x
-            fence_async_shared()  # the slot's reads before the loader's next copies into it
-            mbarrier.arrive(empty.index(s))  # (after a barrier of the warp group: every warp's reads)
-            i += 1
+        y, i = _unit(w_ring, x_ring, ready, empty, i, K, SLOTS_, vec)
         # `kept_epilogue` of the unit's GR outputs
-        y = gl.convert_layout(gl.sum(acc, axis=1), vec)
         cols = u * GR + gl.arange(0, GR, layout=vec)
         bias = gl.load(W + gl.maximum(bias_off, 0) + cols, mask=(cols < N) & (bias_off >= 0), other=0.0)
         y = _round(y * inv + bias.to(gl.float32))
@@ -126,6 +141,24 @@ def _consumer(W, ACT, F32, w_ring, x_ring, ready, empty, units, K, N, out_off, s
 
 
 @gluon.jit
+def _stream(Wt, N, X, K, GR: gl.constexpr, SLOTS_: gl.constexpr):
+    """The weight [N, K] at Wt and the row [K] at X as tensor descriptors of [GR, GK] and [1, GK] boxes, the ring
+    (SLOTS_ slots of SLOT_ROWS // GR boxes of each) and its barriers."""
+    BOXES: gl.constexpr = SLOT_ROWS // GR
+    plain: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+    w_desc = tma.make_tensor_descriptor(Wt, [N, K], [K.to(gl.int64), 1], [GR, GK], plain)
+    x_desc = tma.make_tensor_descriptor(X, [1, K], [K.to(gl.int64), 1], [1, GK], plain)
+    w_ring = gl.allocate_shared_memory(gl.bfloat16, [SLOTS_ * BOXES, GR, GK], plain)
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [SLOTS_ * BOXES, 1, GK], plain)
+    ready = gl.allocate_shared_memory(gl.int64, [SLOTS_, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [SLOTS_, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(SLOTS_):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    return w_desc, x_desc, w_ring, x_ring, ready, empty
+
+
+@gluon.jit
 def linear_gemv(DESCS, W, ACT, F32, desc_index, units, GR: gl.constexpr, SLOTS_: gl.constexpr, GATED: gl.constexpr,
                 OUT_KIND: gl.constexpr, NORM_F64: gl.constexpr, DESC_WORDS: gl.constexpr, LOADER_REGS: gl.constexpr):
     """Row desc_index of DESCS (a LINEAR group's descriptor) over a step's one row, in `units` units of GR weight
@@ -136,22 +169,97 @@ def linear_gemv(DESCS, W, ACT, F32, desc_index, units, GR: gl.constexpr, SLOTS_:
     stats_off = gl.load(desc + WORDS[6])
     eps = gl.load(desc + WORDS[7]).to(gl.float64, bitcast=True).to(gl.float32)
     res_off, bias_off, out_stats_off = gl.load(desc + WORDS[8]), gl.load(desc + WORDS[9]), gl.load(desc + WORDS[10])
-    BOXES: gl.constexpr = SLOT_ROWS // GR
-    plain: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
-    w_desc = tma.make_tensor_descriptor(W + w_off, [N, K], [K.to(gl.int64), 1], [GR, GK], plain)
-    x_desc = tma.make_tensor_descriptor(ACT + x_off, [1, K], [K.to(gl.int64), 1], [1, GK], plain)
-    w_ring = gl.allocate_shared_memory(gl.bfloat16, [SLOTS_ * BOXES, GR, GK], plain)
-    x_ring = gl.allocate_shared_memory(gl.bfloat16, [SLOTS_ * BOXES, 1, GK], plain)
-    ready = gl.allocate_shared_memory(gl.int64, [SLOTS_, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [SLOTS_, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(SLOTS_):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
+    w_desc, x_desc, w_ring, x_ring, ready, empty = _stream(W + w_off, N, ACT + x_off, K, GR, SLOTS_)
     gl.warp_specialize([
         (_consumer, (W, ACT, F32, w_ring, x_ring, ready, empty, units, K, N, out_off, stats_off, eps, res_off,
                      bias_off, out_stats_off, SLOTS_, GATED, OUT_KIND, NORM_F64)),
         (_loader, (w_desc, x_desc, w_ring, x_ring, ready, empty, units, K, SLOTS_)),
     ], [1], [LOADER_REGS])
+
+
+QKV_USED = ("x_off", "k", "w_off", "num_q_heads", "num_kv_heads", "stats_off", "eps", "bias_off", "q_norm_off",
+            "k_norm_off", "qk_eps", "q_out_off", "layer", "rope_off", "has_qk_norm", "step_kv_off", "part_off",
+            "ticket_off")
+QKV_WORDS = gl.constexpr(tuple(QKV_FIELDS.index(f) for f in QKV_USED))
+QKV_SIGNATURE = {"DESCS": "*i64", "W": "*bf16", "ACT": "*bf16", "F32": "*fp32", "I32": "*i32", "KV": "*bf16",
+                 "kv_plane": "i64", "desc_index": "i32", "units": "i32", "positions_at": "i32", "slots_at": "i32"}
+
+
+@gluon.jit
+def _qkv_consumer(W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, units, K, stats_off, eps, bias_off,
+                  HQ, HKV, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, step_kv_off,
+                  part_off, ticket_off, positions_at, slots_at, SLOTS_: gl.constexpr, HD: gl.constexpr,
+                  NORM_F64: gl.constexpr):
+    """Each unit's GR products times 1/rms into the head's fp32 row at `part_off`, then the head's ticket; the unit
+    that completes a head (the last of its HD / GR to arrive) runs `head_epilogue` for it: the bias, a rounding, then
+    `qkv._store_head` (q/k norm, rotary at the row's position, the store to q or the cache), as the prefill body."""
+    GR: gl.constexpr = w_ring.type.shape[1]
+    PER_HEAD: gl.constexpr = HD // GR
+    HALF: gl.constexpr = HD // 2
+    vec: gl.constexpr = gl.BlockedLayout([2], [32], [gl.num_warps()], [0])
+    row: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [1, gl.num_warps()], [1, 0])  # a [1, HALF] half of a head
+    inv = _inv_rms(F32, stats_off, K, eps, NORM_F64)
+    parts = F32 + _region(part_off)
+    u0, u1 = _units(units)
+    i = 0
+    for u in range(u0, u1):
+        y, i = _unit(w_ring, x_ring, ready, empty, i, K, SLOTS_, vec)
+        gl.store(parts + u * GR + gl.arange(0, GR, layout=vec), y * inv)
+        head = u // PER_HEAD
+        gl.thread_barrier()  # every thread's values stored before the ticket publishes them (`arrives_last`)
+        arrived = gl.atomic_add(F32 + ticket_off + head, 1.0, sem="acq_rel")
+        gl.thread_barrier()
+        if arrived == PER_HEAD - 1:  # the head's every unit is in: its epilogue
+            gl.store(F32 + ticket_off + head, 0.0)  # (for the next layer's step)
+            rows = gl.arange(0, 1, layout=gl.SliceLayout(1, row))
+            j = gl.arange(0, HALF, layout=gl.SliceLayout(0, row))
+            values = parts + head * HD + j[None, :] + rows[:, None]
+            lo = gl.load(values, cache_modifier=".cg")  # (other programs' units: from L2, past this SM's L1)
+            hi = gl.load(values + HALF, cache_modifier=".cg")
+            if bias_off >= 0:
+                bias = W + _region(bias_off) + head * HD + j[None, :]
+                lo += gl.load(bias).to(gl.float32)
+                hi += gl.load(bias + HALF).to(gl.float32)
+            pos = gl.load(I32 + positions_at + rows)
+            slot = gl.load(I32 + slots_at + rows)
+            angles = F32 + _region(rope_off) + pos[:, None] * HD + j[None, :]
+            mask = (rows < 1)[:, None] & (j < HALF)[None, :]
+            _store_head(_round(lo), _round(hi), head, rows, j, mask, _round(gl.load(angles)),
+                        _round(gl.load(angles + HALF)), W, ACT, KV, kv_plane, HQ, HKV, q_norm_off, k_norm_off, qk_eps,
+                        q_out_off, layer, has_qk_norm, step_kv_off, slot, HD)
+
+
+@gluon.jit
+def qkv_gemv(DESCS, W, ACT, F32, I32, KV, kv_plane, desc_index, units, positions_at, slots_at, GR: gl.constexpr,
+             SLOTS_: gl.constexpr, HD: gl.constexpr, NORM_F64: gl.constexpr, DESC_WORDS: gl.constexpr,
+             LOADER_REGS: gl.constexpr):
+    """Row desc_index of DESCS (a QKV group's descriptor) over a step's one row, in `units` units of GR weight rows
+    (HD / GR a head), the row's position and cache slot at I32[positions_at] and I32[slots_at]."""
+    desc = DESCS + desc_index * DESC_WORDS
+    x_off, K, w_off = gl.load(desc + QKV_WORDS[0]), gl.load(desc + QKV_WORDS[1]).to(gl.int32), \
+        gl.load(desc + QKV_WORDS[2])
+    HQ, HKV = gl.load(desc + QKV_WORDS[3]).to(gl.int32), gl.load(desc + QKV_WORDS[4]).to(gl.int32)
+    stats_off = gl.load(desc + QKV_WORDS[5])
+    eps = gl.load(desc + QKV_WORDS[6]).to(gl.float64, bitcast=True).to(gl.float32)
+    bias_off, q_norm_off, k_norm_off = gl.load(desc + QKV_WORDS[7]), gl.load(desc + QKV_WORDS[8]), \
+        gl.load(desc + QKV_WORDS[9])
+    qk_eps = gl.load(desc + QKV_WORDS[10]).to(gl.float64, bitcast=True).to(gl.float32)
+    q_out_off, layer, rope_off = gl.load(desc + QKV_WORDS[11]), gl.load(desc + QKV_WORDS[12]), \
+        gl.load(desc + QKV_WORDS[13])
+    has_qk_norm, step_kv_off = gl.load(desc + QKV_WORDS[14]), gl.load(desc + QKV_WORDS[15])
+    part_off, ticket_off = gl.load(desc + QKV_WORDS[16]), gl.load(desc + QKV_WORDS[17])
+    w_desc, x_desc, w_ring, x_ring, ready, empty = _stream(W + w_off, (HQ + 2 * HKV) * HD, ACT + x_off, K, GR, SLOTS_)
+    gl.warp_specialize([
+        (_qkv_consumer, (W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, units, K, stats_off, eps,
+                         bias_off, HQ, HKV, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm,
+                         step_kv_off, part_off, ticket_off, positions_at, slots_at, SLOTS_, HD, NORM_F64)),
+        (_loader, (w_desc, x_desc, w_ring, x_ring, ready, empty, units, K, SLOTS_)),
+    ], [1], [LOADER_REGS])
+
+
+def qkv_constexprs(rows: int, norm_f64: bool) -> dict:
+    """A QKV launch's constexprs: units of `rows` weight rows (a divisor of the head's), the sums' type."""
+    return dict(GR=rows, SLOTS_=SLOTS, HD=HEAD_DIM, NORM_F64=norm_f64, DESC_WORDS=DESC_WORDS, LOADER_REGS=LOADER_REGS)
 
 
 def constexprs(rows: int, gated: bool, out_kind: int, norm_f64: bool) -> dict:
@@ -197,4 +305,16 @@ def unsupported(words: list[int]) -> str | None:
             return f"{name} {f[name]} is not a multiple of 8 elements"
     if f["gated"] and f["n"] % 2:
         return "its gated columns are odd"
+    return None
+
+
+def qkv_unsupported(words: list[int]) -> str | None:
+    """Why a QKV descriptor's group cannot run here in a one-row step (None: it can): what the prefill body cannot
+    take (`qkv.unsupported`), or no scratch for a head's row and tickets."""
+    why = qkv.unsupported(words)
+    if why:
+        return why
+    f = dict(zip(QKV_FIELDS, words))
+    if f["part_off"] < 0 or f["ticket_off"] < 0 or f["part_off"] % qkv.ALIGN.value:
+        return "it has no scratch for a head's row, or no tickets"
     return None

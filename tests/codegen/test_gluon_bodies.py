@@ -34,8 +34,8 @@ def compiled() -> dict[str, dict]:
 def test_every_body_compiles_for_sm90_and_fits_an_sm(compiled):
     # linear_prefill: two tile shapes, gated or not, fp64 or fp32 sums; qkv_prefill: two tile shapes, either sums;
     # attention_prefill: items of 128 or 64 rows, 32 or 64 sequences' lanes; linear_gemv: 3 unit heights, plain,
-    # gated or the logits
-    assert len(compiled) == 25
+    # gated or the logits; qkv_gemv: 3 unit heights
+    assert len(compiled) == 28
     for name, used in compiled.items():
         assert used["registers"] <= used["maxnreg"], name
         # a program's warps (the consumers', a loader's warp group) and their registers fit an SM (the GEMV's two)
@@ -162,7 +162,7 @@ def test_gluon_coverage_of_llama3_takes_every_layer_group_but_the_lm_head(fixtur
     ((40, 2), False, False, True, False),  # a few prefill tokens: the projections' batched blocks, attention's items
     ((64, 64), False, False, True, False),  # 64 sequences decoding: 512 (sequence, KV head) pairs fill 132 SMs
     ((16, 16), False, False, False, False),  # 128 pairs do not: the Triton tasks split the context
-    ((1, 1), True, False, False, True),  # one sequence decoding: the projections' GEMV
+    ((1, 1), True, True, False, True),  # one sequence decoding: the projections' GEMV, QKV's too
 ])
 def test_gluon_coverage_by_step(coverage_64, size, projections, qkv_, attention, lm_head):
     coverage, _ = coverage_64
@@ -176,7 +176,8 @@ def test_the_gemv_takes_every_projection_of_llama3_in_a_one_row_step(coverage_1)
     coverage, lw = coverage_1
     assert not coverage.one_row_skipped
     names = [lw.tasks.event_names[lw.tasks.tasks[first].signal] for first in coverage.one_row]
-    assert len(names) == 97 and names[-1] == "lm_head"
+    assert len(names) == 4 * 32 + 1 and names[-1] == "lm_head"
+    assert sum(name.startswith("qkv.") for name in names) == 32
     assert [coverage.descriptor(first) for first in coverage.one_row] == list(coverage.one_row.values())
 
 
@@ -190,6 +191,16 @@ def test_the_gemv_takes_every_projection_of_llama3_in_a_one_row_step(coverage_1)
 def test_gemv_units_fill_two_programs_an_sm_evenly(n, rows, units):
     assert gemv.rows_for(n, 132) == rows
     assert gemv.grid(n, rows, 132) == (units, min(units, 264))
+
+
+def test_the_qkv_gemv_needs_a_heads_scratch_and_tickets():
+    values = dict.fromkeys(QKV_FIELDS, 0)
+    values.update(x_off=8, k=4096, w_off=16, num_q_heads=32, num_kv_heads=8, head_dim=128, rotary_dim=128,
+                  q_out_off=64, step_kv_off=-1, part_off=128, ticket_off=256)
+    assert gemv.qkv_unsupported([values[f] for f in QKV_FIELDS]) is None
+    assert "tickets" in gemv.qkv_unsupported([{**values, "ticket_off": -1}[f] for f in QKV_FIELDS])
+    assert "64 dimensions" in gemv.qkv_unsupported([{**values, "head_dim": 64, "rotary_dim": 64}[f]
+                                                    for f in QKV_FIELDS])
 
 
 def test_the_gemv_takes_bf16_rows_and_the_logits():
