@@ -1,11 +1,13 @@
-"""One row's projection in Gluon: a LINEAR group's output in a step of one row (batch-1 decode), a GEMV.
+"""One row's projections in Gluon: a LINEAR or QKV group's output in a step of one row (batch-1 decode), a GEMV.
 
 It computes what the group's Triton tasks compute in a one-row step (codegen/bodies/linear.py, `gemv_stream` and
 `gemv_row` with `kept_epilogue`), from the same descriptor row (`LINEAR_FIELDS`) and arenas: the row times the placed
 weight (an RMSNorm's weight folded into it), scaled by 1/rms from its producer's sum of squares, the bias, a rounding
 to bf16, gate/up's silu(gate) * up (the placed weight's rows alternate gate, up), the residual added and rounded
 again, the store (bf16 activations, or the LM head's fp32 logits), and the stored row's sum of squares added into F32
-for the norm that reads it.
+for the norm that reads it. QKV (`qkv_gemv`, as `split_head` and `head_epilogue`): each head's row whole in
+scratch, then the prefill body's epilogue (bias, q/k norm, rotary, q or the paged cache) by the unit that completes
+the head.
 
 The weight's rows come in units of GR (a unit: GR outputs over all of K). Program p of G takes units p U / G .. (p +
 1) U / G, contiguous, so every program streams its share without a seam to settle with another. Two programs an SM
@@ -30,8 +32,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED, OUT_F32
 from codegen.bodies.qkv import QKV_FIELDS
-from codegen.gluon.linear import _norm_sums, _region, _round
 from codegen.gluon import qkv
+from codegen.gluon.linear import _norm_sums, _region, _round
 from codegen.gluon.qkv import HEAD_DIM, _store_head
 from codegen.tasks import DESC_WORDS
 
