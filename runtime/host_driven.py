@@ -6,9 +6,9 @@ group (launch order is the dependency order, so no events) and a host loop over 
 persistent kernel's synchronisation.
 
 With `gluon`, it is also where the megakernel's Gluon bodies (codegen/gluon) land one at a time: each stands in for
-the Triton group kernel in the steps and groups it covers (today a prefill step's projections and attention, a
-decode step's attention where its sequences fill the GPU, and a one-row step's projections: `GluonGroups`), so that the model's logits through the
-mixed executor check the body and its group's time in the step is its figure.
+the Triton group kernel in the steps and groups it covers (today a prefill step's projections and attention, a decode
+step's attention where its sequences fill the GPU, and a one-row step's projections: `GluonGroups`), so that the
+model's logits through the mixed executor check the body and its group's time in the step is its figure.
 """
 from __future__ import annotations
 

@@ -9,8 +9,9 @@ into F32 for the norm that reads them (fp64 with `exact_norm_sums`).
 
 One program an SM, two partitions: a loader warp (40 registers) copies [128, 64] input and [BN, 64] weight chunks
 into a ring of STAGES slots by TMA, running ahead across tiles; the default partition's two warp groups multiply a
-tile's chunks on `wgmma` with one product in flight and run its epilogue through shared memory (the residual's tile copied by TMA
-into the staging buffer while the products run, the outputs stored from it by one TMA copy). Tiles go to programs in
+tile's chunks on `wgmma` with one product in flight and run its epilogue through shared memory (the residual's tile
+copied by TMA into the staging buffer while the products run, the outputs stored from it by one TMA copy). Tiles go to
+programs in
 a grouped order (GROUP row blocks take each column block in turn), so the programs running at once share weights in
 L2. Rows and columns past the ends are TMA's: read as zeros, not written.
 

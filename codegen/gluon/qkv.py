@@ -63,6 +63,20 @@ def _row_words(rows, row_ok, I32, positions_at, slots_at):
 
 
 @gluon.jit
+def _scaled(acc, n, sums, K, eps, stats_off, bias_off, W, num_heads, HD: gl.constexpr):
+    """A tile's products (weight rows n BN ..) times each row's 1/rms, plus the bias: `_prefill_epilogue`'s part
+    before the rounding."""
+    BN: gl.constexpr = acc.type.shape[1]
+    if stats_off >= 0:
+        acc = acc * gl.rsqrt(sums / K.to(gl.float32) + eps)[:, None]
+    if bias_off >= 0:
+        cols = n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, acc.type.layout))
+        acc = acc + gl.load(W + _region(bias_off) + cols, mask=cols < num_heads * HD,
+                            other=0.0).to(gl.float32)[None, :]
+    return acc
+
+
+@gluon.jit
 def _store_head(lo, hi, head, rows, j, mask, pos_cos, pos_sin, W, ACT, KV, kv_plane, HQ, HKV, q_norm_off, k_norm_off,
                 qk_eps, q_out_off, layer, has_qk_norm, step_kv_off, slot, HD: gl.constexpr):
     """`head_epilogue` from the rounding on, for one head's halves lo, hi ([BM, HD / 2] each, bf16 values in fp32):
@@ -118,15 +132,10 @@ def _consumer(W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stag
         pos, slot = _row_words(rows, rows < num_rows, I32, positions_at, slots_at)
         acc, i = tile_product(a_ring, b_ring, ready, empty, i, K, STAGES)
         mask = (rows < num_rows)[:, None] & (j < HALF)[None, :]
-        angles = F32 + _region(rope_off) + pos[:, None] * HD + j[None, :]  # (a row of the table: HD / 2 cos, HD / 2 sin)
+        angles = F32 + _region(rope_off) + pos[:, None] * HD + j[None, :]  # (a table row: HD / 2 cos, HD / 2 sin)
         pos_cos = _round(gl.load(angles, mask=mask, other=0.0))
         pos_sin = _round(gl.load(angles + HALF, mask=mask, other=0.0))
-        if stats_off >= 0:
-            acc = acc * gl.rsqrt(sums / K.to(gl.float32) + eps)[:, None]
-        if bias_off >= 0:
-            cols = n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
-            acc = acc + gl.load(W + _region(bias_off) + cols, mask=cols < num_heads * HD,
-                                  other=0.0).to(gl.float32)[None, :]
+        acc = _scaled(acc, n, sums, K, eps, stats_off, bias_off, W, num_heads, HD)
         stage.store(acc.to(gl.bfloat16))  # (rounded to bf16 as `head_epilogue` rounds it)
         gl.thread_barrier()  # every warp's values in before any reads them in the halves' layout
         for h in gl.static_range(HEADS):
@@ -154,12 +163,7 @@ def _producer(W, F32, a_ring, b_ring, ready, empty, stages, staged, freed, num_m
         m, n = tile_at(t, num_m, num_n, GROUP)
         sums = _row_sums(m * BM, num_rows, F32, stats_off, acc_layout, NORM_F64)
         acc, i = tile_product(a_ring, b_ring, ready, empty, i, K, STAGES)
-        if stats_off >= 0:
-            acc = acc * gl.rsqrt(sums / K.to(gl.float32) + eps)[:, None]
-        if bias_off >= 0:
-            cols = n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
-            acc = acc + gl.load(W + _region(bias_off) + cols, mask=cols < num_heads * HD,
-                                  other=0.0).to(gl.float32)[None, :]
+        acc = _scaled(acc, n, sums, K, eps, stats_off, bias_off, W, num_heads, HD)
         b = j % 2
         mbarrier.wait(freed.index(b), ((j // 2) & 1) ^ 1)  # (a barrier starts as if its phase 1 were done)
         stages.index(b).store(acc.to(gl.bfloat16))  # (rounded to bf16 as `head_epilogue` rounds it)
