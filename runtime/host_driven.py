@@ -119,11 +119,10 @@ class GluonCoverage:
     `attention.attention_prefill`, `gemv.linear_gemv`), and in which steps, from the task and descriptor tables alone:
     the projections in a step of more tokens than the batched blocks take (`CompileConfig.wide_rows`: the Triton tasks
     then run the prefill tiles), and in a step of one row (batch-1 decode, QKV too; the LM head of a step with one
-    sequence);
-    attention in a step where some sequence has more than one token (items of 128 query rows), and in
-    a step that only decodes where its (sequence, KV head) pairs are a wave of `programs` at least (items of 64 rows,
-    on one consumer warp group; fewer pairs leave SMs idle where the Triton tasks split the context). Attention's
-    outputs are final: the layer's merge group, if it has one, has nothing to do."""
+    sequence); attention in a step where some sequence has more than one token (items of 128 query rows), and in a
+    step that only decodes (items of 64 rows, on one consumer warp group): whole where its (sequence, KV head) pairs
+    are a wave of `programs` at least, else each pair's keys in splits that the last split to finish merges.
+    Attention's outputs are final: the layer's merge group, if it has one, has nothing to do."""
 
     def __init__(self, tasks: torch.Tensor, descs: list[list[int]], cfg, groups: list[tuple[int, int]],
                  programs: int) -> None:
@@ -142,6 +141,7 @@ class GluonCoverage:
         self.gated: dict[int, bool] = {}
         self.columns: dict[int, int] = {}  # a projection's weight rows; attention: a token's row of the cache
         self.kv_heads: dict[int, int] = {}
+        self.splits: dict[int, bool] = {}  # attention: whether it can split a decode step's keys
         # a projection the GEMV takes in a step of one row (of the step's tokens or, rows_kind 1, of its sequences'
         # last rows) -> its descriptor's row, and why the others are left to the Triton tasks there
         self.one_row: dict[int, int] = {}
@@ -176,6 +176,7 @@ class GluonCoverage:
                 why = attention.unsupported(words[:len(ATTENTION_FIELDS)], cfg.page_size,
                                             bool(cfg.attention_bf16_scores))
                 self.columns[first], self.kv_heads[first] = f["num_kv_heads"] * f["head_dim"], f["num_kv_heads"]
+                self.splits[first] = not attention.splits_unsupported(words[:len(ATTENTION_FIELDS)], cfg.block_m)
                 if f["merger"] == 2:  # (right after its attention group)
                     before = groups[i - 1][0]
                     if not why and self.kinds.get(before) == Kind.ATTENTION:
@@ -196,14 +197,16 @@ class GluonCoverage:
         """Whether the GEMV takes projection group `first` in a step of `size` (tokens, sequences): one row."""
         return first in self.one_row and size[1 if self.rows_kind[first] == 1 else 0] == 1
 
-    def attention_launch(self, first: int, size: tuple[int, int]) -> dict | None:
-        """The launch options of covered attention group `first` in a step of `size` (tokens, sequences), or None
-        where it is the Triton tasks'."""
+    def attention_launch(self, first: int, size: tuple[int, int]) -> tuple[dict, bool] | None:
+        """The launch options of covered attention group `first` in a step of `size` (tokens, sequences), and whether
+        it splits the keys; None where it is the Triton tasks'."""
         tokens, seqs = size
         if tokens > seqs:
-            return self.attention.LAUNCH
+            return self.attention.LAUNCH, False
         if seqs * self.kv_heads[first] >= self.programs:
-            return self.attention.DECODE_LAUNCH
+            return self.attention.DECODE_LAUNCH, False
+        if self.splits[first]:
+            return self.attention.DECODE_LAUNCH, True
         return None
 
     def applies(self, first: int, size: tuple[int, int] | None) -> bool:
@@ -238,7 +241,9 @@ class GluonGroups(GluonCoverage):
         self.control_at, self.positions_at, self.slots_at = (kernel.region(name)[0]
                                                              for name in ("control", "positions", "slots"))
         self.plan_at = tuple(kernel.region(name)[0] for name in ("seq_starts", "context_lens", "seq_req", "req_pages"))
-        self.attention_constexprs = self.attention.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch)
+        self.attention_constexprs = {split: self.attention.constexprs(cfg.page_size, cfg.max_pages_per_seq,
+                                                                      cfg.max_batch, split, cfg.block_m)
+                                     for split in (False, True)}
 
     def launch(self, first: int, size: tuple[int, int] | None) -> bool:
         """Launches the group of tasks from `first` in a step of `size`, if it is the Gluon bodies' (a merge group
@@ -263,9 +268,10 @@ class GluonGroups(GluonCoverage):
             return True
         desc, kind = self.covered[first], self.kinds[first]
         if kind == Kind.ATTENTION:
+            options, split = self.attention_launch(first, size)
             self.attention.attention_prefill[(self.programs, )](
-                k.descs, k.act, k.i32, k.kv, k.kv_plane, k.kv.numel() // self.columns[first], desc, self.control_at,
-                *self.plan_at, **self.attention_constexprs, **self.attention_launch(first, size))
+                k.descs, k.act, k.f32, k.i32, k.kv, k.kv_plane, k.kv.numel() // self.columns[first], desc,
+                self.control_at, *self.plan_at, **self.attention_constexprs[split], **options)
             return True
         linear, tokens = self.linear, size[0]
         tiles = self.tiles or linear.tiles_for(tokens, self.columns[first], self.programs)

@@ -34,6 +34,10 @@ def variants():
                    f"{attention.STAGES} stages, max_batch {max_batch}"
             yield name, attention.attention_prefill, attention.SIGNATURE, attention.constexprs(16, 128, max_batch), \
                 launch
+    for max_batch in (1, 64):
+        name = f"attention_prefill split decode steps, 64-row items, max_batch {max_batch}"
+        yield name, attention.attention_prefill, attention.SIGNATURE, \
+            attention.constexprs(16, 128, max_batch, split=True), attention.DECODE_LAUNCH
     for rows in gemv.UNIT_ROWS:
         for gated, out_kind in ((False, OUT_ALIGNED), (True, OUT_ALIGNED), (False, OUT_F32)):
             name = f"linear_gemv {rows}-row units{' gated' if gated else ''}{' fp32 logits' if out_kind else ''}"

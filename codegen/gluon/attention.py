@@ -8,7 +8,10 @@ r // REP, head r % REP of the group), and row r sees the keys up to its token's 
 prefilling, comes in items of BM rows (16 a consumer warp: 128 with `LAUNCH`, 64 with `DECODE_LAUNCH` for a step
 that only decodes) and one KV head, handed out as the Triton tasks hand out prefill blocks
 (round r's items r P .., program p taking item p of even rounds and P - 1 - p of odd ones, so that each has long and
-short causal blocks alike); its outputs are final, so the merge group has nothing to do.
+short causal blocks alike); its outputs are final, so the merge group has nothing to do. A step that only decodes and
+whose (sequence, KV head) pairs are fewer than the programs (`SPLIT`) gives each pair S items, each a share of its
+keys: every item stores its partial softmax (max, sum, unnormalised rows, laid out as the Triton body's) and takes the
+pair's ticket, and the last to arrive merges them (as `_merge_parts`).
 
 One program an SM (`ws_prefill_attention.py`'s structure, session 59): a loader warp reads IDS of a sequence's page ids
 in one load and copies each page's keys and values as TMA boxes (two column halves of 64, a 128-byte swizzle's
@@ -33,7 +36,8 @@ from codegen.bodies.attention import ATTENTION_FIELDS
 from codegen.gluon.linear import ALIGN, LAUNCH, LOADER_REGS, _region
 from codegen.tasks import DESC_WORDS
 
-USED = ("q_off", "out_off", "num_heads", "num_kv_heads", "head_dim", "layer", "scale", "merger")
+USED = ("q_off", "out_off", "num_heads", "num_kv_heads", "head_dim", "layer", "scale", "merger", "splits",
+        "part_off", "ticket_off")
 WORDS = gl.constexpr(tuple(ATTENTION_FIELDS.index(f) for f in USED))
 HEAD_DIM = 128
 BLOCK, STAGES, IDS = 64, 3, 32  # keys a slot, slots in the ring, page ids the loader reads at once
@@ -44,7 +48,7 @@ NEG = gl.constexpr(-1.0e30)
 # 64 rows on one consumer warp group (wgmma's least M) rather than 128 on two
 DECODE_LAUNCH = dict(num_warps=4, maxnreg=65536 // ((4 + 4) * 32) // 8 * 8)
 
-SIGNATURE = {"DESCS": "*i64", "ACT": "*bf16", "I32": "*i32", "KV": "*bf16", "kv_plane": "i64", "kv_rows": "i32",
+SIGNATURE = {"DESCS": "*i64", "ACT": "*bf16", "F32": "*fp32", "I32": "*i32", "KV": "*bf16", "kv_plane": "i64", "kv_rows": "i32",
              "desc_index": "i32", "control_at": "i32", "seq_starts_at": "i32", "context_lens_at": "i32",
              "seq_req_at": "i32", "req_pages_at": "i32"}
 
@@ -55,45 +59,113 @@ def _add(a, b):
 
 
 @gluon.jit
-def _step_items(I32, control_at, seq_starts_at, REP, BM: gl.constexpr, HKV, MAX_SEQS: gl.constexpr,
+def _splits(I32, control_at, HKV, splits, SPLIT: gl.constexpr):
+    """Each (sequence, KV head)'s splits of its context in this step: with SPLIT (a step that only decodes, whose
+    pairs are fewer than the programs) as many as give every program one at most, no more than the descriptor's
+    `splits` (its scratch holds those); else 1."""
+    if SPLIT:
+        pairs = gl.maximum(gl.load(I32 + control_at + 1) * HKV, 1)
+        return gl.maximum(gl.minimum(splits, gl.num_programs(0) // pairs), 1)
+    else:
+        return gl.to_tensor(1)
+
+
+@gluon.jit
+def _step_items(I32, control_at, seq_starts_at, REP, BM: gl.constexpr, HKV, S, MAX_SEQS: gl.constexpr,
                 layout: gl.constexpr):
-    """The step's items: (each sequence's number of them, their running total, the total), over MAX_SEQS lanes."""
+    """The step's items: (each sequence's number of them, their running total, the total), over MAX_SEQS lanes. An
+    item: BM query rows of a sequence, a KV head and one of S splits of the keys."""
     num_seqs = gl.load(I32 + control_at + 1)
     seqs = gl.arange(0, MAX_SEQS, layout=layout)
     live = seqs < num_seqs
     starts = gl.load(I32 + seq_starts_at + seqs, mask=live, other=0)
     rows = (gl.load(I32 + seq_starts_at + seqs + 1, mask=live, other=0) - starts) * REP
-    items = gl.cdiv(rows, BM) * HKV
+    items = gl.cdiv(rows, BM) * HKV * S
     ends = gl.associative_scan(items, 0, _add)
     return seqs, items, ends, gl.sum(items, axis=0)
 
 
 @gluon.jit
-def _item(r, seqs, items, ends, total, I32, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, REP, HKV,
-          BM: gl.constexpr, PAGES_PER_SEQ: gl.constexpr):
-    """Round r's item of this program: (valid, sequence's first token, its tokens, context, page table, KV head, the
-    item's first query row, the keys it reads)."""
+def _item(r, seqs, items, ends, total, I32, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, REP, HKV, S,
+          BM: gl.constexpr, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr):
+    """Round r's item of this program: (valid, sequence, its first token, its tokens, context, page table, KV head,
+    split, the item's first query row, its first key and the end of its keys). Split s of S takes the s-th of S
+    page-aligned shares of the keys the item's rows see."""
     P = gl.num_programs(0)
     pid = gl.program_id(0)
     item = r * P + gl.where(r % 2 == 0, pid, P - 1 - pid)
     seq = gl.sum((ends <= item).to(gl.int32), axis=0)
     local = item - gl.sum(gl.where(seqs == seq, ends - items, 0), axis=0)
-    g = local % HKV
-    m0 = (local // HKV) * BM
+    split = local % S
+    g = (local // S) % HKV
+    m0 = (local // (S * HKV)) * BM
     valid = item < total
     seq = gl.where(valid, seq, 0)
     start = gl.load(I32 + seq_starts_at + seq)
     q_len = gl.load(I32 + seq_starts_at + seq + 1) - start
     ctx = gl.load(I32 + context_lens_at + seq)
     pages = I32 + req_pages_at + gl.load(I32 + seq_req_at + seq) * PAGES_PER_SEQ
-    last = gl.minimum(ctx, ctx - q_len + (m0 + BM - 1) // REP + 1)
-    return valid, start, q_len, ctx, pages, g, m0, last
+    seen = gl.minimum(ctx, ctx - q_len + (m0 + BM - 1) // REP + 1)
+    share = gl.cdiv(gl.cdiv(seen, S), PAGE) * PAGE
+    first_key = split * share
+    return valid, seq, start, q_len, ctx, pages, g, split, m0, first_key, gl.minimum(seen, first_key + share)
+
+
+@gluon.jit
+def _store_rows(ACT, out_off, start, orows, num_rows, g, REP, H, o0, o1, l, HD: gl.constexpr):
+    """An item's output rows below num_rows (row r: token r // REP, head r % REP of KV head g's query heads)."""
+    HW: gl.constexpr = HD // 2
+    od = gl.arange(0, HW, layout=gl.SliceLayout(0, o0.type.layout))
+    out = ACT + _region(out_off) + ((start + orows // REP).to(gl.int64) * H)[:, None] * HD + \
+        ((g * REP + orows % REP) * HD)[:, None] + od[None, :]
+    ok = (orows < num_rows)[:, None]
+    lo = gl.convert_layout(l, gl.SliceLayout(1, o0.type.layout))[:, None]
+    gl.store(out, (o0 / lo).to(gl.bfloat16), mask=ok)
+    gl.store(out + HW, (o1 / lo).to(gl.bfloat16), mask=ok)
+
+
+@gluon.jit
+def _store_part(part, m, l, o0, o1, orows, num_rows, PART_ROWS: gl.constexpr, HD: gl.constexpr):
+    """A split's partial softmax of the item's rows below num_rows (at most PART_ROWS): running max in the merge's
+    units, sum, and unnormalised output halves, as the Triton body's `_store_part` lays them out."""
+    HW: gl.constexpr = HD // 2
+    rows_s: gl.constexpr = m.type.layout
+    sr = gl.arange(0, m.type.shape[0], layout=rows_s)
+    gl.store(part + sr, m, mask=sr < num_rows)
+    gl.store(part + PART_ROWS + sr, l, mask=sr < num_rows)
+    od = gl.arange(0, HW, layout=gl.SliceLayout(0, o0.type.layout))
+    acc = part + 2 * PART_ROWS + orows[:, None] * HD + od[None, :]
+    ok = (orows < num_rows)[:, None]
+    gl.store(acc, o0, mask=ok)
+    gl.store(acc + HW, o1, mask=ok)
+
+
+@gluon.jit
+def _merge_parts(part, S, num_rows, out, REP, H, PART_ROWS: gl.constexpr, HD: gl.constexpr,
+                 MAX_SPLITS: gl.constexpr):
+    """The S splits' partials at `part` of each of num_rows query rows (row r: token r // REP, head r % REP of the
+    group, out its first), merged as the Triton body's `_merge_row`: sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M),
+    M the largest m_s. Read past L1: other programs wrote them."""
+    tile: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [gl.num_warps(), 1], [1, 0])
+    size = PART_ROWS * (HD + 2)
+    sp = gl.arange(0, MAX_SPLITS, layout=gl.SliceLayout(1, tile))
+    d = gl.arange(0, HD, layout=gl.SliceLayout(0, tile))
+    s_ok = sp < S
+    for r in range(0, num_rows):
+        m_s = gl.load(part + sp * size + r, mask=s_ok, other=NEG, cache_modifier=".cg")
+        l_s = gl.load(part + sp * size + PART_ROWS + r, mask=s_ok, other=0.0, cache_modifier=".cg")
+        acc_s = gl.load(part + (sp * size + 2 * PART_ROWS + r * HD)[:, None] + d[None, :], mask=s_ok[:, None],
+                        other=0.0, cache_modifier=".cg")
+        weight = gl.exp(m_s - gl.max(m_s, axis=0))
+        row = gl.sum(acc_s * weight[:, None], axis=0) / gl.sum(l_s * weight, axis=0)
+        gl.store(out + ((r // REP).to(gl.int64) * H) * HD + (r % REP) * HD + d, row.to(gl.bfloat16))
 
 
 @gluon.jit
 def _loader(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at, context_lens_at,
             seq_req_at, req_pages_at, layer, REP, HKV, HD: gl.constexpr, BM: gl.constexpr, PAGE: gl.constexpr,
-            PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, STAGES_: gl.constexpr, IDS_: gl.constexpr):
+            PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, STAGES_: gl.constexpr, IDS_: gl.constexpr,
+            splits, SPLIT: gl.constexpr):
     """Every item's keys and values, a slot of BLOCK keys at a time (each page's two column halves of each)."""
     BLOCK_: gl.constexpr = k_ring.type.shape[1]
     HW: gl.constexpr = HD // 2
@@ -103,15 +175,16 @@ def _loader(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at
     pool = tma.make_tensor_descriptor(KV, [kv_rows, HKV * HD], [HKV * HD, 1], [PAGE, HW], k_ring.type.layout)
     plane_rows = (kv_plane // (HKV * HD)).to(gl.int32)
     k_row0 = layer * 2 * plane_rows
-    seqs, items, ends, total = _step_items(I32, control_at, seq_starts_at, REP, BM, HKV, MAX_SEQS, one)
+    S = _splits(I32, control_at, HKV, splits, SPLIT)
+    seqs, items, ends, total = _step_items(I32, control_at, seq_starts_at, REP, BM, HKV, S, MAX_SEQS, one)
     i = 0
     for r in range(gl.cdiv(total, gl.num_programs(0))):
-        valid, start, q_len, ctx, pages, g, m0, last = _item(r, seqs, items, ends, total, I32, seq_starts_at,
-                                                             context_lens_at, seq_req_at, req_pages_at, REP, HKV, BM,
-                                                             PAGES_PER_SEQ)
+        valid, _, _, _, _, pages, g, _, _, first_key, last = _item(r, seqs, items, ends, total, I32, seq_starts_at,
+                                                                   context_lens_at, seq_req_at, req_pages_at, REP,
+                                                                   HKV, S, BM, PAGE, PAGES_PER_SEQ)
         if valid:
             num_pages = gl.cdiv(last, PAGE)
-            for w0 in range(0, num_pages, IDS_):  # IDS page ids in one load, then their pages' copies
+            for w0 in range(first_key // PAGE, num_pages, IDS_):  # IDS page ids in one load, then their copies
                 pw = w0 + gl.arange(0, IDS_, layout=one)
                 ids = gl.load(pages + pw, mask=pw < num_pages, other=0)
                 for p0 in range(w0, gl.minimum(w0 + IDS_, num_pages), PER):
@@ -131,9 +204,10 @@ def _loader(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at
 
 
 @gluon.jit
-def _consumer(ACT, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at, context_lens_at, seq_req_at,
-              req_pages_at, q_off, out_off, H, HKV, scale, HD: gl.constexpr, BM: gl.constexpr,
-              PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, STAGES_: gl.constexpr):
+def _consumer(ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at, context_lens_at, seq_req_at,
+              req_pages_at, q_off, out_off, H, HKV, scale, splits, part_off, ticket_off, HD: gl.constexpr,
+              BM: gl.constexpr, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
+              STAGES_: gl.constexpr, SPLIT: gl.constexpr, PART_ROWS: gl.constexpr, MAX_SPLITS: gl.constexpr):
     BLOCK_: gl.constexpr = k_ring.type.shape[1]
     HW: gl.constexpr = HD // 2
     REP = H // HKV
@@ -153,12 +227,13 @@ def _consumer(ACT, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at,
     orow = gl.arange(0, BM, layout=rows_o)
     od = gl.arange(0, HW, layout=gl.SliceLayout(0, o_layout))
     c = scale * LOG2E  # exp(scale (s - m)) as 2^(s c - m c), as the Triton body's
-    seqs, items, ends, total = _step_items(I32, control_at, seq_starts_at, REP, BM, HKV, MAX_SEQS, lanes)
+    S = _splits(I32, control_at, HKV, splits, SPLIT)
+    seqs, items, ends, total = _step_items(I32, control_at, seq_starts_at, REP, BM, HKV, S, MAX_SEQS, lanes)
     i = 0
     for r in range(gl.cdiv(total, gl.num_programs(0))):
-        valid, start, q_len, ctx, pages, g, m0, last = _item(r, seqs, items, ends, total, I32, seq_starts_at,
-                                                             context_lens_at, seq_req_at, req_pages_at, REP, HKV, BM,
-                                                             PAGES_PER_SEQ)
+        valid, seq, start, q_len, ctx, _, g, split, m0, first_key, last = _item(
+            r, seqs, items, ends, total, I32, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, REP, HKV, S,
+            BM, PAGE, PAGES_PER_SEQ)
         if valid:
             rows = m0 + qr
             q_rows = ACT + _region(q_off) + ((start + rows // REP).to(gl.int64) * H)[:, None] * HD + \
@@ -172,7 +247,7 @@ def _consumer(ACT, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at,
             l = gl.zeros([BM], gl.float32, rows_s)
             o0 = gl.zeros([BM, HW], gl.float32, o_layout)
             o1 = gl.zeros([BM, HW], gl.float32, o_layout)
-            for j in range(0, last, BLOCK_):
+            for j in range(first_key, last, BLOCK_):
                 s = i % STAGES_
                 mbarrier.wait(ready.index(s), (i // STAGES_) & 1)
                 sc = warpgroup_mma(q0, k_ring.index(2 * s).permute((1, 0)),
@@ -195,20 +270,33 @@ def _consumer(ACT, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at,
                 fence_async_shared()  # the slot's reads before the loader's next copies into it
                 mbarrier.arrive(empty.index(s), count=1)
                 i += 1
-            lo = gl.convert_layout(l, rows_o)[:, None]
             orows = m0 + orow
-            out = ACT + _region(out_off) + ((start + orows // REP).to(gl.int64) * H)[:, None] * HD + \
-                ((g * REP + orows % REP) * HD)[:, None] + od[None, :]
-            ok = (orows < q_len * REP)[:, None]
-            gl.store(out, (o0 / lo).to(gl.bfloat16), mask=ok)
-            gl.store(out + HW, (o1 / lo).to(gl.bfloat16), mask=ok)
+            num_rows = q_len * REP
+            if SPLIT:
+                if S > 1:  # this split's partial, and the last split of the pair to arrive merges them
+                    group = seq * HKV + g
+                    _store_part(F32 + _region(part_off) + (group * S + split) * (PART_ROWS * (HD + 2)), m * scale, l,
+                                o0, o1, orows, num_rows, PART_ROWS, HD)
+                    gl.thread_barrier()  # every thread's partial stored before the ticket publishes it
+                    arrived = gl.atomic_add(F32 + ticket_off + group, 1.0, sem="acq_rel")  # (`arrives_last`)
+                    gl.thread_barrier()
+                    if arrived == S - 1:
+                        gl.store(F32 + ticket_off + group, 0.0)  # (for the next layer's step)
+                        _merge_parts(F32 + _region(part_off) + group * S * (PART_ROWS * (HD + 2)), S, num_rows,
+                                     ACT + _region(out_off) + (start.to(gl.int64) * H + g * REP) * HD, REP, H,
+                                     PART_ROWS, HD, MAX_SPLITS)
+                else:
+                    _store_rows(ACT, out_off, start, orows, num_rows, g, REP, H, o0, o1, l, HD)
+            else:
+                _store_rows(ACT, out_off, start, orows, num_rows, g, REP, H, o0, o1, l, HD)
 
 
 @gluon.jit
-def attention_prefill(DESCS, ACT, I32, KV, kv_plane, kv_rows, desc_index, control_at, seq_starts_at, context_lens_at,
+def attention_prefill(DESCS, ACT, F32, I32, KV, kv_plane, kv_rows, desc_index, control_at, seq_starts_at, context_lens_at,
                       seq_req_at, req_pages_at, HD: gl.constexpr, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr,
                       MAX_SEQS: gl.constexpr, BLOCK_: gl.constexpr, STAGES_: gl.constexpr, IDS_: gl.constexpr,
-                      DESC_WORDS: gl.constexpr, LOADER_REGS: gl.constexpr):
+                      DESC_WORDS: gl.constexpr, LOADER_REGS: gl.constexpr, SPLIT: gl.constexpr,
+                      PART_ROWS: gl.constexpr, MAX_SPLITS: gl.constexpr):
     """Row desc_index of DESCS (an ATTENTION group's descriptor) over the step planned in I32 (control words at
     control_at, the sequences' first tokens, contexts and requests, the requests' page tables at the *_at words);
     the cache KV: kv_rows rows of a token's every KV head, a layer's keys (then values) kv_plane elements apart."""
@@ -217,6 +305,8 @@ def attention_prefill(DESCS, ACT, I32, KV, kv_plane, kv_rows, desc_index, contro
     H, HKV = gl.load(desc + WORDS[2]).to(gl.int32), gl.load(desc + WORDS[3]).to(gl.int32)
     layer = gl.load(desc + WORDS[5]).to(gl.int32)
     scale = gl.load(desc + WORDS[6]).to(gl.float64, bitcast=True).to(gl.float32)
+    splits = gl.load(desc + WORDS[8]).to(gl.int32)
+    part_off, ticket_off = gl.load(desc + WORDS[9]), gl.load(desc + WORDS[10])
     BM: gl.constexpr = 16 * gl.num_warps()
     layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_, HD // 2], gl.bfloat16)
     k_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES_ * 2, BLOCK_, HD // 2], layout)
@@ -227,18 +317,26 @@ def attention_prefill(DESCS, ACT, I32, KV, kv_plane, kv_rows, desc_index, contro
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
     gl.warp_specialize([
-        (_consumer, (ACT, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at, context_lens_at, seq_req_at,
-                     req_pages_at, q_off, out_off, H, HKV, scale, HD, BM, PAGES_PER_SEQ, MAX_SEQS, STAGES_)),
+        (_consumer, (ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at, context_lens_at,
+                     seq_req_at, req_pages_at, q_off, out_off, H, HKV, scale, splits, part_off, ticket_off, HD, BM,
+                     PAGE, PAGES_PER_SEQ, MAX_SEQS, STAGES_, SPLIT, PART_ROWS, MAX_SPLITS)),
         (_loader, (KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at,
                    context_lens_at, seq_req_at, req_pages_at, layer, H // HKV, HKV, HD, BM, PAGE, PAGES_PER_SEQ,
-                   MAX_SEQS, STAGES_, IDS_)),
+                   MAX_SEQS, STAGES_, IDS_, splits, SPLIT)),
     ], [1], [LOADER_REGS])
 
 
-def constexprs(page_size: int, pages_per_seq: int, max_batch: int) -> dict:
+MAX_SPLITS = 32  # a pair's splits at most (`codegen.lower.attention_splits`'s default never gives more)
+
+
+def constexprs(page_size: int, pages_per_seq: int, max_batch: int, split: bool = False, part_rows: int = 16) -> dict:
+    """A launch's constexprs. split: a decode step whose (sequence, KV head) pairs are fewer than the programs, each
+    pair's keys in splits, merged by the last to finish; part_rows: a partial's rows in the scratch
+    (`CompileConfig.block_m`, as the Triton body lays them out)."""
     return dict(HD=HEAD_DIM, PAGE=page_size, PAGES_PER_SEQ=pages_per_seq,
                 MAX_SEQS=max(32, 1 << (max_batch - 1).bit_length()), BLOCK_=BLOCK, STAGES_=STAGES, IDS_=IDS,
-                DESC_WORDS=DESC_WORDS, LOADER_REGS=LOADER_REGS)
+                DESC_WORDS=DESC_WORDS, LOADER_REGS=LOADER_REGS, SPLIT=split, PART_ROWS=part_rows,
+                MAX_SPLITS=MAX_SPLITS)
 
 
 def unsupported(words: list[int], page_size: int, bf16_scores: bool) -> str | None:
@@ -253,4 +351,17 @@ def unsupported(words: list[int], page_size: int, bf16_scores: bool) -> str | No
     for name in ("q_off", "out_off"):  # (regions' offsets, `linear._region`)
         if f[name] % ALIGN.value:
             return f"{name} {f[name]} is not a multiple of {ALIGN.value} elements"
+    return None
+
+
+def splits_unsupported(words: list[int], part_rows: int) -> str | None:
+    """Why an ATTENTION group (one `unsupported` takes) cannot split a decode step's keys here (None: it can): its
+    splits, scratch and tickets (a partial holds part_rows query rows, `CompileConfig.block_m`)."""
+    f = dict(zip(ATTENTION_FIELDS, words))
+    if f["splits"] < 2 or f["splits"] > MAX_SPLITS:
+        return f"its decode steps take {f['splits']} splits, not 2 to {MAX_SPLITS}"
+    if f["part_off"] < 0 or f["ticket_off"] < 0 or f["part_off"] % ALIGN.value:
+        return "it has no scratch for the splits' partials, or no tickets"
+    if f["num_heads"] // f["num_kv_heads"] > part_rows:
+        return f"a KV head's {f['num_heads'] // f['num_kv_heads']} query heads are more rows than a partial's"
     return None

@@ -34,8 +34,8 @@ def compiled() -> dict[str, dict]:
 def test_every_body_compiles_for_sm90_and_fits_an_sm(compiled):
     # linear_prefill: two tile shapes, gated or not, fp64 or fp32 sums; qkv_prefill: two tile shapes, either sums;
     # attention_prefill: items of 128 or 64 rows, 32 or 64 sequences' lanes; linear_gemv: 3 unit heights, plain,
-    # gated or the logits; qkv_gemv: 3 unit heights
-    assert len(compiled) == 28
+    # gated or the logits; qkv_gemv: 3 unit heights; attention's split decode steps: 32 or 64 sequences' lanes
+    assert len(compiled) == 30
     for name, used in compiled.items():
         assert used["registers"] <= used["maxnreg"], name
         # a program's warps (the consumers', a loader's warp group) and their registers fit an SM (the GEMV's two)
@@ -214,4 +214,21 @@ def test_the_gemv_takes_bf16_rows_and_the_logits():
 def test_gluon_coverage_skips_a_merge_group_where_its_attention_ran(coverage_1):
     coverage, _ = coverage_1
     assert all(coverage.applies(merge, (2048, 1)) for merge in coverage.merges)  # a prefill: items of 128 rows
-    assert not any(coverage.applies(merge, (1, 1)) for merge in coverage.merges)  # one sequence decoding: Triton's
+    # one sequence decoding: its 8 (sequence, KV head) pairs' keys in splits (32 in its descriptor) that the last to
+    # finish merges
+    assert all(coverage.applies(merge, (1, 1)) for merge in coverage.merges)
+    attention = [first for first, kind in coverage.kinds.items() if kind == Kind.ATTENTION]
+    assert all(coverage.attention_launch(first, (1, 1))[1] for first in attention)
+    assert not any(coverage.attention_launch(first, (2048, 1))[1] for first in attention)
+
+
+def test_attention_splits_need_scratch_tickets_and_rows_for_a_kv_heads_queries():
+    values = dict.fromkeys(ATTENTION_FIELDS, 0)
+    values.update(q_off=128, out_off=64, num_heads=32, num_kv_heads=8, head_dim=128, splits=16, part_off=256,
+                  ticket_off=512)
+    words = [values[f] for f in ATTENTION_FIELDS]
+    assert attention.splits_unsupported(words, 16) is None
+    assert "1 splits" in attention.splits_unsupported([{**values, "splits": 1}[f] for f in ATTENTION_FIELDS], 16)
+    assert "64 splits" in attention.splits_unsupported([{**values, "splits": 64}[f] for f in ATTENTION_FIELDS], 16)
+    assert "tickets" in attention.splits_unsupported([{**values, "ticket_off": -1}[f] for f in ATTENTION_FIELDS], 16)
+    assert "4 query heads" in attention.splits_unsupported(words, 2)

@@ -319,7 +319,8 @@ def test_gluon_gemv_for_one_sequence_on_gpu(tmp_path):
     """One prompt of 200 tokens, then decode steps of its one row: every projection and the LM head in the GEMV
     (`gemv.linear_gemv`, units of 8, 16 or 32 weight rows, two programs an SM), QKV too (`gemv.qkv_gemv`: the unit
     that completes a head runs its rotary and cache write), the LM head's fp32 logits in the prefill step too (one
-    sequence's last row); every step's logits checked (as `check_every_step`)."""
+    sequence's last row), and attention with each KV head's keys in splits that the last to finish merges; every
+    step's logits checked (as `check_every_step`)."""
     driver, model = gluon_driver(tmp_path, case_config(1))
     assert len(driver.gluon.one_row) == 4 * 32 + 1 and not driver.gluon.one_row_skipped
     prompt = torch.randint(0, model.config.vocab_size, (200,), generator=torch.Generator().manual_seed(1)).tolist()
