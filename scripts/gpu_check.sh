@@ -69,11 +69,10 @@ if [[ $mode == stalls ]]; then  # STALLS="64x512 ttft512": ncu's warp-state samp
 fi
 
 if [[ $mode == gluon ]]; then  # the Gluon bodies (codegen/gluon): each covered group against the Triton one, timed
-  # (a Gluon kernel whose barrier waits on a wrong phase hangs: a short prompt first, alone, and the rest only if it
-  # ended well)
-  step 240 python -m benchmarks.gluon_groups --prompts 512 --decode "" &&
-    step "${GLUON_LIMIT:-420}" python -m benchmarks.gluon_groups --prompts "${PROMPTS-2048}" --decode "${DECODE-64x512}"
-  step 120 python -m benchmarks.explore.ws_chain --tokens 2048,512
+  # (a Gluon kernel whose barrier waits on a wrong phase hangs: the bodies not yet run first, alone, and the rest only
+  # if that ended well)
+  step 200 python -m benchmarks.gluon_groups --prompts "" --decode "${FIRST-1x512}" &&
+    step "${GLUON_LIMIT:-330}" python -m benchmarks.gluon_groups --prompts "${PROMPTS-2048,512}" --decode "${DECODE-64x512}"
 fi
 if [[ $mode == gluon-tests ]]; then  # ... and through the host-driven executor against the reference (a call of its own)
   step "${TEST_LIMIT:-560}" python -m pytest -q -s -m gpu tests/gpu -k "${CASES:-gluon}" -p no:cacheprovider
