@@ -73,6 +73,7 @@ if [[ $mode == gluon ]]; then  # the Gluon bodies (codegen/gluon): each covered 
   # if that ended well)
   step 200 python -m benchmarks.gluon_groups --prompts "" --decode "${FIRST-1x512}" &&
     step "${GLUON_LIMIT:-330}" python -m benchmarks.gluon_groups --prompts "${PROMPTS-2048,512}" --decode "${DECODE-64x512}"
+  step 120 python -m benchmarks.explore.ws_decode_chain
 fi
 if [[ $mode == gluon-tests ]]; then  # ... and through the host-driven executor against the reference (a call of its own)
   step "${TEST_LIMIT:-560}" python -m pytest -q -s -m gpu tests/gpu -k "${CASES:-gluon}" -p no:cacheprovider

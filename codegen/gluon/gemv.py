@@ -87,20 +87,29 @@ def _inv_rms(F32, stats_off, K, eps, NORM_F64: gl.constexpr):
 
 
 @gluon.jit
-def _unit(w_ring, x_ring, ready, empty, i, K, SLOTS_: gl.constexpr, vec: gl.constexpr):
-    """A unit's GR products over all of K from ring slot i on, in `vec`; returns them and the next unit's slot."""
+def _unit(w_ring, x_ring, X, ready, empty, i, K, SLOTS_: gl.constexpr, vec: gl.constexpr,
+          X_GLOBAL: gl.constexpr = False):
+    """A unit's GR products over all of K from ring slot i on, in `vec`; returns them and the next unit's slot.
+    X_GLOBAL: the row's box is read from X (past L1: another program may have just written it) rather than from the
+    ring, so that the loader streams weights alone and never waits for the row (slots of one box: GR = SLOT_ROWS)."""
     GR: gl.constexpr = w_ring.type.shape[1]
     GK_: gl.constexpr = w_ring.type.shape[2]
     BOXES: gl.constexpr = w_ring.type.shape[0] // SLOTS_
     box: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [gl.num_warps(), 1], [1, 0])
+    ks = gl.arange(0, GK_, layout=gl.SliceLayout(0, box))
+    gl.static_assert(BOXES == 1 or not X_GLOBAL, "the row from X takes slots of one box")
     acc = gl.zeros([GR, GK_], gl.float32, box)
     for k0 in range(0, K, BOXES * GK_):
         s = i % SLOTS_
+        if X_GLOBAL:  # (asked for before the weights' wait)
+            x = gl.load(X + k0 + ks, mask=k0 + ks < K, other=0.0, cache_modifier=".cg").to(gl.float32)[None, :]
         mbarrier.wait(ready.index(s), (i // SLOTS_) & 1)
         for b in gl.static_range(BOXES):
             w = w_ring.index(s * BOXES + b).load(box).to(gl.float32)
-            x = x_ring.index(s * BOXES + b).load(box).to(gl.float32)  # ([1, GK]: every row's the same)
-            acc += w * x
+            if X_GLOBAL:
+                acc += w * x
+            else:
+                acc += w * x_ring.index(s * BOXES + b).load(box).to(gl.float32)  # ([1, GK]: every row's the same)
         fence_async_shared()  # the slot's reads before the loader's next copies into it
         mbarrier.arrive(empty.index(s))  # (after a barrier of the warp group: every warp's reads)
         i += 1
@@ -108,35 +117,41 @@ def _unit(w_ring, x_ring, ready, empty, i, K, SLOTS_: gl.constexpr, vec: gl.cons
 
 
 @gluon.jit
+def _epilogue(y, u, inv, W, ACT, F32, N, out_off, res_off, bias_off, GATED: gl.constexpr, OUT_KIND: gl.constexpr):
+    """`kept_epilogue` of unit u's GR products y (in a 1-D layout): 1/rms, bias, gating, residual, the store; returns
+    the stored values' sum of squares."""
+    GR: gl.constexpr = y.type.shape[0]
+    cols = u * GR + gl.arange(0, GR, layout=y.type.layout)
+    bias = gl.load(W + gl.maximum(bias_off, 0) + cols, mask=(cols < N) & (bias_off >= 0), other=0.0)
+    y = _round(y * inv + bias.to(gl.float32))
+    n_out = N
+    if GATED:  # columns alternate gate, up: output column j is silu(y[2j]) * y[2j + 1]
+        gate, up = gl.split(gl.reshape(y, [GR // 2, 2]))
+        y = _round(_round(gate / (1.0 + gl.exp(-gate))) * up)
+        cols = u * (GR // 2) + gl.arange(0, GR // 2, layout=y.type.layout)
+        n_out = N // 2
+    ok = cols < n_out
+    if res_off >= 0:
+        y = _round(gl.load(ACT + res_off + cols, mask=ok, other=0.0).to(gl.float32) + y)
+    if OUT_KIND == 1:  # OUT_F32: the logits
+        gl.store(F32 + out_off + cols, y, mask=ok)
+    else:
+        gl.store(ACT + out_off + cols, y.to(gl.bfloat16), mask=ok)
+    return gl.sum(gl.where(ok, y * y, 0.0), axis=0)
+
+
+@gluon.jit
 def _consumer(W, ACT, F32, w_ring, x_ring, ready, empty, units, K, N, out_off, stats_off, eps, res_off, bias_off,
               out_stats_off, SLOTS_: gl.constexpr, GATED: gl.constexpr, OUT_KIND: gl.constexpr,
               NORM_F64: gl.constexpr):
-    GR: gl.constexpr = w_ring.type.shape[1]
     vec: gl.constexpr = gl.BlockedLayout([2], [32], [gl.num_warps()], [0])
     inv = _inv_rms(F32, stats_off, K, eps, NORM_F64)
     sq = gl.to_tensor(0.0)  # the stored row's sum of squares, this program's share
     u0, u1 = _units(units)
     i = 0
     for u in range(u0, u1):
-        y, i = _unit(w_ring, x_ring, ready, empty, i, K, SLOTS_, vec)
-        # `kept_epilogue` of the unit's GR outputs
-        cols = u * GR + gl.arange(0, GR, layout=vec)
-        bias = gl.load(W + gl.maximum(bias_off, 0) + cols, mask=(cols < N) & (bias_off >= 0), other=0.0)
-        y = _round(y * inv + bias.to(gl.float32))
-        n_out = N
-        if GATED:  # columns alternate gate, up: output column j is silu(y[2j]) * y[2j + 1]
-            gate, up = gl.split(gl.reshape(y, [GR // 2, 2]))
-            y = _round(_round(gate / (1.0 + gl.exp(-gate))) * up)
-            cols = u * (GR // 2) + gl.arange(0, GR // 2, layout=y.type.layout)
-            n_out = N // 2
-        ok = cols < n_out
-        if res_off >= 0:
-            y = _round(gl.load(ACT + res_off + cols, mask=ok, other=0.0).to(gl.float32) + y)
-        if OUT_KIND == 1:  # OUT_F32: the logits
-            gl.store(F32 + out_off + cols, y, mask=ok)
-        else:
-            gl.store(ACT + out_off + cols, y.to(gl.bfloat16), mask=ok)
-        sq += gl.sum(gl.where(ok, y * y, 0.0), axis=0)
+        y, i = _unit(w_ring, x_ring, ACT, ready, empty, i, K, SLOTS_, vec)
+        sq += _epilogue(y, u, inv, W, ACT, F32, N, out_off, res_off, bias_off, GATED, OUT_KIND)
     if out_stats_off >= 0:
         out_sums = _norm_sums(F32, out_stats_off, NORM_F64)
         gl.atomic_add(out_sums, sq.to(out_sums.dtype.element_ty))
@@ -205,7 +220,7 @@ def _qkv_consumer(W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, 
     u0, u1 = _units(units)
     i = 0
     for u in range(u0, u1):
-        y, i = _unit(w_ring, x_ring, ready, empty, i, K, SLOTS_, vec)
+        y, i = _unit(w_ring, x_ring, ACT, ready, empty, i, K, SLOTS_, vec)
         gl.store(parts + u * GR + gl.arange(0, GR, layout=vec), y * inv)
         head = u // PER_HEAD
         gl.thread_barrier()  # every thread's values stored before the ticket publishes them (`arrives_last`)
