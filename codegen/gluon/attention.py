@@ -129,8 +129,7 @@ def _store_part(part, m, l, o0, o1, orows, num_rows, PART_ROWS: gl.constexpr, HD
     """A split's partial softmax of the item's rows below num_rows (at most PART_ROWS): running max in the merge's
     units, sum, and unnormalised output halves, as the Triton body's `_store_part` lays them out."""
     HW: gl.constexpr = HD // 2
-    rows_s: gl.constexpr = m.type.layout
-    sr = gl.arange(0, m.type.shape[0], layout=rows_s)
+    sr = gl.convert_layout(orows, m.type.layout)
     gl.store(part + sr, m, mask=sr < num_rows)
     gl.store(part + PART_ROWS + sr, l, mask=sr < num_rows)
     od = gl.arange(0, HW, layout=gl.SliceLayout(0, o0.type.layout))
