@@ -116,7 +116,7 @@ def capture_step(driver: HostDriven, step: int, size: tuple[int, int]) -> torch.
 
 class GluonCoverage:
     """Which task groups the Gluon bodies take (codegen/gluon: `linear.linear_prefill`, `qkv.qkv_prefill`,
-    `attention.attention_prefill`, `gemv.linear_gemv`), and in which steps, from the task and descriptor tables alone:
+    `attention.attention_prefill`, `gemv.linear_gemv`, `gemv.qkv_gemv`), and in which steps, from the task and descriptor tables alone:
     the projections in a step of more tokens than the batched blocks take (`CompileConfig.wide_rows`: the Triton tasks
     then run the prefill tiles), and in a step of one row (batch-1 decode, QKV too; the LM head of a step with one
     sequence); attention in a step where some sequence has more than one token (items of 128 query rows), and in a
@@ -165,7 +165,7 @@ class GluonCoverage:
                 f = dict(zip(QKV_FIELDS, words))
                 why = qkv.unsupported(words[:len(QKV_FIELDS)])
                 self.columns[first] = (f["num_q_heads"] + 2 * f["num_kv_heads"]) * f["head_dim"]
-                self.rows_kind[first] = 0
+                self.rows_kind[first] = 0  # (the step's tokens)
                 why_not = gemv.qkv_unsupported(words[:len(QKV_FIELDS)])
                 if why_not:
                     self.one_row_skipped[first] = why_not
