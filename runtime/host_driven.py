@@ -119,10 +119,11 @@ class GluonCoverage:
     `attention.attention_prefill`, `gemv.linear_gemv`, `gemv.qkv_gemv`), and in which steps, from the task and
     descriptor tables alone: the projections in a step of more tokens than the batched blocks take
     (`CompileConfig.wide_rows`: the Triton tasks then run the prefill tiles), and in a step of one row (batch-1 decode,
-    QKV too; the LM head of a step with one sequence); attention in a step where some sequence has more than one token (items of 128 query rows), and in a
-    step that only decodes (items of 64 rows, on one consumer warp group): whole where its (sequence, KV head) pairs
-    are a wave of `programs` at least, else each pair's keys in splits that the last split to finish merges.
-    Attention's outputs are final: the layer's merge group, if it has one, has nothing to do."""
+    QKV too; the LM head of a step with one sequence); attention in a step where some sequence has more than one
+    token (items of 128 query rows), and in a step that only decodes (items of 64 rows, on one consumer warp group):
+    whole where its (sequence, KV head) pairs are a wave of `programs` at least, else each pair's keys in splits that
+    the last split to finish merges. Attention's outputs are final: the layer's merge group, if it has one, has
+    nothing to do."""
 
     def __init__(self, tasks: torch.Tensor, descs: list[list[int]], cfg, groups: list[tuple[int, int]],
                  programs: int) -> None:
