@@ -83,6 +83,24 @@ def graph_ms(fn, reps: int) -> float:
     return sorted(times)[2]
 
 
+def launches_against(first, second, act: torch.Tensor, outputs: dict, reps: int) -> tuple[float, float, dict]:
+    """first() and second(), each from the activations as they are now (act restored before each): their ms from CUDA
+    graphs of reps calls (`graph_ms`) and, for each of `outputs` (views into act), the largest difference between
+    what the two wrote."""
+    start = act.clone()
+    first()
+    want = {name: out.clone() for name, out in outputs.items()}
+    act.copy_(start)
+    second()
+    torch.cuda.synchronize()
+    errs = {name: (outputs[name].float() - want[name].float()).abs().max().item() for name in outputs}
+    act.copy_(start)
+    first_ms = graph_ms(first, reps)
+    act.copy_(start)
+    second_ms = graph_ms(second, reps)
+    return first_ms, second_ms, errs
+
+
 def use_global_scratch(dev: str = "cuda") -> None:
     """In-kernel tensor descriptors need global scratch from Triton's allocator."""
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))

@@ -25,7 +25,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from benchmarks.explore.gluon_probe import compile_sm90, graph_ms, probe_header
+from benchmarks.explore.gluon_probe import compile_sm90, launches_against, probe_header
 from codegen.bodies.linear import LINEAR_FIELDS
 from codegen.gluon import linear
 from codegen.gluon.linear import BK, BM, WORDS, _epilogue
@@ -213,7 +213,6 @@ def run_gpu(token_counts, reps):
         i32 = torch.tensor([tokens], dtype=torch.int32, device="cuda")
         num_m = -(-tokens // 128)
         events = torch.zeros(3 * num_m, dtype=torch.int32, device="cuda")
-        start = act.clone()
 
         def groups():
             f32.zero_()
@@ -225,17 +224,7 @@ def run_gpu(token_counts, reps):
             f32.zero_()
             events.zero_()
             chain[(sms, )](descs, warena, act, f32, i32, events, **OPTIONS)
-        act.copy_(start)
-        groups()
-        want = {name: out.clone() for name, out in outputs.items()}
-        act.copy_(start)
-        persistent()
-        torch.cuda.synchronize()
-        errs = {name: (outputs[name].float() - want[name].float()).abs().max().item() for name in outputs}
-        act.copy_(start)
-        groups_ms = graph_ms(groups, reps)
-        act.copy_(start)
-        chain_ms = graph_ms(persistent, reps)
+        groups_ms, chain_ms, errs = launches_against(groups, persistent, act, outputs, reps)
         print(f"RESULT {tokens} tokens: three group kernels {groups_ms * 1e3:7.1f} us, one persistent kernel "
               f"{chain_ms * 1e3:7.1f} us ({groups_ms / chain_ms:.2f}x); outputs' largest difference "
               f"{', '.join(f'{k} {v:.1e}' for k, v in errs.items())}", flush=True)

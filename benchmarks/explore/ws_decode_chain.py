@@ -26,7 +26,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from benchmarks.explore.gluon_probe import compile_sm90, graph_ms, probe_header
+from benchmarks.explore.gluon_probe import compile_sm90, launches_against, probe_header
 from benchmarks.explore.ws_chain import _wait, arenas
 from codegen.gluon import gemv
 from codegen.gluon.gemv import GK, SLOT_ROWS, _epilogue, _inv_rms, _units, _unit
@@ -134,7 +134,6 @@ def run_gpu(rows: int, reps: int) -> None:
     programs = gemv.PER_SM * sms
     events = torch.zeros(GROUPS.value, dtype=torch.int32, device="cuda")
     widths = [int(descs[g, LINEAR_WORDS.value[4]]) for g in range(GROUPS.value)]  # each group's weight rows
-    start = act.clone()
 
     def groups():
         f32.zero_()
@@ -147,17 +146,7 @@ def run_gpu(rows: int, reps: int) -> None:
         f32.zero_()
         events.zero_()
         decode_chain[(programs, )](descs, warena, act, f32, events, **options(rows))
-    act.copy_(start)
-    groups()
-    want = {name: out.clone() for name, out in outputs.items()}
-    act.copy_(start)
-    persistent()
-    torch.cuda.synchronize()
-    errs = {name: (outputs[name].float() - want[name].float()).abs().max().item() for name in outputs}
-    act.copy_(start)
-    groups_ms = graph_ms(groups, reps)
-    act.copy_(start)
-    chain_ms = graph_ms(persistent, reps)
+    groups_ms, chain_ms, errs = launches_against(groups, persistent, act, outputs, reps)
     weight_bytes = sum(w * int(descs[g, LINEAR_WORDS.value[2]]) * 2 for g, w in enumerate(widths))
     print(f"RESULT b1 o_proj -> gate/up -> down ({weight_bytes / 1e6:.0f} MB of weights): three GEMV kernels "
           f"{groups_ms * 1e3:6.1f} us ({weight_bytes / groups_ms / 1e9:.2f} TB/s), one persistent kernel "

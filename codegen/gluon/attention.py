@@ -224,7 +224,6 @@ def _consumer(ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_start
     keys = gl.arange(0, BLOCK_, layout=gl.SliceLayout(0, s_layout))
     sr = gl.arange(0, BM, layout=rows_s)
     orow = gl.arange(0, BM, layout=rows_o)
-    od = gl.arange(0, HW, layout=gl.SliceLayout(0, o_layout))
     c = scale * LOG2E  # exp(scale (s - m)) as 2^(s c - m c), as the Triton body's
     S = _splits(I32, control_at, HKV, splits, SPLIT)
     seqs, items, ends, total = _step_items(I32, control_at, seq_starts_at, REP, BM, HKV, S, MAX_SEQS, lanes)
