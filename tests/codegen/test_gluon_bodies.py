@@ -222,6 +222,15 @@ def test_gluon_coverage_skips_a_merge_group_where_its_attention_ran(coverage_1):
     assert not any(coverage.attention_launch(first, (2048, 1))[1] for first in attention)
 
 
+def test_attention_splits_a_decode_step_whose_pairs_leave_sms_idle():
+    # 16 sequences: 256 // (16 x 8) = 2 splits a pair in the descriptors; 16 x 8 = 128 pairs for 132 SMs
+    coverage, _ = llama_coverage(max_batch=16, max_tokens_per_step=640)
+    attention = [first for first, kind in coverage.kinds.items() if kind == Kind.ATTENTION]
+    assert all(coverage.attention_launch(first, (16, 16))[1] for first in attention)
+    assert all(coverage.attention_launch(first, (1, 1))[1] for first in attention)
+    assert not any(coverage.attention_launch(first, (40, 16))[1] for first in attention)  # a step that prefills
+
+
 def test_attention_splits_need_scratch_tickets_and_rows_for_a_kv_heads_queries():
     values = dict.fromkeys(ATTENTION_FIELDS, 0)
     values.update(q_off=128, out_off=64, num_heads=32, num_kv_heads=8, head_dim=128, splits=16, part_off=256,
