@@ -157,21 +157,13 @@ class GluonCoverage:
                 why = linear.unsupported(words[:len(LINEAR_FIELDS)])
                 self.gated[first], self.columns[first] = bool(f["gated"]), f["n"]
                 self.rows_kind[first], self.out_kind[first] = f["rows_kind"], f["out_kind"]
-                why_not = gemv.unsupported(words[:len(LINEAR_FIELDS)])
-                if why_not:
-                    self.one_row_skipped[first] = why_not
-                else:
-                    self.one_row[first] = desc
+                self._take_one_row(first, desc, gemv.unsupported(words[:len(LINEAR_FIELDS)]))
             elif kind == Kind.QKV:
                 f = dict(zip(QKV_FIELDS, words))
                 why = qkv.unsupported(words[:len(QKV_FIELDS)])
                 self.columns[first] = (f["num_q_heads"] + 2 * f["num_kv_heads"]) * f["head_dim"]
                 self.rows_kind[first] = 0  # (the step's tokens)
-                why_not = gemv.qkv_unsupported(words[:len(QKV_FIELDS)])
-                if why_not:
-                    self.one_row_skipped[first] = why_not
-                else:
-                    self.one_row[first] = desc
+                self._take_one_row(first, desc, gemv.qkv_unsupported(words[:len(QKV_FIELDS)]))
             elif kind == Kind.ATTENTION:
                 f = dict(zip(ATTENTION_FIELDS, words))
                 why = attention.unsupported(words[:len(ATTENTION_FIELDS)], cfg.page_size,
@@ -189,6 +181,13 @@ class GluonCoverage:
                 self.skipped[first] = why
             else:
                 self.covered[first], self.kinds[first] = desc, kind
+
+    def _take_one_row(self, first: int, desc: int, why_not: str | None) -> None:
+        """Group `first` (descriptor row `desc`) to the GEMV in one-row steps, or why not."""
+        if why_not:
+            self.one_row_skipped[first] = why_not
+        else:
+            self.one_row[first] = desc
 
     def descriptor(self, first: int) -> int:
         """The descriptor row of a group some Gluon body takes in some step."""
