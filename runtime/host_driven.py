@@ -115,18 +115,20 @@ def capture_step(driver: HostDriven, step: int, size: tuple[int, int]) -> torch.
 
 
 class GluonCoverage:
-    """Which task groups the Gluon bodies take (codegen/gluon: `linear.linear_prefill`, `qkv.qkv_prefill`,
+    """Which task groups the Gluon bodies take (codegen/gluon: `linear.linear_prefill`, `linear.linear_streamk`,
+    `qkv.qkv_prefill`,
     `attention.attention_prefill`, `gemv.linear_gemv`, `gemv.qkv_gemv`), and in which steps, from the task and
     descriptor tables alone: the projections in a step of more tokens than the batched blocks take
-    (`CompileConfig.wide_rows`: the Triton tasks then run the prefill tiles), and in a step of one row (batch-1 decode,
-    QKV too; the LM head of a step with one sequence); attention in a step where some sequence has more than one
+    (`CompileConfig.wide_rows`: the Triton tasks then run the prefill tiles), in a step of 2 to 64 rows
+    (`linear.linear_streamk`: a batched decode step; not QKV), and in a step of one row (batch-1 decode, QKV too; the
+    LM head of a step with one sequence); attention in a step where some sequence has more than one
     token (items of 128 query rows), and in a step that only decodes (items of 64 rows, on one consumer warp group):
     whole where its (sequence, KV head) pairs are a wave of `programs` at least, else each pair's keys in splits that
     the last split to finish merges. Attention's outputs are final: the layer's merge group, if it has one, has
     nothing to do."""
 
     def __init__(self, tasks: torch.Tensor, descs: list[list[int]], cfg, groups: list[tuple[int, int]],
-                 programs: int) -> None:
+                 programs: int, streamk_room: tuple[int, int] = (0, 0)) -> None:
         from codegen.bodies.attention import ATTENTION_FIELDS
         from codegen.bodies.linear import LINEAR_FIELDS
         from codegen.bodies.qkv import QKV_FIELDS
@@ -149,6 +151,10 @@ class GluonCoverage:
         self.one_row_skipped: dict[int, str] = {}
         self.rows_kind: dict[int, int] = {}
         self.out_kind: dict[int, int] = {}
+        # a projection `linear_streamk` takes in a step of 2 to STREAMK_ROWS rows (streamk_room: the floats and
+        # tickets of its scratch), and why the others are left to the Triton tasks there
+        self.streamk: set[int] = set()
+        self.streamk_skipped: dict[int, str] = {}
         for i, (first, _) in enumerate(groups):
             kind, desc = Kind(int(tasks[first, 0])), int(tasks[first, 1])
             words = descs[desc]
@@ -158,6 +164,12 @@ class GluonCoverage:
                 self.gated[first], self.columns[first] = bool(f["gated"]), f["n"]
                 self.rows_kind[first], self.out_kind[first] = f["rows_kind"], f["out_kind"]
                 self._take_one_row(first, desc, gemv.unsupported(words[:len(LINEAR_FIELDS)]))
+                if not why:
+                    why_not = linear.streamk_unsupported(words[:len(LINEAR_FIELDS)], programs, streamk_room)
+                    if why_not:
+                        self.streamk_skipped[first] = why_not
+                    else:
+                        self.streamk.add(first)
             elif kind == Kind.QKV:
                 f = dict(zip(QKV_FIELDS, words))
                 why = qkv.unsupported(words[:len(QKV_FIELDS)])
@@ -193,6 +205,10 @@ class GluonCoverage:
         """The descriptor row of a group some Gluon body takes in some step."""
         return self.covered[first] if first in self.covered else self.one_row[first]
 
+    def takes_streamk(self, first: int, size: tuple[int, int]) -> bool:
+        """Whether `linear_streamk` takes projection group `first` in a step of `size` (tokens, sequences)."""
+        return first in self.streamk and 1 < size[0] <= self.linear.STREAMK_ROWS.value
+
     def takes_one_row(self, first: int, size: tuple[int, int]) -> bool:
         """Whether the GEMV takes projection group `first` in a step of `size` (tokens, sequences): one row."""
         return first in self.one_row and size[1 if self.rows_kind[first] == 1 else 0] == 1
@@ -215,7 +231,7 @@ class GluonCoverage:
             return False
         if first in self.merges:
             return self.attention_launch(self.merges[first], size) is not None
-        if self.takes_one_row(first, size):
+        if self.takes_one_row(first, size) or self.takes_streamk(first, size):
             return True
         kind = self.kinds.get(first)
         if kind == Kind.ATTENTION:
@@ -231,8 +247,10 @@ class GluonGroups(GluonCoverage):
             raise ValueError("the Gluon bodies are written for Hopper (sm_90): this device cannot run them")
         if kernel.dtype != torch.bfloat16:
             raise ValueError(f"the Gluon bodies take bf16 models, not {kernel.manifest['model']['dtype']}")
+        regions = kernel.layout["regions"]
+        room = tuple(regions[name][2] if name in regions else 0 for name in ("prefill_parts", "tickets:prefill"))
         super().__init__(kernel.tasks.cpu(), kernel.descs.cpu().tolist(), kernel.config, groups,
-                         torch.cuda.get_device_properties(kernel.device).multi_processor_count)
+                         torch.cuda.get_device_properties(kernel.device).multi_processor_count, room)
         self.kernel = kernel
         cfg = kernel.config
         self.norm_f64 = bool(cfg.exact_norm_sums)
@@ -274,6 +292,11 @@ class GluonGroups(GluonCoverage):
                 self.control_at, *self.plan_at, **self.attention_constexprs[split], **options)
             return True
         linear, tokens = self.linear, size[0]
+        if self.takes_streamk(first, size):
+            linear.linear_streamk[(self.programs, )](k.descs, k.weights, k.act, k.f32, k.i32, desc, self.control_at,
+                                                    **linear.STREAMK.constexprs(self.gated[first], self.norm_f64),
+                                                    **linear.LAUNCH)
+            return True
         tiles = self.tiles or linear.tiles_for(tokens, self.columns[first], self.programs)
         grid = min(self.programs, -(-tokens // linear.BM.value) * -(-self.columns[first] // tiles.bn))
         if kind == Kind.QKV:

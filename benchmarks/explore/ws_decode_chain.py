@@ -24,9 +24,9 @@ import argparse
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from benchmarks.explore.gluon_probe import compile_sm90, launches_against, probe_header
+from benchmarks.explore.gluon_probe import compile_sm90, graph_ms, launches_against, probe_header
 from benchmarks.explore.ws_chain import _wait, arenas
 from codegen.gluon import gemv
 from codegen.gluon.gemv import GK, SLOT_ROWS, _epilogue, _inv_rms, _units, _unit
@@ -39,119 +39,252 @@ RING_WORDS = gemv.WORDS  # (x_off, k, w_off, n, out_off, out_kind, stats_off, ep
 
 
 @gluon.jit
-def _weights(DESCS, W, g, GR: gl.constexpr):
-    """Group g's weight as a tensor descriptor of [GR, GK] boxes, its K and its units."""
+def _weights(DESCS, W, ACT, g, GR: gl.constexpr):
+    """Group g's weight and row as tensor descriptors of [GR, GK] and [1, GK] boxes, its K and its units."""
     desc = DESCS + g * WORDS_A_ROW
     K, N = gl.load(desc + RING_WORDS[1]).to(gl.int32), gl.load(desc + RING_WORDS[3]).to(gl.int32)
     plain: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     w_desc = tma.make_tensor_descriptor(W + gl.load(desc + RING_WORDS[2]), [N, K], [K.to(gl.int64), 1], [GR, GK],
                                         plain)
-    return w_desc, K, gl.cdiv(N, GR)
+    x_desc = tma.make_tensor_descriptor(ACT + gl.load(desc + RING_WORDS[0]), [1, K], [K.to(gl.int64), 1], [1, GK],
+                                        plain)
+    return w_desc, x_desc, K, gl.cdiv(N, GR)
 
 
 @gluon.jit
-def _loader(DESCS, W, w_ring, ready, empty, SLOTS_: gl.constexpr):
-    """Every group's weight boxes of this program's units into the ring, one group after another, never waiting for
-    anything but a free slot."""
+def _proxy_fence(x):
+    """Orders this thread's generic accesses before its later async-proxy (TMA) ones."""
+    return gl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, $1;", "=r,r", [x], dtype=gl.int32,
+                                     is_pure=False, pack=1)
+
+
+@gluon.jit
+def _prefetch(W, DESCS, g, units, GR: gl.constexpr, PREFETCH: gl.constexpr):
+    """Asks L2 for the first 1 KB (PREFETCH 1) or 4 KB (2) of each weight row of this program's first unit of group g
+    (weights depend on nothing: they can stream while the group before ends and its event gathers)."""
+    u0, u1 = _units(units)
+    if u0 < u1:
+        desc = DESCS + g * WORDS_A_ROW
+        K, N = gl.load(desc + RING_WORDS[1]), gl.load(desc + RING_WORDS[3])
+        rows = gl.minimum(u0 * GR + gl.arange(0, GR, layout=gl.BlockedLayout([1], [32], [gl.num_warps()], [0])), N - 1)
+        at = W + gl.load(desc + RING_WORDS[2]) + rows.to(gl.int64) * K
+        if PREFETCH == 1:
+            gl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], 1024; mov.u32 $0, 0;", "=r,l", [at],
+                                      dtype=gl.int32, is_pure=False, pack=1)
+        else:
+            gl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], 4096; mov.u32 $0, 0;", "=r,l", [at],
+                                      dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _claim(CLAIMS, event, u, units, DYNAMIC: gl.constexpr):
+    """The program's next unit of group `event` after u: the next of its contiguous share, or (DYNAMIC) the next
+    unclaimed one of the group's counter; `units` or more: none left."""
+    if DYNAMIC:
+        nxt = gl.atomic_add(CLAIMS + event, 1, sem="relaxed", scope="gpu")
+    else:
+        nxt = u + 1
+    return nxt
+
+
+@gluon.jit
+def _first(CLAIMS, event, units, DYNAMIC: gl.constexpr):
+    """The program's first unit of group `event` (`_claim`), and the end of its share (`units` where DYNAMIC)."""
+    u0, u1 = _units(units)
+    if DYNAMIC:
+        u0 = gl.atomic_add(CLAIMS + event, 1, sem="relaxed", scope="gpu")
+        u1 = units
+    return u0, u1
+
+
+@gluon.jit
+def _post(queue, q_ready, q_empty, q, value):
+    """value into the loader-to-consumers unit queue's entry q (its ready barrier's arrive releases it)."""
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    Q: gl.constexpr = queue.type.shape[0]
+    mbarrier.wait(q_empty.index(q % Q), ((q // Q) & 1) ^ 1)
+    queue.index(q % Q).store(gl.full([1], value, gl.int32, one))
+    mbarrier.arrive(q_ready.index(q % Q))
+    return q + 1
+
+
+@gluon.jit
+def _taken(queue, q_ready, q_empty, q):
+    """The consumers' next unit from the queue's entry q (-1: the group is done)."""
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    Q: gl.constexpr = queue.type.shape[0]
+    mbarrier.wait(q_ready.index(q % Q), (q // Q) & 1)
+    value = gl.max(queue.index(q % Q).load(one), axis=0)
+    mbarrier.arrive(q_empty.index(q % Q))  # (after the warp group's barrier: every warp's read)
+    return value, q + 1
+
+
+@gluon.jit
+def _loader(DESCS, W, ACT, EVENTS, CLAIMS, layers, w_ring, x_ring, ready, empty, queue, q_ready, q_empty,
+            SLOTS_: gl.constexpr, WAIT: gl.constexpr, DYNAMIC: gl.constexpr, PREFETCH: gl.constexpr):
+    """Each group's units, group after group, layer after layer: a unit's index into the queue, then its weight's
+    boxes with the row's beside them into the ring; the row once the group before is done (its event at the
+    programs' count); a group's end as -1 in the queue."""
     GR: gl.constexpr = w_ring.type.shape[1]
     BOXES: gl.constexpr = w_ring.type.shape[0] // SLOTS_
     i = 0
-    for g in gl.static_range(GROUPS):
-        w_desc, K, units = _weights(DESCS, W, g, GR)
-        u0, u1 = _units(units)
-        for u in range(u0, u1):
-            for k0 in range(0, K, BOXES * GK):
-                s = i % SLOTS_
-                mbarrier.wait(empty.index(s), ((i // SLOTS_) & 1) ^ 1)
-                mbarrier.expect(ready.index(s), BOXES * GR * GK * 2)
-                for b in gl.static_range(BOXES):
-                    tma.async_copy_global_to_shared(w_desc, [u * GR, k0 + b * GK], ready.index(s),
-                                                    w_ring.index(s * BOXES + b))
-                i += 1
+    q = 0
+    for layer in range(layers):
+        for g in gl.static_range(GROUPS):
+            event = layer * GROUPS + g
+            w_desc, x_desc, K, units = _weights(DESCS, W, ACT, g, GR)
+            if WAIT and event > 0:
+                if PREFETCH > 0:
+                    _prefetch(W, DESCS, g, units, GR, PREFETCH)
+                _wait(EVENTS, event - 1, gl.num_programs(0))
+                _proxy_fence(K)  # the row's generic stores before this thread's bulk copies of it
+            u, u1 = _first(CLAIMS, event, units, DYNAMIC)
+            while u < u1:
+                q = _post(queue, q_ready, q_empty, q, u)
+                for k0 in range(0, K, BOXES * GK):
+                    s = i % SLOTS_
+                    mbarrier.wait(empty.index(s), ((i // SLOTS_) & 1) ^ 1)
+                    mbarrier.expect(ready.index(s), BOXES * (GR + 1) * GK * 2)
+                    for b in gl.static_range(BOXES):
+                        tma.async_copy_global_to_shared(w_desc, [u * GR, k0 + b * GK], ready.index(s),
+                                                        w_ring.index(s * BOXES + b))
+                        tma.async_copy_global_to_shared(x_desc, [0, k0 + b * GK], ready.index(s),
+                                                        x_ring.index(s * BOXES + b))
+                    i += 1
+                u = _claim(CLAIMS, event, u, units, DYNAMIC)
+            q = _post(queue, q_ready, q_empty, q, -1)
 
 
 @gluon.jit
-def _consumer(DESCS, W, ACT, F32, EVENTS, w_ring, ready, empty, SLOTS_: gl.constexpr, NORM_F64: gl.constexpr):
-    """Each group's units once every program has finished the group before (its counter at the programs' count),
-    the row read from the activations; a group done, its counter moves on."""
-    GR: gl.constexpr = w_ring.type.shape[1]
+def _consumer(DESCS, W, ACT, F32, EVENTS, layers, w_ring, x_ring, ready, empty, queue, q_ready, q_empty,
+              SLOTS_: gl.constexpr, NORM_F64: gl.constexpr, WAIT: gl.constexpr):
+    """Each group's units as the loader posts them, until its -1; a group done, its event moves on. The loader
+    waited for the group before (its row is in the first unit's products); the norm's sums and the residual that the
+    epilogue reads want the consumers' own acquire, after the first unit's products (one poll: the count is there).
+    WAIT false: no waits anywhere (wrong outputs; what the events cost)."""
     vec: gl.constexpr = gl.BlockedLayout([2], [32], [gl.num_warps()], [0])
     i = 0
-    for g in gl.static_range(GROUPS):
-        desc = DESCS + g * WORDS_A_ROW
-        x_off, K = gl.load(desc + RING_WORDS[0]), gl.load(desc + RING_WORDS[1]).to(gl.int32)
-        N, out_off = gl.load(desc + RING_WORDS[3]).to(gl.int32), gl.load(desc + RING_WORDS[4])
-        stats_off = gl.load(desc + RING_WORDS[6])
-        eps = gl.load(desc + RING_WORDS[7]).to(gl.float64, bitcast=True).to(gl.float32)
-        res_off, bias_off, out_stats_off = gl.load(desc + RING_WORDS[8]), gl.load(desc + RING_WORDS[9]), \
-            gl.load(desc + RING_WORDS[10])
-        if g > 0:
-            _wait(EVENTS, g - 1, gl.num_programs(0))
-        inv = _inv_rms(F32, stats_off, K, eps, NORM_F64)
-        sq = gl.to_tensor(0.0)
-        u0, u1 = _units(gl.cdiv(N, GR))
-        for u in range(u0, u1):
-            y, i = _unit(w_ring, w_ring, ACT + x_off, ready, empty, i, K, SLOTS_, vec, True)
-            sq += _epilogue(y, u, inv, W, ACT, F32, N, out_off, res_off, bias_off, g == 1, 0)
-        if out_stats_off >= 0:
-            out_sums = _norm_sums(F32, out_stats_off, NORM_F64)
-            gl.atomic_add(out_sums, sq.to(out_sums.dtype.element_ty))
-        gl.thread_barrier()  # every thread's stores before the signal releases them
-        gl.atomic_add(EVENTS + g, 1, sem="release", scope="gpu")
+    q = 0
+    for layer in range(layers):
+        for g in gl.static_range(GROUPS):
+            desc = DESCS + g * WORDS_A_ROW
+            K, N = gl.load(desc + RING_WORDS[1]).to(gl.int32), gl.load(desc + RING_WORDS[3]).to(gl.int32)
+            out_off, stats_off = gl.load(desc + RING_WORDS[4]), gl.load(desc + RING_WORDS[6])
+            eps = gl.load(desc + RING_WORDS[7]).to(gl.float64, bitcast=True).to(gl.float32)
+            res_off, bias_off, out_stats_off = gl.load(desc + RING_WORDS[8]), gl.load(desc + RING_WORDS[9]), \
+                gl.load(desc + RING_WORDS[10])
+            event = layer * GROUPS + g
+            inv = gl.to_tensor(1.0)
+            sq = gl.to_tensor(0.0)
+            first = True
+            u, q = _taken(queue, q_ready, q_empty, q)
+            while u >= 0:
+                y, i = _unit(w_ring, x_ring, ready, empty, i, K, SLOTS_, vec)
+                if first:
+                    if WAIT and event > 0:
+                        _wait(EVENTS, event - 1, gl.num_programs(0))
+                    inv = _inv_rms(F32, stats_off, K, eps, NORM_F64)
+                    first = False
+                sq += _epilogue(y, u, inv, W, ACT, F32, N, out_off, res_off, bias_off, g == 1, 0)
+                u, q = _taken(queue, q_ready, q_empty, q)
+            if out_stats_off >= 0:
+                out_sums = _norm_sums(F32, out_stats_off, NORM_F64)
+                gl.atomic_add(out_sums, sq.to(out_sums.dtype.element_ty))
+            gl.thread_barrier()  # every thread's stores before the signal releases them
+            gl.atomic_add(EVENTS + event, 1, sem="release", scope="gpu")
 
 
 @gluon.jit
-def decode_chain(DESCS, W, ACT, F32, EVENTS, GR: gl.constexpr, SLOTS_: gl.constexpr, NORM_F64: gl.constexpr,
-                 LOADER_REGS: gl.constexpr):
-    """Descriptor rows 0, 1, 2 of DESCS (o_proj, gate/up, down: LINEAR_FIELDS) over one row; EVENTS: a counter a
-    group, zero at the launch."""
+def decode_chain(DESCS, W, ACT, F32, EVENTS, CLAIMS, layers, GR: gl.constexpr, SLOTS_: gl.constexpr,
+                 NORM_F64: gl.constexpr, LOADER_REGS: gl.constexpr, WAIT: gl.constexpr, DYNAMIC: gl.constexpr,
+                 PREFETCH: gl.constexpr):
+    """Descriptor rows 0, 1, 2 of DESCS (o_proj, gate/up, down: LINEAR_FIELDS) over one row, `layers` times over
+    (the same weights: a layer's 386 MB do not stay in L2); EVENTS and CLAIMS: a counter a group a layer, zero at the
+    launch. DYNAMIC: a program's units claimed one at a time from the group's counter, not a contiguous share."""
     BOXES: gl.constexpr = SLOT_ROWS // GR
     plain: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     w_ring = gl.allocate_shared_memory(gl.bfloat16, [SLOTS_ * BOXES, GR, GK], plain)
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [SLOTS_ * BOXES, 1, GK], plain)
     ready = gl.allocate_shared_memory(gl.int64, [SLOTS_, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [SLOTS_, 1], mbarrier.MBarrierLayout())
+    QUEUE: gl.constexpr = 4
+    queue = gl.allocate_shared_memory(gl.int32, [QUEUE, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    q_ready = gl.allocate_shared_memory(gl.int64, [QUEUE, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [QUEUE, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(SLOTS_):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
+    for s in gl.static_range(QUEUE):
+        mbarrier.init(q_ready.index(s), count=1)
+        mbarrier.init(q_empty.index(s), count=1)
     gl.warp_specialize([
-        (_consumer, (DESCS, W, ACT, F32, EVENTS, w_ring, ready, empty, SLOTS_, NORM_F64)),
-        (_loader, (DESCS, W, w_ring, ready, empty, SLOTS_)),
+        (_consumer, (DESCS, W, ACT, F32, EVENTS, layers, w_ring, x_ring, ready, empty, queue, q_ready, q_empty,
+                     SLOTS_, NORM_F64, WAIT)),
+        (_loader, (DESCS, W, ACT, EVENTS, CLAIMS, layers, w_ring, x_ring, ready, empty, queue, q_ready, q_empty,
+                   SLOTS_, WAIT, DYNAMIC, PREFETCH)),
     ], [1], [LOADER_REGS])
 
 
-SIGNATURE = {"DESCS": "*i64", "W": "*bf16", "ACT": "*bf16", "F32": "*fp32", "EVENTS": "*i32"}
+SIGNATURE = {"DESCS": "*i64", "W": "*bf16", "ACT": "*bf16", "F32": "*fp32", "EVENTS": "*i32", "CLAIMS": "*i32",
+             "layers": "i32"}
 
 
-def options(rows: int) -> dict:
-    return dict(GR=rows, SLOTS_=gemv.SLOTS, NORM_F64=True, LOADER_REGS=gemv.LOADER_REGS, **gemv.LAUNCH)
+def options(rows: int, dynamic: bool, prefetch: int, wait: bool = True) -> dict:
+    return dict(GR=rows, SLOTS_=gemv.SLOTS, NORM_F64=True, LOADER_REGS=gemv.LOADER_REGS, WAIT=wait, DYNAMIC=dynamic,
+                PREFETCH=prefetch, **gemv.LAUNCH)
 
 
-def run_gpu(rows: int, reps: int) -> None:
+# (unit rows, units claimed one at a time, L2 prefetch before a wait): each checked at one layer, timed at LAYERS
+VARIANTS = ((32, False, 0), (32, False, 1), (32, False, 2), (8, False, 2))
+LAYERS = 32  # a whole model's worth of the chain (Llama-3-8B's layers), in one launch against 3 x 32 launches
+
+
+def run_gpu(reps: int) -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    probe_header(f"batch-1 o_proj -> gate/up -> down in {rows}-row units: one persistent kernel against three "
-                 f"GEMV kernels")
+    bw = probe_header("batch-1 o_proj -> gate/up -> down: one persistent kernel against three GEMV kernels")
     descs, warena, act, f32, outputs = arenas(1, "cuda")
     programs = gemv.PER_SM * sms
-    events = torch.zeros(GROUPS.value, dtype=torch.int32, device="cuda")
+    events = torch.zeros(GROUPS.value * LAYERS, dtype=torch.int32, device="cuda")
+    claims = torch.zeros_like(events)
     widths = [int(descs[g, LINEAR_WORDS.value[4]]) for g in range(GROUPS.value)]  # each group's weight rows
-
-    def groups():
-        f32.zero_()
-        for g, gated in enumerate((False, True, False)):
-            units, grid = gemv.grid(widths[g], rows, sms)
-            gemv.linear_gemv[(grid, )](descs, warena, act, f32, g, units,
-                                       **gemv.constexprs(rows, gated, 0, True), **gemv.LAUNCH)
-
-    def persistent():
-        f32.zero_()
-        events.zero_()
-        decode_chain[(programs, )](descs, warena, act, f32, events, **options(rows))
-    groups_ms, chain_ms, errs = launches_against(groups, persistent, act, outputs, reps)
     weight_bytes = sum(w * int(descs[g, LINEAR_WORDS.value[2]]) * 2 for g, w in enumerate(widths))
-    print(f"RESULT b1 o_proj -> gate/up -> down ({weight_bytes / 1e6:.0f} MB of weights): three GEMV kernels "
-          f"{groups_ms * 1e3:6.1f} us ({weight_bytes / groups_ms / 1e9:.2f} TB/s), one persistent kernel "
-          f"{chain_ms * 1e3:6.1f} us ({weight_bytes / chain_ms / 1e9:.2f} TB/s, {groups_ms / chain_ms:.2f}x); "
-          f"outputs' largest difference {', '.join(f'{k} {v:.1e}' for k, v in errs.items())}", flush=True)
+
+    def group(g):  # as the host-driven executor launches it
+        rows = gemv.rows_for(widths[g], sms)
+        units, grid = gemv.grid(widths[g], rows, sms)
+        gemv.linear_gemv[(grid, )](descs, warena, act, f32, g, units,
+                                   **gemv.constexprs(rows, g == 1, 0, True), **gemv.LAUNCH)
+
+    def groups(layers=1):
+        f32.zero_()
+        for _ in range(layers):
+            for g in range(GROUPS.value):
+                group(g)
+
+    each = [graph_ms(lambda g=g: group(g), reps) * 1e3 for g in range(GROUPS.value)]
+    sums = graph_ms(lambda: torch.sum(warena[:weight_bytes // 2]), reps) * 1e3
+    print(f"  each GEMV kernel alone (o_proj, gate/up, down): {', '.join(f'{t:.1f}' for t in each)} us; torch.sum "
+          f"over as many bytes {sums:.1f} us ({weight_bytes / sums / 1e6:.2f} TB/s)", flush=True)
+    many_ms = graph_ms(lambda: groups(LAYERS), max(2, reps // 8)) / LAYERS
+    print(f"  {LAYERS} times over, a layer: {LAYERS * 3} GEMV kernels {many_ms * 1e3:6.1f} us "
+          f"({weight_bytes / many_ms / 1e9:.2f} TB/s)", flush=True)
+    for rows, dynamic, prefetch in VARIANTS:
+        def persistent(wait=True, layers=1):
+            f32.zero_()
+            events.zero_()
+            claims.zero_()
+            decode_chain[(programs, )](descs, warena, act, f32, events, claims, layers,
+                                       **options(rows, dynamic, prefetch, wait))
+        groups_ms, chain_ms, errs = launches_against(groups, persistent, act, outputs, reps)
+        long_ms = graph_ms(lambda: persistent(True, LAYERS), max(2, reps // 8)) / LAYERS
+        free_ms = graph_ms(lambda: persistent(False, LAYERS), max(2, reps // 8)) / LAYERS
+        print(f"RESULT b1 o_proj -> gate/up -> down ({weight_bytes / 1e6:.0f} MB of weights), {rows}-row units "
+              f"{'claimed one at a time' if dynamic else 'in contiguous shares'}, prefetch {prefetch}: one layer {chain_ms * 1e3:6.1f} us "
+              f"against three GEMV kernels' {groups_ms * 1e3:6.1f} ({groups_ms / chain_ms:.2f}x), outputs' largest "
+              f"difference {', '.join(f'{k} {v:.1e}' for k, v in errs.items())}; {LAYERS} layers in one launch "
+              f"{long_ms * 1e3:6.1f} us a layer ({weight_bytes / long_ms / 1e9:.2f} TB/s, "
+              f"{weight_bytes / long_ms / 1e9 / bw:.0%} of the read bandwidth; {many_ms / long_ms:.2f}x the GEMV "
+              f"kernels), without its waits (outputs wrong) {free_ms * 1e3:6.1f} us", flush=True)
 
 
 def main():
@@ -159,11 +292,12 @@ def main():
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args()
-    rows = SLOT_ROWS.value  # (the row read by the consumers: a slot of one box)
     if args.compile_only:
-        compile_sm90(decode_chain, SIGNATURE, options(rows), f"b1 o_proj -> gate/up -> down, {rows}-row units")
+        for rows, dynamic, prefetch in VARIANTS:
+            compile_sm90(decode_chain, SIGNATURE, options(rows, dynamic, prefetch),
+                         f"{rows}-row units, dynamic {dynamic}, prefetch {prefetch}")
     else:
-        run_gpu(rows, args.reps)
+        run_gpu(args.reps)
 
 
 if __name__ == "__main__":

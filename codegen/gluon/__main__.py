@@ -21,6 +21,10 @@ def variants():
                 name = f"linear_prefill {linear.BM.value}x{tiles.bn} {tiles.stages} stages" \
                        f"{' gated' if gated else ''}{' fp32 sums' if not norm_f64 else ''}"
                 yield name, linear.linear_prefill, linear.SIGNATURE, tiles.constexprs(gated, norm_f64), linear.LAUNCH
+    for gated in (False, True):
+        tiles = linear.STREAMK
+        name = f"linear_streamk {linear.BM.value}x{tiles.bn} {tiles.stages} stages{' gated' if gated else ''}"
+        yield name, linear.linear_streamk, linear.SIGNATURE, tiles.constexprs(gated, True), linear.LAUNCH
     for tiles_name in ("WIDE", "NARROW"):
         tiles = getattr(linear, tiles_name)
         for norm_f64 in (True, False):

@@ -87,29 +87,21 @@ def _inv_rms(F32, stats_off, K, eps, NORM_F64: gl.constexpr):
 
 
 @gluon.jit
-def _unit(w_ring, x_ring, X, ready, empty, i, K, SLOTS_: gl.constexpr, vec: gl.constexpr,
-          X_GLOBAL: gl.constexpr = False):
+def _unit(w_ring, x_ring, ready, empty, i, K, SLOTS_: gl.constexpr, vec: gl.constexpr):
     """A unit's GR products over all of K from ring slot i on, in `vec`; returns them and the next unit's slot.
-    X_GLOBAL: the row's box is read from X (past L1: another program may have just written it) rather than from the
-    ring, so that the loader streams weights alone and never waits for the row (slots of one box: GR = SLOT_ROWS)."""
+    (The row comes through the ring beside the weights: read by the consumers from L2 instead, even a box ahead, a
+    chain of projections ran at half the rate; `benchmarks/explore/ws_decode_chain.py`, session 62.)"""
     GR: gl.constexpr = w_ring.type.shape[1]
     GK_: gl.constexpr = w_ring.type.shape[2]
     BOXES: gl.constexpr = w_ring.type.shape[0] // SLOTS_
     box: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [gl.num_warps(), 1], [1, 0])
-    ks = gl.arange(0, GK_, layout=gl.SliceLayout(0, box))
-    gl.static_assert(BOXES == 1 or not X_GLOBAL, "the row from X takes slots of one box")
     acc = gl.zeros([GR, GK_], gl.float32, box)
     for k0 in range(0, K, BOXES * GK_):
         s = i % SLOTS_
-        if X_GLOBAL:  # (asked for before the weights' wait)
-            x = gl.load(X + k0 + ks, mask=k0 + ks < K, other=0.0, cache_modifier=".cg").to(gl.float32)[None, :]
         mbarrier.wait(ready.index(s), (i // SLOTS_) & 1)
         for b in gl.static_range(BOXES):
             w = w_ring.index(s * BOXES + b).load(box).to(gl.float32)
-            if X_GLOBAL:
-                acc += w * x
-            else:
-                acc += w * x_ring.index(s * BOXES + b).load(box).to(gl.float32)  # ([1, GK]: every row's the same)
+            acc += w * x_ring.index(s * BOXES + b).load(box).to(gl.float32)  # ([1, GK]: every row's the same)
         fence_async_shared()  # the slot's reads before the loader's next copies into it
         mbarrier.arrive(empty.index(s))  # (after a barrier of the warp group: every warp's reads)
         i += 1
@@ -150,7 +142,7 @@ def _consumer(W, ACT, F32, w_ring, x_ring, ready, empty, units, K, N, out_off, s
     u0, u1 = _units(units)
     i = 0
     for u in range(u0, u1):
-        y, i = _unit(w_ring, x_ring, ACT, ready, empty, i, K, SLOTS_, vec)
+        y, i = _unit(w_ring, x_ring, ready, empty, i, K, SLOTS_, vec)
         sq += _epilogue(y, u, inv, W, ACT, F32, N, out_off, res_off, bias_off, GATED, OUT_KIND)
     if out_stats_off >= 0:
         out_sums = _norm_sums(F32, out_stats_off, NORM_F64)
@@ -220,7 +212,7 @@ def _qkv_consumer(W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, 
     u0, u1 = _units(units)
     i = 0
     for u in range(u0, u1):
-        y, i = _unit(w_ring, x_ring, ACT, ready, empty, i, K, SLOTS_, vec)
+        y, i = _unit(w_ring, x_ring, ready, empty, i, K, SLOTS_, vec)
         gl.store(parts + u * GR + gl.arange(0, GR, layout=vec), y * inv)
         head = u // PER_HEAD
         gl.thread_barrier()  # every thread's values stored before the ticket publishes them (`arrives_last`)

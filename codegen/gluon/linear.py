@@ -15,6 +15,9 @@ programs in
 a grouped order (GROUP row blocks take each column block in turn), so the programs running at once share weights in
 L2. Rows and columns past the ends are TMA's: read as zeros, not written.
 
+A step of 2 to 64 rows (a batched decode step) has too few tiles for the SMs: `linear_streamk` shares the flattened
+(tile, K chunk) space among the programs instead (below, at STREAMK_ROWS).
+
 H200, Llama-3-8B's first step in the host-driven executor (`benchmarks/gluon_groups.py`, session 60; 32 layers):
 at 2,048 tokens o_proj 3,316 us against the Triton groups' 4,766, gate/up 20,103 against 27,435, down 9,691 against
 11,362; at 512 tokens 1,141 against 2,071, 5,969 against 7,515, 2,894 against 3,739.
@@ -29,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED
 from codegen.layout import ALIGN as REGION_ALIGN
-from codegen.gluon.tiles import operands, ring, tile_at, tile_loader, tile_product
+from codegen.gluon.tiles import load_range, operands, ring, range_product, tile_at, tile_loader, tile_product
 from codegen.tasks import DESC_WORDS
 
 # the descriptor words the kernel reads, in this order (WORDS: their indices in the row)
@@ -163,6 +166,148 @@ def linear_prefill(DESCS, W, ACT, F32, I32, desc_index, rows_at, BN: gl.constexp
     ], [1], [LOADER_REGS])
 
 
+# Stream-K, for a step of few rows (a batched decode step): a group's tiles are too few for the SMs (Llama-3-8B's
+# o_proj at 64 rows: 32 [128, 128] tiles for 132 SMs), so the programs share the flattened (tile, K chunk) space in
+# equal contiguous ranges instead. A tile that a range covers whole is finished as `linear_prefill` finishes it; a
+# tile cut between programs (at most two fragments a program: its range's first and last) has each fragment's fp32
+# partial stored in the `prefill_parts` scratch (slot 2p for program p's first fragment, 2p + 1 for its last) and a
+# ticket taken on the tile (`prefill_ticket_off`, zeroed again by the last); the last to arrive sums the partials in
+# program order and runs the epilogue.
+STREAMK_ROWS = gl.constexpr(64)  # the most rows of a step it takes: a part holds STREAMK_ROWS x BN fp32
+STREAMK_WORDS = gl.constexpr(tuple(LINEAR_FIELDS.index(f) for f in ("prefill_part_off", "prefill_ticket_off")))
+
+
+@gluon.jit
+def _share(p, P, total):
+    """Program p's range of `total` chunks: equal and contiguous."""
+    return p * total // P, (p + 1) * total // P
+
+
+@gluon.jit
+def _program_of(c, P, total):
+    """The program whose `_share` holds chunk c."""
+    return ((c + 1) * P + total - 1) // total - 1
+
+
+@gluon.jit
+def _fragment(c, c1, KC):
+    """The tile of chunk c (tiles of KC chunks) and the chunks [kc0, kc1) of it that a range from c to c1 covers."""
+    t = c // KC
+    kc0 = c - t * KC
+    return t, kc0, gl.minimum(KC, kc0 + (c1 - c))
+
+
+@gluon.jit
+def _slot(p, P, total, t, KC):
+    """Where program p keeps its partial of tile t: 2p where its range starts inside t, else 2p + 1."""
+    c0, _ = _share(p, P, total)
+    return 2 * p + (c0 <= t * KC).to(gl.int32)
+
+
+@gluon.jit
+def _streamk_loader(x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES: gl.constexpr,
+                    GROUP: gl.constexpr):
+    """The loader partition of `linear_streamk`: this program's range of chunks into the ring, fragment by fragment."""
+    BK_: gl.constexpr = a_ring.type.shape[2]
+    KC = gl.cdiv(K, BK_)
+    total = num_m * num_n * KC
+    c, c1 = _share(gl.program_id(0), gl.num_programs(0), total)
+    i = 0
+    while c < c1:
+        t, kc0, kc1 = _fragment(c, c1, KC)
+        m, n = tile_at(t, num_m, num_n, GROUP)
+        i = load_range(x_desc, w_desc, a_ring, b_ring, ready, empty, i, m, n, kc0 * BK_, gl.minimum(kc1 * BK_, K),
+                       STAGES)
+        c += kc1 - kc0
+
+
+@gluon.jit
+def _streamk_consumer(W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar, num_m, num_n, num_rows,
+                      N, K, stats_off, eps, res_off, bias_off, out_stats_off, part_off, ticket_off,
+                      STAGES: gl.constexpr, GROUP: gl.constexpr, GATED: gl.constexpr, NORM_F64: gl.constexpr):
+    BN: gl.constexpr = b_ring.type.shape[1]
+    BK_: gl.constexpr = a_ring.type.shape[2]
+    OUT: gl.constexpr = BN // 2 if GATED else BN
+    PART: gl.constexpr = STREAMK_ROWS * BN
+    KC = gl.cdiv(K, BK_)
+    total = num_m * num_n * KC
+    p, P = gl.program_id(0), gl.num_programs(0)
+    c, c1 = _share(p, P, total)
+    i = 0
+    phase = 0
+    while c < c1:
+        t, kc0, kc1 = _fragment(c, c1, KC)
+        m, n = tile_at(t, num_m, num_n, GROUP)
+        acc, i = range_product(a_ring, b_ring, ready, empty, i, kc0 * BK_, gl.minimum(kc1 * BK_, K), STAGES)
+        c += kc1 - kc0
+        finish = (kc0 == 0) & (kc1 == KC)
+        if not finish:  # a fragment: its partial, the tile's ticket, and the sum where it arrived last
+            rows = gl.arange(0, BM, layout=gl.SliceLayout(1, acc.type.layout))
+            cols = gl.arange(0, BN, layout=gl.SliceLayout(0, acc.type.layout))
+            at = rows[:, None] * BN + cols[None, :]
+            keep = (rows < num_rows)[:, None] & (cols < BN)[None, :]
+            parts = F32 + _region(part_off)
+            gl.store(parts + _slot(p, P, total, t, KC) * PART + at, acc, mask=keep)
+            first, last = _program_of(t * KC, P, total), _program_of((t + 1) * KC - 1, P, total)
+            gl.thread_barrier()  # every thread's partial stored before the ticket publishes it (`arrives_last`)
+            arrived = gl.atomic_add(F32 + ticket_off + t, 1.0, sem="acq_rel")
+            gl.thread_barrier()
+            finish = arrived == (last - first).to(gl.float32)
+            if finish:
+                gl.store(F32 + ticket_off + t, 0.0)  # (for the group after)
+                acc = gl.zeros_like(acc)
+                for q in range(first, last + 1):  # in program order, whoever arrived last
+                    acc += gl.load(parts + _slot(q, P, total, t, KC) * PART + at, mask=keep, other=0.0,
+                                   cache_modifier=".cg")
+        if finish:
+            tma.store_wait(pendings=0)  # the tile before has left the staging buffer
+            if res_off >= 0:
+                mbarrier.expect(res_bar.index(0), BM * OUT * 2)
+                tma.async_copy_global_to_shared(r_desc, [m * BM, n * OUT], res_bar.index(0), c_smem)
+            _epilogue(acc, m * BM, n * BN, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase, stats_off, eps,
+                      res_off, bias_off, out_stats_off, GATED, NORM_F64)
+            if res_off >= 0:
+                phase ^= 1
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def linear_streamk(DESCS, W, ACT, F32, I32, desc_index, rows_at, BN: gl.constexpr, STAGES: gl.constexpr,
+                   GROUP: gl.constexpr, GATED: gl.constexpr, NORM_F64: gl.constexpr, DESC_WORDS: gl.constexpr,
+                   LOADER_REGS: gl.constexpr):
+    """`linear_prefill`'s outputs for a step of STREAMK_ROWS rows at most, stream-K (above)."""
+    desc = DESCS + desc_index * DESC_WORDS
+    num_rows = gl.load(I32 + rows_at)
+    x_off, x_stride, w_off = gl.load(desc + WORDS[0]), gl.load(desc + WORDS[1]), gl.load(desc + WORDS[3])
+    K = gl.load(desc + WORDS[2]).to(gl.int32)
+    N, out_off, out_stride = gl.load(desc + WORDS[4]).to(gl.int32), gl.load(desc + WORDS[5]), \
+        gl.load(desc + WORDS[6])
+    stats_off = gl.load(desc + WORDS[7])
+    eps = gl.load(desc + WORDS[8]).to(gl.float64, bitcast=True).to(gl.float32)
+    res_off, res_stride, bias_off = gl.load(desc + WORDS[9]), gl.load(desc + WORDS[10]), gl.load(desc + WORDS[11])
+    out_stats_off = gl.load(desc + WORDS[12])
+    part_off, ticket_off = gl.load(desc + STREAMK_WORDS[0]), gl.load(desc + STREAMK_WORDS[1])
+    x_desc, w_desc = operands(ACT + x_off, x_stride, num_rows, W + w_off, N, K, BM, BN, BK)
+    OUT: gl.constexpr = BN // 2 if GATED else BN
+    c_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, OUT], gl.bfloat16)
+    n_out = N // 2 if GATED else N
+    o_desc = tma.make_tensor_descriptor(ACT + out_off, [num_rows, n_out], [out_stride, 1], [BM, OUT], c_layout)
+    r_desc = tma.make_tensor_descriptor(ACT + gl.maximum(res_off, 0), [num_rows, n_out], [res_stride, 1], [BM, OUT],
+                                        c_layout)
+    c_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, OUT], c_layout)
+    res_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(res_bar.index(0), count=1)
+    a_ring, b_ring, ready, empty = ring(BM, BN, BK, STAGES)
+    num_m = gl.cdiv(num_rows, BM)
+    num_n = gl.cdiv(N, BN)
+    gl.warp_specialize([
+        (_streamk_consumer, (W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar, num_m, num_n,
+                             num_rows, N, K, stats_off, eps, res_off, bias_off, out_stats_off, part_off, ticket_off,
+                             STAGES, GROUP, GATED, NORM_F64)),
+        (_streamk_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
+    ], [1], [LOADER_REGS])
+
+
 @dataclass(frozen=True)
 class Tiles:
     """A launch's tile shape: BN columns a tile, STAGES slots in the ring."""
@@ -175,6 +320,8 @@ class Tiles:
 
 
 WIDE, NARROW = Tiles(256, 3), Tiles(128, 4)
+STREAMK = Tiles(128, 5)  # `linear_streamk`'s (a part of the scratch is STREAMK_ROWS x its BN): a fifth stage in
+# the room the wide tiles' staging buffer takes
 # H200, session 60 (`benchmarks/gluon_groups.py --tiles`, Llama-3-8B's 32 layers): o_proj at 2,048 tokens, 2 rounds
 # of wide tiles or 4 of narrow ones, 3,399 against 3,711 us; gate/up at 2,048 (14 or 28 rounds) 20,754 against
 # 21,946; at 512 tokens (4 or 7 rounds) 6,016 against 5,969
@@ -210,4 +357,23 @@ def unsupported(words: list[int]) -> str | None:
         return "its residual's rows are not 16-byte aligned"
     if f["bias_off"] >= 0 and f["bias_off"] % ALIGN.value:  # (a region's offset, `_region`)
         return f"bias_off {f['bias_off']} is not a multiple of {ALIGN.value} elements"
+    return None
+
+
+def streamk_unsupported(words: list[int], programs: int, room: tuple[int, int]) -> str | None:
+    """Why `linear_streamk` cannot take a LINEAR descriptor's group that `linear_prefill` can (None: it can), on
+    `programs` programs with room = (floats of the `prefill_parts` scratch, tickets of `tickets:prefill`): no scratch
+    or tickets (the group may not split its prefill tiles), or too little of either."""
+    f = dict(zip(LINEAR_FIELDS, words))
+    if f["prefill_part_off"] < 0 or f["prefill_ticket_off"] < 0:
+        return "it has no prefill split scratch or tickets"
+    if f["prefill_part_off"] % ALIGN.value:  # (a region's offset, `_region`)
+        return f"prefill_part_off {f['prefill_part_off']} is not a multiple of {ALIGN.value} elements"
+    parts, tickets = room
+    need = 2 * programs * STREAMK_ROWS.value * STREAMK.bn
+    if need > parts:
+        return f"its scratch holds {parts} floats, {programs} programs' parts {need}"
+    tiles = -(-f["n"] // STREAMK.bn)
+    if tiles > tickets:
+        return f"its {tiles} tiles want a ticket each, {tickets} there"
     return None

@@ -36,10 +36,17 @@ def tile_loader(x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, S
 @gluon.jit
 def load_tile(x_desc, w_desc, a_ring, b_ring, ready, empty, i, m, n, K, STAGES: gl.constexpr):
     """Tile (m, n)'s chunks into ring slots i ..; returns the next tile's first slot."""
+    return load_range(x_desc, w_desc, a_ring, b_ring, ready, empty, i, m, n, 0, K, STAGES)
+
+
+@gluon.jit
+def load_range(x_desc, w_desc, a_ring, b_ring, ready, empty, i, m, n, k_lo, k_hi, STAGES: gl.constexpr):
+    """Tile (m, n)'s chunks of K from k_lo to k_hi (multiples of BK, or K) into ring slots i ..; returns the slot
+    after them."""
     BM: gl.constexpr = a_ring.type.shape[1]
     BN: gl.constexpr = b_ring.type.shape[1]
     BK: gl.constexpr = a_ring.type.shape[2]
-    for k in range(0, K, BK):
+    for k in range(k_lo, k_hi, BK):
         s = i % STAGES
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # (a barrier starts as if its phase 1 were done)
         mbarrier.expect(ready.index(s), (BM + BN) * BK * 2)
@@ -52,19 +59,25 @@ def load_tile(x_desc, w_desc, a_ring, b_ring, ready, empty, i, m, n, K, STAGES: 
 @gluon.jit
 def tile_product(a_ring, b_ring, ready, empty, i, K, STAGES: gl.constexpr):
     """The consumers' fp32 [BM, BN] product of one tile, from ring slot i on; returns it and the next tile's slot."""
+    return range_product(a_ring, b_ring, ready, empty, i, 0, K, STAGES)
+
+
+@gluon.jit
+def range_product(a_ring, b_ring, ready, empty, i, k_lo, k_hi, STAGES: gl.constexpr):
+    """`tile_product` over K's chunks from k_lo to k_hi (`load_range`'s): the partial product."""
     BM: gl.constexpr = a_ring.type.shape[1]
     BN: gl.constexpr = b_ring.type.shape[1]
     BK: gl.constexpr = a_ring.type.shape[2]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                           instr_shape=[16, BN, 16])
     acc = gl.zeros([BM, BN], gl.float32, acc_layout)
-    for k in range(0, K, BK):
+    for k in range(k_lo, k_hi, BK):
         s = i % STAGES
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         acc = warpgroup_mma(a_ring.index(s), b_ring.index(s).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
         # the product before this one is done: its slot goes back to the loader
-        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=k > 0)
+        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=k > k_lo)
         i += 1
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1)
