@@ -1,15 +1,23 @@
 """Does a batch-1 step's projection chain gain as one persistent Gluon kernel, weights streamed across groups? (Gluon)
 
 The host-driven executor launches each one-row projection as a kernel of its own (`codegen/gluon/gemv.py`): o_proj's
-32 MB take ~17 us where the bandwidth says 8, gate/up 60 us (94% of the bandwidth), down 35 (83%). A group kernel
-pays a launch's fixed costs (program start, tensor descriptors, the ring's first fill) and ends with a tail where
-programs idle; the next group's weights do not start streaming until it has ended. The persistent megakernel runs the
-groups as one kernel with event counters. This probe runs a layer's o_proj -> gate/up -> down that way: two programs
-an SM walk the three groups' units of 32 weight rows in order (each its contiguous share, as `linear_gemv`); the
-loader warp streams every group's weight boxes without ever waiting on an event (weights depend on nothing), so
-gate/up's first boxes arrive while o_proj's last units finish; the consumers wait on the previous group's counter
-(every program's units done) before reading the row, which they read themselves (`_unit` with X_GLOBAL), not through
-the ring.
+32 MB take ~12 us where the bandwidth says 8. A group kernel pays a launch's fixed costs (program start, tensor
+descriptors, the ring's first fill) and ends with a tail where programs idle. The persistent megakernel runs the groups
+as one kernel with event counters. This probe runs a layer's o_proj -> gate/up -> down that way, `layers` times over
+in one launch: two programs an SM walk the groups' units (a unit: GR weight rows over all of K); the loader warp
+posts each unit's index to the consumers through a small queue in shared memory, then streams its weight boxes with
+the row's beside them (the row once the group before is done: its event at the programs' count); the consumers
+multiply, acquire the event themselves after the first unit's products (the norm's sums and the residual that the
+epilogue reads), and signal the group's event when done. Variants: units in contiguous shares or claimed one at a time
+from a counter a group (DYNAMIC); before waiting for an event, the loader asks L2 for the first KB of each weight row
+of its next unit (PREFETCH); no waits at all (WAIT false: wrong outputs, what the events cost).
+
+H200, session 62 (one launch of 32 layers, a layer's 386 MB): 108.9-111.2 us a layer, 3.5 TB/s, 84-86% of the
+measured read bandwidth and 1.05-1.11x the 96 GEMV kernels; without its waits 98.8 us (94%, as fast as the weights
+alone with no products: the products cost nothing, the 96 events ~10 us a layer). The row read by the consumers from
+L2 (a box ahead) rather than through the ring: 236 us. The loader never waiting (the row copied whole into shared
+memory by the consumers after the event): 111.6. Units claimed one at a time: no better (32-row 123 us, 8-row 115).
+Boxes read as 16 KB contiguous (a blocked weight layout): no change. PREFETCH: not yet run.
 
 The units, their products and epilogues are `codegen.gluon.gemv`'s; the arenas are `ws_chain.arenas` at one token.
 Checked against the three `linear_gemv` launches back to back on the same arenas (the same units and products: o_proj's
@@ -24,7 +32,7 @@ import argparse
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from benchmarks.explore.gluon_probe import compile_sm90, graph_ms, launches_against, probe_header
 from benchmarks.explore.ws_chain import _wait, arenas
