@@ -85,6 +85,31 @@ def _prefetch(W, DESCS, g, units, GR: gl.constexpr, PREFETCH: gl.constexpr):
 
 
 @gluon.jit
+def _wait_for(EVENTS, index, target, POLL: gl.constexpr):
+    """`ws_chain._wait` (POLL 0: atomics, as the Triton megakernel's `wait_event` polls), or (1) polling with plain
+    acquire loads, which an L2 slice need not serialize as it does atomics on one address from every program."""
+    if POLL == 0:
+        _wait(EVENTS, index, target)
+    else:
+        at = EVENTS + index
+        seen = gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [at], dtype=gl.int32,
+                                         is_pure=False, pack=1)
+        while seen < target:
+            seen = gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [at], dtype=gl.int32,
+                                             is_pure=False, pack=1)
+
+
+@gluon.jit
+def _stamp(TRACE, event, events, k: gl.constexpr, ON: gl.constexpr):
+    """The global timer (ns) at TRACE[program, event, k] (k: 0 the loader past its wait, 1 the consumers given the
+    group's first unit, 2 past its products and their own wait, 3 the group done)."""
+    if ON:
+        now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [event], dtype=gl.int64, is_pure=False,
+                                        pack=1)
+        gl.store(TRACE + (gl.program_id(0) * events + event) * 4 + k, now)
+
+
+@gluon.jit
 def _claim(CLAIMS, event, u, units, DYNAMIC: gl.constexpr):
     """The program's next unit of group `event` after u: the next of its contiguous share, or (DYNAMIC) the next
     unclaimed one of the group's counter; `units` or more: none left."""
@@ -128,8 +153,9 @@ def _taken(queue, q_ready, q_empty, q):
 
 
 @gluon.jit
-def _loader(DESCS, W, ACT, EVENTS, CLAIMS, layers, w_ring, x_ring, ready, empty, queue, q_ready, q_empty,
-            SLOTS_: gl.constexpr, WAIT: gl.constexpr, DYNAMIC: gl.constexpr, PREFETCH: gl.constexpr):
+def _loader(DESCS, W, ACT, EVENTS, CLAIMS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready, q_empty,
+            SLOTS_: gl.constexpr, WAIT: gl.constexpr, DYNAMIC: gl.constexpr, PREFETCH: gl.constexpr,
+            POLL: gl.constexpr, TRACING: gl.constexpr):
     """Each group's units, group after group, layer after layer: a unit's index into the queue, then its weight's
     boxes with the row's beside them into the ring; the row once the group before is done (its event at the
     programs' count); a group's end as -1 in the queue."""
@@ -144,8 +170,9 @@ def _loader(DESCS, W, ACT, EVENTS, CLAIMS, layers, w_ring, x_ring, ready, empty,
             if WAIT and event > 0:
                 if PREFETCH > 0:
                     _prefetch(W, DESCS, g, units, GR, PREFETCH)
-                _wait(EVENTS, event - 1, gl.num_programs(0))
+                _wait_for(EVENTS, event - 1, gl.num_programs(0), POLL)
                 _proxy_fence(K)  # the row's generic stores before this thread's bulk copies of it
+            _stamp(TRACE, event, layers * GROUPS, 0, TRACING)
             u, u1 = _first(CLAIMS, event, units, DYNAMIC)
             while u < u1:
                 q = _post(queue, q_ready, q_empty, q, u)
@@ -164,8 +191,9 @@ def _loader(DESCS, W, ACT, EVENTS, CLAIMS, layers, w_ring, x_ring, ready, empty,
 
 
 @gluon.jit
-def _consumer(DESCS, W, ACT, F32, EVENTS, layers, w_ring, x_ring, ready, empty, queue, q_ready, q_empty,
-              SLOTS_: gl.constexpr, NORM_F64: gl.constexpr, WAIT: gl.constexpr):
+def _consumer(DESCS, W, ACT, F32, EVENTS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready, q_empty,
+              SLOTS_: gl.constexpr, NORM_F64: gl.constexpr, WAIT: gl.constexpr, POLL: gl.constexpr,
+              TRACING: gl.constexpr):
     """Each group's units as the loader posts them, until its -1; a group done, its event moves on. The loader
     waited for the group before (its row is in the first unit's products); the norm's sums and the residual that the
     epilogue reads want the consumers' own acquire, after the first unit's products (one poll: the count is there).
@@ -186,26 +214,29 @@ def _consumer(DESCS, W, ACT, F32, EVENTS, layers, w_ring, x_ring, ready, empty, 
             sq = gl.to_tensor(0.0)
             first = True
             u, q = _taken(queue, q_ready, q_empty, q)
+            _stamp(TRACE, event, layers * GROUPS, 1, TRACING)
             while u >= 0:
                 y, i = _unit(w_ring, x_ring, ready, empty, i, K, SLOTS_, vec)
                 if first:
                     if WAIT and event > 0:
-                        _wait(EVENTS, event - 1, gl.num_programs(0))
+                        _wait_for(EVENTS, event - 1, gl.num_programs(0), POLL)
                     inv = _inv_rms(F32, stats_off, K, eps, NORM_F64)
                     first = False
+                    _stamp(TRACE, event, layers * GROUPS, 2, TRACING)
                 sq += _epilogue(y, u, inv, W, ACT, F32, N, out_off, res_off, bias_off, g == 1, 0)
                 u, q = _taken(queue, q_ready, q_empty, q)
             if out_stats_off >= 0:
                 out_sums = _norm_sums(F32, out_stats_off, NORM_F64)
                 gl.atomic_add(out_sums, sq.to(out_sums.dtype.element_ty))
             gl.thread_barrier()  # every thread's stores before the signal releases them
+            _stamp(TRACE, event, layers * GROUPS, 3, TRACING)
             gl.atomic_add(EVENTS + event, 1, sem="release", scope="gpu")
 
 
 @gluon.jit
-def decode_chain(DESCS, W, ACT, F32, EVENTS, CLAIMS, layers, GR: gl.constexpr, SLOTS_: gl.constexpr,
+def decode_chain(DESCS, W, ACT, F32, EVENTS, CLAIMS, TRACE, layers, GR: gl.constexpr, SLOTS_: gl.constexpr,
                  NORM_F64: gl.constexpr, LOADER_REGS: gl.constexpr, WAIT: gl.constexpr, DYNAMIC: gl.constexpr,
-                 PREFETCH: gl.constexpr):
+                 PREFETCH: gl.constexpr, POLL: gl.constexpr, TRACING: gl.constexpr):
     """Descriptor rows 0, 1, 2 of DESCS (o_proj, gate/up, down: LINEAR_FIELDS) over one row, `layers` times over
     (the same weights: a layer's 386 MB do not stay in L2); EVENTS and CLAIMS: a counter a group a layer, zero at the
     launch. DYNAMIC: a program's units claimed one at a time from the group's counter, not a contiguous share."""
@@ -226,25 +257,56 @@ def decode_chain(DESCS, W, ACT, F32, EVENTS, CLAIMS, layers, GR: gl.constexpr, S
         mbarrier.init(q_ready.index(s), count=1)
         mbarrier.init(q_empty.index(s), count=1)
     gl.warp_specialize([
-        (_consumer, (DESCS, W, ACT, F32, EVENTS, layers, w_ring, x_ring, ready, empty, queue, q_ready, q_empty,
-                     SLOTS_, NORM_F64, WAIT)),
-        (_loader, (DESCS, W, ACT, EVENTS, CLAIMS, layers, w_ring, x_ring, ready, empty, queue, q_ready, q_empty,
-                   SLOTS_, WAIT, DYNAMIC, PREFETCH)),
+        (_consumer, (DESCS, W, ACT, F32, EVENTS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready,
+                     q_empty, SLOTS_, NORM_F64, WAIT, POLL, TRACING)),
+        (_loader, (DESCS, W, ACT, EVENTS, CLAIMS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready,
+                   q_empty, SLOTS_, WAIT, DYNAMIC, PREFETCH, POLL, TRACING)),
     ], [1], [LOADER_REGS])
 
 
 SIGNATURE = {"DESCS": "*i64", "W": "*bf16", "ACT": "*bf16", "F32": "*fp32", "EVENTS": "*i32", "CLAIMS": "*i32",
-             "layers": "i32"}
+             "TRACE": "*i64", "layers": "i32"}
 
 
-def options(rows: int, dynamic: bool, prefetch: int, wait: bool = True) -> dict:
+def options(rows: int, dynamic: bool = False, prefetch: int = 0, poll: int = 0, tracing: bool = False,
+            wait: bool = True) -> dict:
     return dict(GR=rows, SLOTS_=gemv.SLOTS, NORM_F64=True, LOADER_REGS=gemv.LOADER_REGS, WAIT=wait, DYNAMIC=dynamic,
-                PREFETCH=prefetch, **gemv.LAUNCH)
+                PREFETCH=prefetch, POLL=poll, TRACING=tracing, **gemv.LAUNCH)
 
 
-# (unit rows, units claimed one at a time, L2 prefetch before a wait): each checked at one layer, timed at LAYERS
-VARIANTS = ((32, False, 0), (32, False, 1), (32, False, 2), (8, False, 2))
+# (label, options): each checked at one layer, timed at LAYERS; the first traced too
+VARIANTS = (("32-row units", dict(rows=32)),
+            ("32-row units, acquire loads poll", dict(rows=32, poll=1)),
+            ("32-row units, 1 KB a row to L2 before a wait", dict(rows=32, prefetch=1)),
+            ("32-row units, 4 KB a row to L2 before a wait", dict(rows=32, prefetch=2)),
+            ("8-row units, 4 KB a row to L2 before a wait, acquire loads poll", dict(rows=8, prefetch=2, poll=1)),
+            ("8-row units claimed one at a time", dict(rows=8, dynamic=True)))
 LAYERS = 32  # a whole model's worth of the chain (Llama-3-8B's layers), in one launch against 3 x 32 launches
+
+
+def report_trace(trace: torch.Tensor, programs: int, layers: int) -> None:
+    """Where a traced launch's time went, group by group (`_stamp`'s times; medians over the layers past the first):
+    how long each group ran from the event before it completing to its own, the spread of its programs' ends, how
+    long the loaders took to see the event before complete, and the consumers to have their first products after."""
+    raw = trace.view(programs, layers * GROUPS.value, 4).cpu()
+    stamped = raw > 0
+    t = (raw - raw[stamped].min()).double() / 1e3  # us from the first stamp (ns since the epoch: past a double's 53 bits)
+    done = t[:, :, 3].max(dim=0).values  # each event's completion: its last program's signal
+    names = ("o_proj", "gate/up", "down")
+    print(f"  where the time goes (traced, {layers} layers; us, medians over layers 1-{layers - 1}):", flush=True)
+    total = 0.0
+    for g in range(GROUPS.value):
+        events = [layer * GROUPS.value + g for layer in range(1, layers)]
+        run = torch.tensor([done[e] - done[e - 1] for e in events])
+        spread = torch.tensor([t[:, e, 3].max() - t[:, e, 3].median() for e in events])
+        seen = torch.stack([t[:, e, 0] - done[e - 1] for e in events])
+        # (programs without a unit in the group stamp no products: their k = 2 is the zero it was cleared to)
+        first = torch.cat([(t[:, e, 2] - t[:, e, 0])[stamped[:, e, 2]] for e in events])
+        total += run.median().item()
+        print(f"    {names[g]:8s} event to event {run.median():6.1f}; its programs' ends: last past the median "
+              f"{spread.median():5.1f}; the loaders past the event before: median {seen.median():5.2f}, "
+              f"90th {seen.quantile(0.9):5.2f}; first products after it {first.median():5.2f}", flush=True)
+    print(f"    a layer {total:6.1f}", flush=True)
 
 
 def run_gpu(reps: int) -> None:
@@ -254,6 +316,7 @@ def run_gpu(reps: int) -> None:
     programs = gemv.PER_SM * sms
     events = torch.zeros(GROUPS.value * LAYERS, dtype=torch.int32, device="cuda")
     claims = torch.zeros_like(events)
+    trace = torch.zeros(programs * GROUPS.value * LAYERS * 4, dtype=torch.int64, device="cuda")
     widths = [int(descs[g, LINEAR_WORDS.value[4]]) for g in range(GROUPS.value)]  # each group's weight rows
     weight_bytes = sum(w * int(descs[g, LINEAR_WORDS.value[2]]) * 2 for g, w in enumerate(widths))
 
@@ -276,23 +339,27 @@ def run_gpu(reps: int) -> None:
     many_ms = graph_ms(lambda: groups(LAYERS), max(2, reps // 8)) / LAYERS
     print(f"  {LAYERS} times over, a layer: {LAYERS * 3} GEMV kernels {many_ms * 1e3:6.1f} us "
           f"({weight_bytes / many_ms / 1e9:.2f} TB/s)", flush=True)
-    for rows, dynamic, prefetch in VARIANTS:
-        def persistent(wait=True, layers=1):
+    for n, (label, extra) in enumerate(VARIANTS):
+        def persistent(wait=True, layers=1, tracing=False):
             f32.zero_()
             events.zero_()
             claims.zero_()
-            decode_chain[(programs, )](descs, warena, act, f32, events, claims, layers,
-                                       **options(rows, dynamic, prefetch, wait))
+            decode_chain[(programs, )](descs, warena, act, f32, events, claims, trace, layers,
+                                       **options(**extra, tracing=tracing, wait=wait))
         groups_ms, chain_ms, errs = launches_against(groups, persistent, act, outputs, reps)
         long_ms = graph_ms(lambda: persistent(True, LAYERS), max(2, reps // 8)) / LAYERS
         free_ms = graph_ms(lambda: persistent(False, LAYERS), max(2, reps // 8)) / LAYERS
-        print(f"RESULT b1 o_proj -> gate/up -> down ({weight_bytes / 1e6:.0f} MB of weights), {rows}-row units "
-              f"{'claimed one at a time' if dynamic else 'in contiguous shares'}, prefetch {prefetch}: one layer {chain_ms * 1e3:6.1f} us "
-              f"against three GEMV kernels' {groups_ms * 1e3:6.1f} ({groups_ms / chain_ms:.2f}x), outputs' largest "
-              f"difference {', '.join(f'{k} {v:.1e}' for k, v in errs.items())}; {LAYERS} layers in one launch "
-              f"{long_ms * 1e3:6.1f} us a layer ({weight_bytes / long_ms / 1e9:.2f} TB/s, "
+        print(f"RESULT b1 o_proj -> gate/up -> down ({weight_bytes / 1e6:.0f} MB of weights), {label}: one layer "
+              f"{chain_ms * 1e3:6.1f} us against three GEMV kernels' {groups_ms * 1e3:6.1f} ({groups_ms / chain_ms:.2f}x), "
+              f"outputs' largest difference {', '.join(f'{k} {v:.1e}' for k, v in errs.items())}; {LAYERS} layers in "
+              f"one launch {long_ms * 1e3:6.1f} us a layer ({weight_bytes / long_ms / 1e9:.2f} TB/s, "
               f"{weight_bytes / long_ms / 1e9 / bw:.0%} of the read bandwidth; {many_ms / long_ms:.2f}x the GEMV "
               f"kernels), without its waits (outputs wrong) {free_ms * 1e3:6.1f} us", flush=True)
+        if n == 0:
+            trace.zero_()
+            persistent(True, LAYERS, tracing=True)
+            torch.cuda.synchronize()
+            report_trace(trace, programs, LAYERS)
 
 
 def main():
@@ -301,9 +368,9 @@ def main():
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args()
     if args.compile_only:
-        for rows, dynamic, prefetch in VARIANTS:
-            compile_sm90(decode_chain, SIGNATURE, options(rows, dynamic, prefetch),
-                         f"{rows}-row units, dynamic {dynamic}, prefetch {prefetch}")
+        for label, extra in VARIANTS:
+            compile_sm90(decode_chain, SIGNATURE, options(**extra), label)
+        compile_sm90(decode_chain, SIGNATURE, options(**VARIANTS[0][1], tracing=True), f"{VARIANTS[0][0]}, traced")
     else:
         run_gpu(args.reps)
 
