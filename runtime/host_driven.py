@@ -120,7 +120,7 @@ class GluonCoverage:
     `attention.attention_prefill`, `gemv.linear_gemv`, `gemv.qkv_gemv`), and in which steps, from the task and
     descriptor tables alone: the projections in a step of more tokens than the batched blocks take
     (`CompileConfig.wide_rows`: the Triton tasks then run the prefill tiles), in a step of 2 to 64 rows
-    (`linear.linear_streamk`: a batched decode step; not QKV), and in a step of one row (batch-1 decode, QKV too; the
+    (`linear.linear_streamk`, `qkv.qkv_streamk`: a batched decode step), and in a step of one row (batch-1 decode, QKV too; the
     LM head of a step with one sequence); attention in a step where some sequence has more than one
     token (items of 128 query rows), and in a step that only decodes (items of 64 rows, on one consumer warp group):
     whole where its (sequence, KV head) pairs are a wave of `programs` at least, else each pair's keys in splits that
@@ -151,8 +151,9 @@ class GluonCoverage:
         self.one_row_skipped: dict[int, str] = {}
         self.rows_kind: dict[int, int] = {}
         self.out_kind: dict[int, int] = {}
-        # a projection `linear_streamk` takes in a step of 2 to STREAMK_ROWS rows (streamk_room: the floats and
-        # tickets of its scratch), and why the others are left to the Triton tasks there
+        # a projection `linear.linear_streamk` or `qkv.qkv_streamk` takes in a step of 2 to STREAMK_ROWS rows
+        # (streamk_room: the floats and tickets of their scratch), and why the others are left to the Triton tasks
+        # there
         self.streamk: set[int] = set()
         self.streamk_skipped: dict[int, str] = {}
         for i, (first, _) in enumerate(groups):
@@ -165,17 +166,15 @@ class GluonCoverage:
                 self.rows_kind[first], self.out_kind[first] = f["rows_kind"], f["out_kind"]
                 self._take_one_row(first, desc, gemv.unsupported(words[:len(LINEAR_FIELDS)]))
                 if not why:
-                    why_not = linear.streamk_unsupported(words[:len(LINEAR_FIELDS)], programs, streamk_room)
-                    if why_not:
-                        self.streamk_skipped[first] = why_not
-                    else:
-                        self.streamk.add(first)
+                    self._take_streamk(first, -(-f["n"] // linear.STREAMK.bn), linear.STREAMK.bn, streamk_room)
             elif kind == Kind.QKV:
                 f = dict(zip(QKV_FIELDS, words))
                 why = qkv.unsupported(words[:len(QKV_FIELDS)])
                 self.columns[first] = (f["num_q_heads"] + 2 * f["num_kv_heads"]) * f["head_dim"]
                 self.rows_kind[first] = 0  # (the step's tokens)
                 self._take_one_row(first, desc, gemv.qkv_unsupported(words[:len(QKV_FIELDS)]))
+                if not why:  # (a tile a head)
+                    self._take_streamk(first, f["num_q_heads"] + 2 * f["num_kv_heads"], qkv.HEAD_DIM, streamk_room)
             elif kind == Kind.ATTENTION:
                 f = dict(zip(ATTENTION_FIELDS, words))
                 why = attention.unsupported(words[:len(ATTENTION_FIELDS)], cfg.page_size,
@@ -193,6 +192,15 @@ class GluonCoverage:
                 self.skipped[first] = why
             else:
                 self.covered[first], self.kinds[first] = desc, kind
+
+    def _take_streamk(self, first: int, tiles: int, bn: int, room: tuple[int, int]) -> None:
+        """Group `first` (`tiles` tiles of BN columns) to a stream-K body in steps of few rows, or why not."""
+        from codegen.gluon.tiles import streamk_unsupported
+        why_not = streamk_unsupported(tiles, bn, self.programs, room)
+        if why_not:
+            self.streamk_skipped[first] = why_not
+        else:
+            self.streamk.add(first)
 
     def _take_one_row(self, first: int, desc: int, why_not: str | None) -> None:
         """Group `first` (descriptor row `desc`) to the GEMV in one-row steps, or why not."""
@@ -248,7 +256,8 @@ class GluonGroups(GluonCoverage):
         if kernel.dtype != torch.bfloat16:
             raise ValueError(f"the Gluon bodies take bf16 models, not {kernel.manifest['model']['dtype']}")
         regions = kernel.layout["regions"]
-        room = tuple(regions[name][2] if name in regions else 0 for name in ("prefill_parts", "tickets:prefill"))
+        scratch = [regions.get(name, (None, 0, 0)) for name in ("prefill_parts", "tickets:prefill")]
+        room = tuple(size for _, _, size in scratch)
         super().__init__(kernel.tasks.cpu(), kernel.descs.cpu().tolist(), kernel.config, groups,
                          torch.cuda.get_device_properties(kernel.device).multi_processor_count, room)
         self.kernel = kernel
@@ -259,6 +268,7 @@ class GluonGroups(GluonCoverage):
         self.control_at, self.positions_at, self.slots_at = (kernel.region(name)[0]
                                                              for name in ("control", "positions", "slots"))
         self.plan_at = tuple(kernel.region(name)[0] for name in ("seq_starts", "context_lens", "seq_req", "req_pages"))
+        self.streamk_at = tuple(offset for _, offset, _ in scratch)  # (the stream-K bodies' scratch and tickets)
         self.attention_constexprs = {split: self.attention.constexprs(cfg.page_size, cfg.max_pages_per_seq,
                                                                       cfg.max_batch, split, cfg.block_m)
                                      for split in (False, True)}
@@ -271,6 +281,9 @@ class GluonGroups(GluonCoverage):
         if first in self.merges:
             return True  # (its attention group's Gluon body left nothing to merge)
         k = self.kernel
+        if self.takes_streamk(first, size):
+            self._launch_streamk(first)
+            return True
         if self.takes_one_row(first, size):
             gemv, n = self.gemv, self.columns[first]
             rows = self.gemv_rows or gemv.rows_for(n, self.programs)
@@ -292,11 +305,6 @@ class GluonGroups(GluonCoverage):
                 self.control_at, *self.plan_at, **self.attention_constexprs[split], **options)
             return True
         linear, tokens = self.linear, size[0]
-        if self.takes_streamk(first, size):
-            linear.linear_streamk[(self.programs, )](k.descs, k.weights, k.act, k.f32, k.i32, desc, self.control_at,
-                                                    **linear.STREAMK.constexprs(self.gated[first], self.norm_f64),
-                                                    **linear.LAUNCH)
-            return True
         tiles = self.tiles or linear.tiles_for(tokens, self.columns[first], self.programs)
         grid = min(self.programs, -(-tokens // linear.BM.value) * -(-self.columns[first] // tiles.bn))
         if kind == Kind.QKV:
@@ -307,3 +315,17 @@ class GluonGroups(GluonCoverage):
             linear.linear_prefill[(grid, )](k.descs, k.weights, k.act, k.f32, k.i32, desc, self.control_at,
                                             **tiles.constexprs(self.gated[first], self.norm_f64), **linear.LAUNCH)
         return True
+
+    def _launch_streamk(self, first: int) -> None:
+        """Projection group `first` on the stream-K bodies, a program an SM (the scratch's room is for as many)."""
+        k, desc, linear = self.kernel, self.covered[first], self.linear
+        if self.kinds[first] == Kind.QKV:
+            self.qkv.qkv_streamk[(self.programs, )](k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, desc,
+                                                   self.control_at, self.positions_at, self.slots_at,
+                                                   *self.streamk_at, **self.qkv.streamk_constexprs(self.norm_f64),
+                                                   **linear.LAUNCH)
+        else:
+            linear.linear_streamk[(self.programs, )](k.descs, k.weights, k.act, k.f32, k.i32, desc, self.control_at,
+                                                    *self.streamk_at,
+                                                    **linear.STREAMK.constexprs(self.gated[first], self.norm_f64),
+                                                    **linear.LAUNCH)

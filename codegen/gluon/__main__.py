@@ -24,7 +24,9 @@ def variants():
     for gated in (False, True):
         tiles = linear.STREAMK
         name = f"linear_streamk {linear.BM.value}x{tiles.bn} {tiles.stages} stages{' gated' if gated else ''}"
-        yield name, linear.linear_streamk, linear.SIGNATURE, tiles.constexprs(gated, True), linear.LAUNCH
+        yield name, linear.linear_streamk, linear.STREAMK_SIGNATURE, tiles.constexprs(gated, True), linear.LAUNCH
+    yield f"qkv_streamk {qkv.BM.value}x{qkv.HEAD_DIM} {linear.STREAMK.stages} stages", qkv.qkv_streamk, \
+        qkv.STREAMK_SIGNATURE, qkv.streamk_constexprs(True), linear.LAUNCH
     for tiles_name in ("WIDE", "NARROW"):
         tiles = getattr(linear, tiles_name)
         for norm_f64 in (True, False):

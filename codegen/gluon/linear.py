@@ -16,7 +16,7 @@ a grouped order (GROUP row blocks take each column block in turn), so the progra
 L2. Rows and columns past the ends are TMA's: read as zeros, not written.
 
 A step of 2 to 64 rows (a batched decode step) has too few tiles for the SMs: `linear_streamk` shares the flattened
-(tile, K chunk) space among the programs instead (below, at STREAMK_ROWS).
+(tile, K chunk) space among the programs instead (stream-K, codegen/gluon/tiles.py).
 
 H200, Llama-3-8B's first step in the host-driven executor (`benchmarks/gluon_groups.py`, session 60; 32 layers):
 at 2,048 tokens o_proj 3,316 us against the Triton groups' 4,766, gate/up 20,103 against 27,435, down 9,691 against
@@ -31,35 +31,27 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED
-from codegen.layout import ALIGN as REGION_ALIGN
-from codegen.gluon.tiles import load_range, operands, ring, range_product, tile_at, tile_loader, tile_product
+from codegen.gluon.tiles import ALIGN, STREAMK_ROWS, _region, finish_fragment, fragment, operands, range_product, ring
+from codegen.gluon.tiles import streamk_loader, streamk_range, tile_at, tile_loader, tile_product
 from codegen.tasks import DESC_WORDS
 
 # the descriptor words the kernel reads, in this order (WORDS: their indices in the row)
 USED = ("x_off", "x_stride", "k", "w_off", "n", "out_off", "out_stride", "stats_off", "eps", "res_off", "res_stride",
         "bias_off", "out_stats_off")
 WORDS = gl.constexpr(tuple(LINEAR_FIELDS.index(f) for f in USED))
-ALIGN = gl.constexpr(REGION_ALIGN)
 # a tile's rows; a chunk's columns of K (a 128-byte swizzle holds 64 bf16 columns)
 BM, BK = gl.constexpr(128), gl.constexpr(64)
 CONSUMER_WARPS, LOADER_REGS = 8, 40
 
 SIGNATURE = {"DESCS": "*i64", "W": "*bf16", "ACT": "*bf16", "F32": "*fp32", "I32": "*i32", "desc_index": "i32",
              "rows_at": "i32"}
+STREAMK_SIGNATURE = {**SIGNATURE, "parts_at": "i64", "tickets_at": "i64"}
 
 
 @gluon.jit
 def _round(x):
     """fp32 values rounded to bf16 and back, as storing them would (`round_to`)."""
     return x.to(gl.bfloat16).to(gl.float32)
-
-
-@gluon.jit
-def _region(off):
-    """A region's offset (a descriptor word or an arena's plane), said to be what `codegen.layout` makes every
-    region's: a multiple of ALIGN elements. Then a thread's 8 bf16 (or 4 fp32) from it are one 16-byte access,
-    where an offset read at run time left the compiler 2-byte ones (QKV's epilogue stored and read everything so)."""
-    return off // ALIGN * ALIGN
 
 
 @gluon.jit
@@ -166,99 +158,23 @@ def linear_prefill(DESCS, W, ACT, F32, I32, desc_index, rows_at, BN: gl.constexp
     ], [1], [LOADER_REGS])
 
 
-# Stream-K, for a step of few rows (a batched decode step): a group's tiles are too few for the SMs (Llama-3-8B's
-# o_proj at 64 rows: 32 [128, 128] tiles for 132 SMs), so the programs share the flattened (tile, K chunk) space in
-# equal contiguous ranges instead. A tile that a range covers whole is finished as `linear_prefill` finishes it; a
-# tile cut between programs (at most two fragments a program: its range's first and last) has each fragment's fp32
-# partial stored in the `prefill_parts` scratch (slot 2p for program p's first fragment, 2p + 1 for its last) and a
-# ticket taken on the tile (`prefill_ticket_off`, zeroed again by the last); the last to arrive sums the partials in
-# program order and runs the epilogue.
-STREAMK_ROWS = gl.constexpr(64)  # the most rows of a step it takes: a part holds STREAMK_ROWS x BN fp32
-STREAMK_WORDS = gl.constexpr(tuple(LINEAR_FIELDS.index(f) for f in ("prefill_part_off", "prefill_ticket_off")))
-
-
-@gluon.jit
-def _share(p, P, total):
-    """Program p's range of `total` chunks: equal and contiguous."""
-    return p * total // P, (p + 1) * total // P
-
-
-@gluon.jit
-def _program_of(c, P, total):
-    """The program whose `_share` holds chunk c."""
-    return ((c + 1) * P + total - 1) // total - 1
-
-
-@gluon.jit
-def _fragment(c, c1, KC):
-    """The tile of chunk c (tiles of KC chunks) and the chunks [kc0, kc1) of it that a range from c to c1 covers."""
-    t = c // KC
-    kc0 = c - t * KC
-    return t, kc0, gl.minimum(KC, kc0 + (c1 - c))
-
-
-@gluon.jit
-def _slot(p, P, total, t, KC):
-    """Where program p keeps its partial of tile t: 2p where its range starts inside t, else 2p + 1."""
-    c0, _ = _share(p, P, total)
-    return 2 * p + (c0 <= t * KC).to(gl.int32)
-
-
-@gluon.jit
-def _streamk_loader(x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES: gl.constexpr,
-                    GROUP: gl.constexpr):
-    """The loader partition of `linear_streamk`: this program's range of chunks into the ring, fragment by fragment."""
-    BK_: gl.constexpr = a_ring.type.shape[2]
-    KC = gl.cdiv(K, BK_)
-    total = num_m * num_n * KC
-    c, c1 = _share(gl.program_id(0), gl.num_programs(0), total)
-    i = 0
-    while c < c1:
-        t, kc0, kc1 = _fragment(c, c1, KC)
-        m, n = tile_at(t, num_m, num_n, GROUP)
-        i = load_range(x_desc, w_desc, a_ring, b_ring, ready, empty, i, m, n, kc0 * BK_, gl.minimum(kc1 * BK_, K),
-                       STAGES)
-        c += kc1 - kc0
-
-
 @gluon.jit
 def _streamk_consumer(W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar, num_m, num_n, num_rows,
-                      N, K, stats_off, eps, res_off, bias_off, out_stats_off, part_off, ticket_off,
+                      N, K, stats_off, eps, res_off, bias_off, out_stats_off, parts_at, tickets_at,
                       STAGES: gl.constexpr, GROUP: gl.constexpr, GATED: gl.constexpr, NORM_F64: gl.constexpr):
+    """`_consumer` over this program's stream-K range (`tiles.finish_fragment`): a tile's epilogue by the program
+    that finishes it, its residual asked for then."""
     BN: gl.constexpr = b_ring.type.shape[1]
-    BK_: gl.constexpr = a_ring.type.shape[2]
     OUT: gl.constexpr = BN // 2 if GATED else BN
-    PART: gl.constexpr = STREAMK_ROWS * BN
-    KC = gl.cdiv(K, BK_)
-    total = num_m * num_n * KC
-    p, P = gl.program_id(0), gl.num_programs(0)
-    c, c1 = _share(p, P, total)
+    c, c1, KC, total = streamk_range(num_m, num_n, K, BK)
     i = 0
     phase = 0
     while c < c1:
-        t, kc0, kc1 = _fragment(c, c1, KC)
+        t, kc0, kc1 = fragment(c, c1, KC)
         m, n = tile_at(t, num_m, num_n, GROUP)
-        acc, i = range_product(a_ring, b_ring, ready, empty, i, kc0 * BK_, gl.minimum(kc1 * BK_, K), STAGES)
+        acc, i = range_product(a_ring, b_ring, ready, empty, i, kc0 * BK, gl.minimum(kc1 * BK, K), STAGES)
         c += kc1 - kc0
-        finish = (kc0 == 0) & (kc1 == KC)
-        if not finish:  # a fragment: its partial, the tile's ticket, and the sum where it arrived last
-            rows = gl.arange(0, BM, layout=gl.SliceLayout(1, acc.type.layout))
-            cols = gl.arange(0, BN, layout=gl.SliceLayout(0, acc.type.layout))
-            at = rows[:, None] * BN + cols[None, :]
-            keep = (rows < num_rows)[:, None] & (cols < BN)[None, :]
-            parts = F32 + _region(part_off)
-            gl.store(parts + _slot(p, P, total, t, KC) * PART + at, acc, mask=keep)
-            first, last = _program_of(t * KC, P, total), _program_of((t + 1) * KC - 1, P, total)
-            gl.thread_barrier()  # every thread's partial stored before the ticket publishes it (`arrives_last`)
-            arrived = gl.atomic_add(F32 + ticket_off + t, 1.0, sem="acq_rel")
-            gl.thread_barrier()
-            finish = arrived == (last - first).to(gl.float32)
-            if finish:
-                gl.store(F32 + ticket_off + t, 0.0)  # (for the group after)
-                acc = gl.zeros_like(acc)
-                for q in range(first, last + 1):  # in program order, whoever arrived last
-                    acc += gl.load(parts + _slot(q, P, total, t, KC) * PART + at, mask=keep, other=0.0,
-                                   cache_modifier=".cg")
+        finish, acc = finish_fragment(acc, t, kc0, kc1, KC, total, num_rows, F32, parts_at, tickets_at)
         if finish:
             tma.store_wait(pendings=0)  # the tile before has left the staging buffer
             if res_off >= 0:
@@ -272,10 +188,12 @@ def _streamk_consumer(W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_sm
 
 
 @gluon.jit
-def linear_streamk(DESCS, W, ACT, F32, I32, desc_index, rows_at, BN: gl.constexpr, STAGES: gl.constexpr,
-                   GROUP: gl.constexpr, GATED: gl.constexpr, NORM_F64: gl.constexpr, DESC_WORDS: gl.constexpr,
-                   LOADER_REGS: gl.constexpr):
-    """`linear_prefill`'s outputs for a step of STREAMK_ROWS rows at most, stream-K (above)."""
+def linear_streamk(DESCS, W, ACT, F32, I32, desc_index, rows_at, parts_at, tickets_at, BN: gl.constexpr,
+                   STAGES: gl.constexpr, GROUP: gl.constexpr, GATED: gl.constexpr, NORM_F64: gl.constexpr,
+                   DESC_WORDS: gl.constexpr, LOADER_REGS: gl.constexpr):
+    """`linear_prefill`'s outputs for a step of STREAMK_ROWS rows at most, stream-K (codegen/gluon/tiles.py), its
+    partials' scratch and tickets at F32[parts_at] and F32[tickets_at] (`prefill_parts`, `tickets:prefill`: no other
+    group runs beside it in the host-driven executor)."""
     desc = DESCS + desc_index * DESC_WORDS
     num_rows = gl.load(I32 + rows_at)
     x_off, x_stride, w_off = gl.load(desc + WORDS[0]), gl.load(desc + WORDS[1]), gl.load(desc + WORDS[3])
@@ -286,7 +204,6 @@ def linear_streamk(DESCS, W, ACT, F32, I32, desc_index, rows_at, BN: gl.constexp
     eps = gl.load(desc + WORDS[8]).to(gl.float64, bitcast=True).to(gl.float32)
     res_off, res_stride, bias_off = gl.load(desc + WORDS[9]), gl.load(desc + WORDS[10]), gl.load(desc + WORDS[11])
     out_stats_off = gl.load(desc + WORDS[12])
-    part_off, ticket_off = gl.load(desc + STREAMK_WORDS[0]), gl.load(desc + STREAMK_WORDS[1])
     x_desc, w_desc = operands(ACT + x_off, x_stride, num_rows, W + w_off, N, K, BM, BN, BK)
     OUT: gl.constexpr = BN // 2 if GATED else BN
     c_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, OUT], gl.bfloat16)
@@ -302,9 +219,9 @@ def linear_streamk(DESCS, W, ACT, F32, I32, desc_index, rows_at, BN: gl.constexp
     num_n = gl.cdiv(N, BN)
     gl.warp_specialize([
         (_streamk_consumer, (W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar, num_m, num_n,
-                             num_rows, N, K, stats_off, eps, res_off, bias_off, out_stats_off, part_off, ticket_off,
+                             num_rows, N, K, stats_off, eps, res_off, bias_off, out_stats_off, parts_at, tickets_at,
                              STAGES, GROUP, GATED, NORM_F64)),
-        (_streamk_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
+        (streamk_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
     ], [1], [LOADER_REGS])
 
 
@@ -357,23 +274,4 @@ def unsupported(words: list[int]) -> str | None:
         return "its residual's rows are not 16-byte aligned"
     if f["bias_off"] >= 0 and f["bias_off"] % ALIGN.value:  # (a region's offset, `_region`)
         return f"bias_off {f['bias_off']} is not a multiple of {ALIGN.value} elements"
-    return None
-
-
-def streamk_unsupported(words: list[int], programs: int, room: tuple[int, int]) -> str | None:
-    """Why `linear_streamk` cannot take a LINEAR descriptor's group that `linear_prefill` can (None: it can), on
-    `programs` programs with room = (floats of the `prefill_parts` scratch, tickets of `tickets:prefill`): no scratch
-    or tickets (the group may not split its prefill tiles), or too little of either."""
-    f = dict(zip(LINEAR_FIELDS, words))
-    if f["prefill_part_off"] < 0 or f["prefill_ticket_off"] < 0:
-        return "it has no prefill split scratch or tickets"
-    if f["prefill_part_off"] % ALIGN.value:  # (a region's offset, `_region`)
-        return f"prefill_part_off {f['prefill_part_off']} is not a multiple of {ALIGN.value} elements"
-    parts, tickets = room
-    need = 2 * programs * STREAMK_ROWS.value * STREAMK.bn
-    if need > parts:
-        return f"its scratch holds {parts} floats, {programs} programs' parts {need}"
-    tiles = -(-f["n"] // STREAMK.bn)
-    if tiles > tickets:
-        return f"its {tiles} tiles want a ticket each, {tickets} there"
     return None

@@ -30,9 +30,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from codegen.bodies.qkv import QKV_FIELDS
-from codegen.gluon.linear import ALIGN, CONSUMER_WARPS as LINEAR_WARPS, LAUNCH, LOADER_REGS, Tiles
+from codegen.gluon.linear import ALIGN, CONSUMER_WARPS as LINEAR_WARPS, LAUNCH, LOADER_REGS, STREAMK, Tiles
 from codegen.gluon.linear import _norm_sums, _region, _round
-from codegen.gluon.tiles import operands, ring, tile_at, tile_loader, tile_product
+from codegen.gluon.tiles import finish_fragment, fragment, operands, range_product, ring, streamk_loader, streamk_range
+from codegen.gluon.tiles import tile_at, tile_loader, tile_product
 from codegen.tasks import DESC_WORDS
 
 USED = ("x_off", "k", "w_off", "num_q_heads", "num_kv_heads", "head_dim", "stats_off", "eps", "bias_off",
@@ -43,6 +44,7 @@ HEAD_DIM = 128
 
 SIGNATURE = {"DESCS": "*i64", "W": "*bf16", "ACT": "*bf16", "F32": "*fp32", "I32": "*i32", "KV": "*bf16",
              "kv_plane": "i64", "desc_index": "i32", "tokens_at": "i32", "positions_at": "i32", "slots_at": "i32"}
+STREAMK_SIGNATURE = {**SIGNATURE, "parts_at": "i64", "tickets_at": "i64"}
 
 
 @gluon.jit
@@ -115,13 +117,9 @@ def _consumer(W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stag
     heads, then k, then v): 1/rms and bias in the products' layout, rounded; the heads' values through `stage` into
     a layout that holds each row's two halves alike; then a head at a time the norm, rotary and stores."""
     BN: gl.constexpr = b_ring.type.shape[1]
-    HEADS: gl.constexpr = BN // HD
-    HALF: gl.constexpr = HD // 2
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                           instr_shape=[16, BN, 16])
     half: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-    num_heads = HQ + 2 * HKV
-    j = gl.arange(0, HALF, layout=gl.SliceLayout(0, half))
     i = 0
     for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
         m, n = tile_at(t, num_m, num_n, GROUP)
@@ -131,21 +129,69 @@ def _consumer(W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stag
         rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, half))
         pos, slot = _row_words(rows, rows < num_rows, I32, positions_at, slots_at)
         acc, i = tile_product(a_ring, b_ring, ready, empty, i, K, STAGES)
-        mask = (rows < num_rows)[:, None] & (j < HALF)[None, :]
-        angles = F32 + _region(rope_off) + pos[:, None] * HD + j[None, :]  # (a table row: HD / 2 cos, HD / 2 sin)
-        pos_cos = _round(gl.load(angles, mask=mask, other=0.0))
-        pos_sin = _round(gl.load(angles + HALF, mask=mask, other=0.0))
-        acc = _scaled(acc, n, sums, K, eps, stats_off, bias_off, W, num_heads, HD)
-        stage.store(acc.to(gl.bfloat16))  # (rounded to bf16 as `head_epilogue` rounds it)
-        gl.thread_barrier()  # every warp's values in before any reads them in the halves' layout
-        for h in gl.static_range(HEADS):
-            head = n * HEADS + h
-            lo = stage.slice(h * HD, HALF, dim=1).load(half).to(gl.float32)
-            hi = stage.slice(h * HD + HALF, HALF, dim=1).load(half).to(gl.float32)
-            if head < num_heads:  # (a tile of two heads past the last one has one)
-                _store_head(lo, hi, head, rows, j, mask, pos_cos, pos_sin, W, ACT, KV, kv_plane, HQ, HKV, q_norm_off,
-                            k_norm_off, qk_eps, q_out_off, layer, has_qk_norm, step_kv_off, slot, HD)
-        gl.thread_barrier()  # every read done before the next tile's values come in
+        _tile_epilogue(acc, n, sums, rows, pos, slot, stage, num_rows, K, stats_off, eps, bias_off, HQ, HKV,
+                       q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, step_kv_off, W, ACT,
+                       F32, KV, kv_plane, HD)
+
+
+@gluon.jit
+def _tile_epilogue(acc, n, sums, rows, pos, slot, stage, num_rows, K, stats_off, eps, bias_off, HQ, HKV, q_norm_off,
+                   k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, step_kv_off, W, ACT, F32, KV,
+                   kv_plane, HD: gl.constexpr):
+    """A tile's heads from its products acc (weight rows n BN ..; the rows' sums, positions and slots asked for
+    before them): 1/rms and bias in the products' layout, rounded; the heads' values through `stage` into a layout
+    that holds each row's two halves alike; then a head at a time the norm, rotary and stores."""
+    BN: gl.constexpr = acc.type.shape[1]
+    HEADS: gl.constexpr = BN // HD
+    HALF: gl.constexpr = HD // 2
+    half: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+    num_heads = HQ + 2 * HKV
+    j = gl.arange(0, HALF, layout=gl.SliceLayout(0, half))
+    mask = (rows < num_rows)[:, None] & (j < HALF)[None, :]
+    angles = F32 + _region(rope_off) + pos[:, None] * HD + j[None, :]  # (a table row: HD / 2 cos, HD / 2 sin)
+    pos_cos = _round(gl.load(angles, mask=mask, other=0.0))
+    pos_sin = _round(gl.load(angles + HALF, mask=mask, other=0.0))
+    acc = _scaled(acc, n, sums, K, eps, stats_off, bias_off, W, num_heads, HD)
+    stage.store(acc.to(gl.bfloat16))  # (rounded to bf16 as `head_epilogue` rounds it)
+    gl.thread_barrier()  # every warp's values in before any reads them in the halves' layout
+    for h in gl.static_range(HEADS):
+        head = n * HEADS + h
+        lo = stage.slice(h * HD, HALF, dim=1).load(half).to(gl.float32)
+        hi = stage.slice(h * HD + HALF, HALF, dim=1).load(half).to(gl.float32)
+        if head < num_heads:  # (a tile of two heads past the last one has one)
+            _store_head(lo, hi, head, rows, j, mask, pos_cos, pos_sin, W, ACT, KV, kv_plane, HQ, HKV, q_norm_off,
+                        k_norm_off, qk_eps, q_out_off, layer, has_qk_norm, step_kv_off, slot, HD)
+    gl.thread_barrier()  # every read done before the next tile's values come in
+
+
+@gluon.jit
+def _streamk_consumer(W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stage, num_m, num_n, num_rows, K,
+                      stats_off, eps, bias_off, HQ, HKV, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off,
+                      has_qk_norm, step_kv_off, positions_at, slots_at, parts_at, tickets_at, HD: gl.constexpr,
+                      STAGES: gl.constexpr, GROUP: gl.constexpr, NORM_F64: gl.constexpr):
+    """`_consumer` over this program's stream-K range (`tiles.finish_fragment`): a tile's heads by the program that
+    finishes it, the rows' words asked for then."""
+    BN: gl.constexpr = b_ring.type.shape[1]
+    BK_: gl.constexpr = a_ring.type.shape[2]
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                          instr_shape=[16, BN, 16])
+    half: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+    c, c1, KC, total = streamk_range(num_m, num_n, K, BK_)
+    i = 0
+    while c < c1:
+        t, kc0, kc1 = fragment(c, c1, KC)
+        m, n = tile_at(t, num_m, num_n, GROUP)
+        acc, i = range_product(a_ring, b_ring, ready, empty, i, kc0 * BK_, gl.minimum(kc1 * BK_, K), STAGES)
+        c += kc1 - kc0
+        finish, acc = finish_fragment(acc, t, kc0, kc1, KC, total, num_rows, F32, parts_at, tickets_at)
+        if finish:
+            m0 = m * BM
+            sums = _row_sums(m0, num_rows, F32, stats_off, acc_layout, NORM_F64)
+            rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, half))
+            pos, slot = _row_words(rows, rows < num_rows, I32, positions_at, slots_at)
+            _tile_epilogue(acc, n, sums, rows, pos, slot, stage, num_rows, K, stats_off, eps, bias_off, HQ, HKV,
+                           q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, step_kv_off, W,
+                           ACT, F32, KV, kv_plane, HD)
 
 
 @gluon.jit
@@ -254,6 +300,45 @@ def qkv_prefill(DESCS, W, ACT, F32, I32, KV, kv_plane, desc_index, tokens_at, po
                          NORM_F64)),
             (tile_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
         ], [1], [LOADER_REGS])
+
+
+@gluon.jit
+def qkv_streamk(DESCS, W, ACT, F32, I32, KV, kv_plane, desc_index, tokens_at, positions_at, slots_at, parts_at,
+                tickets_at, HD: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
+                NORM_F64: gl.constexpr, DESC_WORDS: gl.constexpr, LOADER_REGS: gl.constexpr):
+    """`qkv_prefill`'s outputs for a step of STREAMK_ROWS rows at most (a batched decode step: 64 rows make 48 tiles of
+    Llama-3-8B's heads for 132 SMs), stream-K (codegen/gluon/tiles.py), one head a tile, its partials' scratch and
+    tickets at F32[parts_at] and F32[tickets_at] (`prefill_parts`, `tickets:prefill`: no other group runs beside it in
+    the host-driven executor)."""
+    desc = DESCS + desc_index * DESC_WORDS
+    num_rows = gl.load(I32 + tokens_at)
+    x_off, K, w_off = gl.load(desc + WORDS[0]), gl.load(desc + WORDS[1]).to(gl.int32), gl.load(desc + WORDS[2])
+    HQ, HKV = gl.load(desc + WORDS[3]).to(gl.int32), gl.load(desc + WORDS[4]).to(gl.int32)
+    stats_off = gl.load(desc + WORDS[6])
+    eps = gl.load(desc + WORDS[7]).to(gl.float64, bitcast=True).to(gl.float32)
+    bias_off, q_norm_off, k_norm_off = gl.load(desc + WORDS[8]), gl.load(desc + WORDS[9]), gl.load(desc + WORDS[10])
+    qk_eps = gl.load(desc + WORDS[11]).to(gl.float64, bitcast=True).to(gl.float32)
+    q_out_off, layer, rope_off = gl.load(desc + WORDS[12]), gl.load(desc + WORDS[13]), gl.load(desc + WORDS[14])
+    has_qk_norm, step_kv_off = gl.load(desc + WORDS[15]), gl.load(desc + WORDS[16])
+    n_cols = (HQ + 2 * HKV) * HD
+    x_desc, w_desc = operands(ACT + x_off, K.to(gl.int64), num_rows, W + w_off, n_cols, K, BM, BN, BK)
+    a_ring, b_ring, ready, empty = ring(BM, BN, BK, STAGES)
+    stage = gl.allocate_shared_memory(gl.bfloat16, [BM, BN], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
+    num_m = gl.cdiv(num_rows, BM)
+    num_n = gl.cdiv(n_cols, BN)
+    gl.warp_specialize([
+        (_streamk_consumer, (W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stage, num_m, num_n,
+                             num_rows, K, stats_off, eps, bias_off, HQ, HKV, q_norm_off, k_norm_off, qk_eps,
+                             q_out_off, layer, rope_off, has_qk_norm, step_kv_off, positions_at, slots_at, parts_at,
+                             tickets_at, HD, STAGES, GROUP, NORM_F64)),
+        (streamk_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
+    ], [1], [LOADER_REGS])
+
+
+def streamk_constexprs(norm_f64: bool) -> dict:
+    """`qkv_streamk`'s constexprs (one head a tile, `linear.STREAMK`'s stages; launched with `linear.LAUNCH`)."""
+    return dict(HD=HEAD_DIM, BN=HEAD_DIM, STAGES=STREAMK.stages, GROUP=8, NORM_F64=norm_f64, DESC_WORDS=DESC_WORDS,
+                LOADER_REGS=LOADER_REGS)
 
 
 # one head a tile: its epilogue in a partition of EPILOGUE_WARPS warps. The program's 16 warps cap every thread at

@@ -14,7 +14,7 @@ import pytest
 from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED, OUT_F32, OUT_NARROW
 from codegen.bodies.attention import ATTENTION_FIELDS
 from codegen.bodies.qkv import QKV_FIELDS
-from codegen.gluon import attention, gemv, linear, qkv
+from codegen.gluon import attention, gemv, linear, qkv, tiles
 from codegen.tasks import Kind
 
 SHARED_PER_SM = 232448  # sm_90's shared memory for one block (227 KB)
@@ -35,8 +35,8 @@ def test_every_body_compiles_for_sm90_and_fits_an_sm(compiled):
     # linear_prefill: two tile shapes, gated or not, fp64 or fp32 sums; qkv_prefill: two tile shapes, either sums;
     # attention_prefill: items of 128 or 64 rows, 32 or 64 sequences' lanes; linear_gemv: 3 unit heights, plain,
     # gated or the logits; qkv_gemv: 3 unit heights; attention's split decode steps: 32 or 64 sequences' lanes;
-    # linear_streamk: gated or not
-    assert len(compiled) == 32
+    # linear_streamk: gated or not; qkv_streamk
+    assert len(compiled) == 33
     for name, used in compiled.items():
         assert used["registers"] <= used["maxnreg"], name
         # a program's warps (the consumers', a loader's warp group) and their registers fit an SM (the GEMV's two)
@@ -160,37 +160,36 @@ def test_gluon_coverage_of_llama3_takes_every_layer_group_but_the_lm_head(fixtur
     assert names == ["lm_head"] and "bf16 rows" in next(iter(coverage.skipped.values()))
 
 
-@pytest.mark.parametrize("size, streamk, qkv_, attention, lm_head", [
-    ((2048, 1), False, True, True, True),  # a prompt's prefill (the LM head: one sequence's last row, the GEMV's)
-    ((100, 64), False, True, True, False),  # prefill chunks beside decoding sequences
-    ((40, 2), True, False, True, False),  # a few prefill tokens: stream-K projections, QKV's batched blocks
-    ((64, 64), True, False, True, False),  # 64 sequences decoding: 512 (sequence, KV head) pairs fill 132 SMs
-    ((16, 16), True, False, False, False),  # 128 pairs do not: the Triton tasks split the context
-    ((1, 1), False, True, False, True),  # one sequence decoding: the projections' GEMV, QKV's too
+@pytest.mark.parametrize("size, streamk, attention, lm_head", [
+    ((2048, 1), False, True, True),  # a prompt's prefill (the LM head: one sequence's last row, the GEMV's)
+    ((100, 64), False, True, False),  # prefill chunks beside decoding sequences
+    ((40, 2), True, True, False),  # a few prefill tokens: stream-K projections, attention's items
+    ((64, 64), True, True, False),  # 64 sequences decoding: 512 (sequence, KV head) pairs fill 132 SMs
+    ((16, 16), True, False, False),  # 128 pairs do not: the Triton tasks split the context
+    ((1, 1), False, False, True),  # one sequence decoding: the projections' GEMV, QKV's too
 ])
-def test_gluon_coverage_by_step(coverage_64, size, streamk, qkv_, attention, lm_head):
+def test_gluon_coverage_by_step(coverage_64, size, streamk, attention, lm_head):
     coverage, _ = coverage_64
-    want = {Kind.ATTENTION: attention, Kind.QKV: qkv_, Kind.LINEAR: True}  # (every projection in every step)
-    for first, kind in coverage.kinds.items():
-        assert coverage.applies(first, size) == want[kind], (kind, size)
-        assert coverage.takes_streamk(first, size) == (streamk and kind == Kind.LINEAR), (kind, size)
+    for first, kind in coverage.kinds.items():  # (every projection in every step)
+        assert coverage.applies(first, size) == (attention if kind == Kind.ATTENTION else True), (kind, size)
+        assert coverage.takes_streamk(first, size) == (streamk and kind != Kind.ATTENTION), (kind, size)
     assert coverage.applies(next(iter(coverage.skipped)), size) == lm_head
 
 
-def test_stream_k_takes_llama3s_projections_and_says_why_not(coverage_64):
-    coverage, lw = coverage_64
-    assert len(coverage.streamk) == 3 * 32 and not coverage.streamk_skipped
-    words = lw.tasks.desc_table().tolist()[coverage.covered[next(iter(coverage.streamk))]][:len(LINEAR_FIELDS)]
-    assert linear.streamk_unsupported(words, 132, (2 * 132 * 64 * 128, 224)) is None
-    assert "scratch holds" in linear.streamk_unsupported(words, 132, (2 * 132 * 64 * 128 - 1, 224))
-    assert "tickets" in linear.streamk_unsupported([{**dict(zip(LINEAR_FIELDS, words)), "prefill_ticket_off": -1}[f]
-                                                    for f in LINEAR_FIELDS], 132, (1 << 30, 1 << 10))
+def test_stream_k_takes_llama3s_projections_and_qkv_and_says_why_not(coverage_64):
+    coverage, _ = coverage_64
+    assert len(coverage.streamk) == 4 * 32 and not coverage.streamk_skipped
+    assert tiles.streamk_unsupported(224, 128, 132, (2 * 132 * 64 * 128, 224)) is None  # gate/up's tiles
+    assert "scratch holds" in tiles.streamk_unsupported(224, 128, 132, (2 * 132 * 64 * 128 - 1, 224))
+    assert "a ticket each" in tiles.streamk_unsupported(225, 128, 132, (1 << 30, 224))
+    starved, _ = llama_coverage(max_batch=64, max_tokens_per_step=64)  # no prefill split scratch in this kernel
+    assert not starved.streamk and all("scratch holds 0" in why for why in starved.streamk_skipped.values())
 
 
 @pytest.mark.parametrize("programs, total", [(132, 32 * 64), (132, 224 * 64), (132, 32 * 224), (5, 7), (264, 131)])
 def test_stream_k_shares_cover_every_chunk_once_and_name_their_owner(programs, total):
-    """`linear._share` and `_program_of` (pure integer arithmetic: checked here by running them in Python)."""
-    share, owner = linear._share.fn, linear._program_of.fn
+    """`tiles._share` and `_program_of` (pure integer arithmetic: checked here by running them in Python)."""
+    share, owner = tiles._share.fn, tiles._program_of.fn
     seen = []
     for p in range(programs):
         c0, c1 = share(p, programs, total)

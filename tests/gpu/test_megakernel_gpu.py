@@ -301,15 +301,15 @@ def test_gluon_attention_beside_decoding_sequences_on_gpu(tmp_path):
 def test_gluon_decode_attention_for_64_sequences_on_gpu(tmp_path):
     """64 prompts of 3 to 39 tokens: the prefill step's attention in 128-row items, then decode steps whose 512
     (sequence, KV head) pairs fill the GPU, in 64-row items on one consumer warp group (`attention.DECODE_LAUNCH`),
-    the merge groups idle, and their projections but QKV stream-K (`linear.linear_streamk`); the last decode step's
-    logits within bf16 tolerance of the reference."""
+    the merge groups idle, and their projections stream-K (`linear.linear_streamk`, `qkv.qkv_streamk`); the last
+    decode step's logits within bf16 tolerance of the reference."""
     driver, model = gluon_driver(tmp_path, case_config(64))
     g = torch.Generator().manual_seed(64)
     lengths = torch.randint(3, 40, (64,), generator=g).tolist()
     prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in lengths]
     attention = [first for first, kind in driver.gluon.kinds.items() if kind == Kind.ATTENTION]
     assert len(attention) == 32 and all(driver.gluon.applies(first, (64, 64)) for first in attention)
-    assert len(driver.gluon.streamk) == 3 * 32 and all(driver.gluon.takes_streamk(first, (64, 64))
+    assert len(driver.gluon.streamk) == 4 * 32 and all(driver.gluon.takes_streamk(first, (64, 64))
                                                         for first in driver.gluon.streamk)
     out = driver.generate(prompts, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     assert_within_bf16_tolerance(driver.kernel, model, [p + c.tokens for p, c in zip(prompts, out)])
