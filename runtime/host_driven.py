@@ -116,16 +116,14 @@ def capture_step(driver: HostDriven, step: int, size: tuple[int, int]) -> torch.
 
 class GluonCoverage:
     """Which task groups the Gluon bodies take (codegen/gluon: `linear.linear_prefill`, `linear.linear_streamk`,
-    `qkv.qkv_prefill`,
-    `attention.attention_prefill`, `gemv.linear_gemv`, `gemv.qkv_gemv`), and in which steps, from the task and
-    descriptor tables alone: the projections in a step of more tokens than the batched blocks take
-    (`CompileConfig.wide_rows`: the Triton tasks then run the prefill tiles), in a step of 2 to 64 rows
-    (`linear.linear_streamk`, `qkv.qkv_streamk`: a batched decode step), and in a step of one row (batch-1 decode, QKV too; the
-    LM head of a step with one sequence); attention in a step where some sequence has more than one
-    token (items of 128 query rows), and in a step that only decodes (items of 64 rows, on one consumer warp group):
-    whole where its (sequence, KV head) pairs are a wave of `programs` at least, else each pair's keys in splits that
-    the last split to finish merges. Attention's outputs are final: the layer's merge group, if it has one, has
-    nothing to do."""
+    `qkv.qkv_prefill`, `qkv.qkv_streamk`, `attention.attention_prefill`, `gemv.linear_gemv`, `gemv.qkv_gemv`), and in
+    which steps, from the task and descriptor tables alone: the projections in a step of more tokens than the batched
+    blocks take (`CompileConfig.wide_rows`: the Triton tasks then run the prefill tiles), in a step of 2 to 64 rows
+    (stream-K: a batched decode step), and in a step of one row (batch-1 decode, QKV too; the LM head of a step with
+    one sequence); attention in a step where some sequence has more than one token (items of 128 query rows), and in a
+    step that only decodes (items of 64 rows, on one consumer warp group): whole where its (sequence, KV head) pairs
+    are a wave of `programs` at least, else each pair's keys in splits that the last split to finish merges.
+    Attention's outputs are final: the layer's merge group, if it has one, has nothing to do."""
 
     def __init__(self, tasks: torch.Tensor, descs: list[list[int]], cfg, groups: list[tuple[int, int]],
                  programs: int, streamk_room: tuple[int, int] = (0, 0)) -> None:
@@ -133,6 +131,7 @@ class GluonCoverage:
         from codegen.bodies.linear import LINEAR_FIELDS
         from codegen.bodies.qkv import QKV_FIELDS
         from codegen.gluon import attention, gemv, linear, qkv
+        from codegen.gluon.tiles import STREAMK_ROWS
 
         self.linear, self.qkv, self.attention, self.gemv = linear, qkv, attention, gemv
         self.programs = programs
@@ -155,6 +154,7 @@ class GluonCoverage:
         # (streamk_room: the floats and tickets of their scratch), and why the others are left to the Triton tasks
         # there
         self.streamk: set[int] = set()
+        self.streamk_rows = STREAMK_ROWS.value
         self.streamk_skipped: dict[int, str] = {}
         for i, (first, _) in enumerate(groups):
             kind, desc = Kind(int(tasks[first, 0])), int(tasks[first, 1])
@@ -215,7 +215,7 @@ class GluonCoverage:
 
     def takes_streamk(self, first: int, size: tuple[int, int]) -> bool:
         """Whether `linear_streamk` takes projection group `first` in a step of `size` (tokens, sequences)."""
-        return first in self.streamk and 1 < size[0] <= self.linear.STREAMK_ROWS.value
+        return first in self.streamk and 1 < size[0] <= self.streamk_rows
 
     def takes_one_row(self, first: int, size: tuple[int, int]) -> bool:
         """Whether the GEMV takes projection group `first` in a step of `size` (tokens, sequences): one row."""

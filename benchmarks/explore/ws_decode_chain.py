@@ -290,7 +290,8 @@ def report_trace(trace: torch.Tensor, programs: int, layers: int) -> None:
     long the loaders took to see the event before complete, and the consumers to have their first products after."""
     raw = trace.view(programs, layers * GROUPS.value, 4).cpu()
     stamped = raw > 0
-    t = (raw - raw[stamped].min()).double() / 1e3  # us from the first stamp (ns since the epoch: past a double's 53 bits)
+    # us from the first stamp (ns since the epoch are past a double's 53 bits)
+    t = (raw - raw[stamped].min()).double() / 1e3
     done = t[:, :, 3].max(dim=0).values  # each event's completion: its last program's signal
     names = ("o_proj", "gate/up", "down")
     print(f"  where the time goes (traced, {layers} layers; us, medians over layers 1-{layers - 1}):", flush=True)
@@ -350,7 +351,8 @@ def run_gpu(reps: int) -> None:
         long_ms = graph_ms(lambda: persistent(True, LAYERS), max(2, reps // 8)) / LAYERS
         free_ms = graph_ms(lambda: persistent(False, LAYERS), max(2, reps // 8)) / LAYERS
         print(f"RESULT b1 o_proj -> gate/up -> down ({weight_bytes / 1e6:.0f} MB of weights), {label}: one layer "
-              f"{chain_ms * 1e3:6.1f} us against three GEMV kernels' {groups_ms * 1e3:6.1f} ({groups_ms / chain_ms:.2f}x), "
+              f"{chain_ms * 1e3:6.1f} us against three GEMV kernels' {groups_ms * 1e3:6.1f} "
+              f"({groups_ms / chain_ms:.2f}x), "
               f"outputs' largest difference {', '.join(f'{k} {v:.1e}' for k, v in errs.items())}; {LAYERS} layers in "
               f"one launch {long_ms * 1e3:6.1f} us a layer ({weight_bytes / long_ms / 1e9:.2f} TB/s, "
               f"{weight_bytes / long_ms / 1e9 / bw:.0%} of the read bandwidth; {many_ms / long_ms:.2f}x the GEMV "

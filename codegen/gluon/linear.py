@@ -31,7 +31,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED
-from codegen.gluon.tiles import ALIGN, STREAMK_ROWS, _region, finish_fragment, fragment, operands, range_product, ring
+from codegen.gluon.tiles import ALIGN, _region, finish_fragment, fragment, operands, range_product, ring
 from codegen.gluon.tiles import streamk_loader, streamk_range, tile_at, tile_loader, tile_product
 from codegen.tasks import DESC_WORDS
 
