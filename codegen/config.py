@@ -329,6 +329,11 @@ class CompileConfig:
     # bit-identical. Cost in one call, fp64 / fp32: Llama-3-8B b1 ctx512 4.64 / 4.62 ms, b64 7.10 / 7.12, TTFT
     # 2048 61.88 / 61.43; Qwen3-30B-A3B b1 4.19 / 4.12, TTFT 2048 58.21 / 58.66
     exact_norm_sums: bool = True
+    # a wait polls its event with volatile loads and acquires once the count is there (`codegen.bodies.sync.
+    # wait_event`), instead of an acquiring atomic a poll: every program's polls of one event are atomics on one
+    # address, which an L2 slice serializes. Not yet measured (session 62: a batch-1 chain of Gluon projections lost
+    # ~3.5 us an event, `benchmarks/explore/ws_decode_chain.py`)
+    poll_loads: bool = False
     # a split-K block of more rows (QKV's heads and the batched projections' blocks in steps of many sequences)
     # is finished in slices of this many rows, each split taking its share after waiting for the others where the
     # launch has a program for every split, instead of the last split finishing every row (`codegen.bodies.common.

@@ -177,6 +177,7 @@ def render_kernel(lw: Lowering, model_name: str) -> str:
         exact_norm_sums=cfg.exact_norm_sums, epilogue_tma=cfg.epilogue_tma, gated_tma=cfg.gated_tma,
         attention_step_keys=cfg.attention_step_keys,
         inline_ptx=not cfg.interpret,
+        poll_loads=(1 if cfg.interpret else 2) if cfg.poll_loads else 0,  # (the interpreter has no fence: inline PTX)
         # a kernel whose decode steps have no more rows than a slice keeps the last split finishing each block
         split_slice_rows=cfg.split_slice_rows if cfg.max_batch > cfg.split_slice_rows else 0,
         narrow_rows=cfg.narrow_batch_rows if cfg.narrow_batch_rows < cfg.wide_rows else 0,

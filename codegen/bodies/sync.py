@@ -8,19 +8,40 @@ import triton.language as tl
 # error_kind, and ABORT_HANG, ABORT_ASKED and ABORT_ASKED_RECORDED
 STEP_WORD, ERROR_FLAG, ERROR_KIND = tl.constexpr(3), tl.constexpr(6), tl.constexpr(14)
 HANG, ASKED, ASKED_RECORDED = tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
+# CompileConfig.poll_loads (the generated kernel sets this after the bodies): 0, a wait polls with acquiring atomics;
+# 1 (the interpreter) or 2 (a GPU), with volatile loads, then acquires once the count is there, by an atomic (1) or
+# by a fence (2: no second round trip to L2)
+POLL_LOADS = tl.constexpr(0)
+
+
+@triton.jit
+def acquire_fence(x):
+    """fence.acq_rel at GPU scope (after a volatile load that saw a release: what it released is visible after)."""
+    return tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, $1;", "=r,r", [x], dtype=tl.int32,
+                                     is_pure=False, pack=1)
 
 
 @triton.jit
 def wait_event(EVENTS, I32, CONTROL: tl.constexpr, event, target, step, task, SPIN_LIMIT: tl.constexpr):
     """Returns 1 when the event reached `target`, 0 when it gave up (hang recorded, abort flag set)."""
-    seen = tl.atomic_add(EVENTS + event, 0, sem="acquire")
+    if POLL_LOADS > 0:
+        seen = tl.load(EVENTS + event, volatile=True)
+    else:
+        seen = tl.atomic_add(EVENTS + event, 0, sem="acquire")
     spins = 0
     while (seen < target) & (spins < SPIN_LIMIT):
-        seen = tl.atomic_add(EVENTS + event, 0, sem="acquire")
+        if POLL_LOADS > 0:
+            seen = tl.load(EVENTS + event, volatile=True)
+        else:
+            seen = tl.atomic_add(EVENTS + event, 0, sem="acquire")
         spins += 1
         if spins % 1024 == 0:
             if tl.load(I32 + CONTROL + ERROR_FLAG, volatile=True) != 0:  # another program aborted, or the host asked
                 spins = SPIN_LIMIT
+    if POLL_LOADS == 2:
+        acquire_fence(seen)
+    elif POLL_LOADS == 1:
+        tl.atomic_add(EVENTS + event, 0, sem="acquire")
     ok = seen >= target
     if not ok:
         record_hang(I32, CONTROL, step, task, event, seen, target)

@@ -270,6 +270,15 @@ def _tiny_kernel(checkpoint, path, config, preset="tiny-llama"):
     return kernel, check
 
 
+def test_waits_polling_with_loads_match_the_reference_engine(checkpoint, tmp_path):
+    """`poll_loads`: every wait reads its event with volatile loads and acquires once the count is there (here by an
+    atomic: the interpreter runs no inline PTX, where a GPU build takes a fence)."""
+    config = dataclasses.replace(CONFIG, poll_loads=True)
+    kernel, check = _tiny_kernel(checkpoint, tmp_path / "poll_loads.cubin", config)
+    assert "POLL_LOADS = tl.constexpr(1)" in kernel.artifact.source_path.read_text()
+    check((6, 6, 6))
+
+
 def test_decode_attention_in_key_blocks_of_its_own_matches_the_reference_engine(checkpoint, tmp_path):
     """Decoding sequences' attention reads its keys in blocks of 16 while the prompts' prefill reads them in
     blocks of 32 (`decode_block_kv`, larger than block_kv on the GPU where a task's keys are many), each
