@@ -214,7 +214,8 @@ class GluonCoverage:
         return self.covered[first] if first in self.covered else self.one_row[first]
 
     def takes_streamk(self, first: int, size: tuple[int, int]) -> bool:
-        """Whether `linear_streamk` takes projection group `first` in a step of `size` (tokens, sequences)."""
+        """Whether a stream-K body takes projection group `first` (QKV's too) in a step of `size` (tokens,
+        sequences)."""
         return first in self.streamk and 1 < size[0] <= self.streamk_rows
 
     def takes_one_row(self, first: int, size: tuple[int, int]) -> bool:
