@@ -166,7 +166,7 @@ def _streamk_consumer(W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_sm
     that finishes it, its residual asked for then."""
     BN: gl.constexpr = b_ring.type.shape[1]
     OUT: gl.constexpr = BN // 2 if GATED else BN
-    c, c1, KC, total = streamk_range(num_m, num_n, K, BK)
+    c, c1, KC, total, P = streamk_range(num_m, num_n, K, BK)
     i = 0
     phase = 0
     while c < c1:
@@ -174,7 +174,7 @@ def _streamk_consumer(W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_sm
         m, n = tile_at(t, num_m, num_n, GROUP)
         acc, i = range_product(a_ring, b_ring, ready, empty, i, kc0 * BK, gl.minimum(kc1 * BK, K), STAGES)
         c += kc1 - kc0
-        finish, acc = finish_fragment(acc, t, kc0, kc1, KC, total, num_rows, F32, parts_at, tickets_at)
+        finish, acc = finish_fragment(acc, t, kc0, kc1, KC, total, P, num_rows, F32, parts_at, tickets_at)
         if finish:
             tma.store_wait(pendings=0)  # the tile before has left the staging buffer
             if res_off >= 0:

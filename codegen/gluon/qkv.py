@@ -176,14 +176,14 @@ def _streamk_consumer(W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, emp
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                           instr_shape=[16, BN, 16])
     half: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-    c, c1, KC, total = streamk_range(num_m, num_n, K, BK_)
+    c, c1, KC, total, P = streamk_range(num_m, num_n, K, BK_)
     i = 0
     while c < c1:
         t, kc0, kc1 = fragment(c, c1, KC)
         m, n = tile_at(t, num_m, num_n, GROUP)
         acc, i = range_product(a_ring, b_ring, ready, empty, i, kc0 * BK_, gl.minimum(kc1 * BK_, K), STAGES)
         c += kc1 - kc0
-        finish, acc = finish_fragment(acc, t, kc0, kc1, KC, total, num_rows, F32, parts_at, tickets_at)
+        finish, acc = finish_fragment(acc, t, kc0, kc1, KC, total, P, num_rows, F32, parts_at, tickets_at)
         if finish:
             m0 = m * BM
             sums = _row_sums(m0, num_rows, F32, stats_off, acc_layout, NORM_F64)

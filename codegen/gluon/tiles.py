@@ -152,11 +152,15 @@ def _slot(p, P, total, t, KC):
 
 @gluon.jit
 def streamk_range(num_m, num_n, K, BK: gl.constexpr):
-    """This program's range c .. c1 of the flattened (tile, chunk) space, a tile's chunks and all the chunks."""
+    """This program's range c .. c1 of the flattened (tile, chunk) space, a tile's chunks, all the chunks and the
+    programs that share them: no more than the chunks (every sharing program has one at least, so that a tile's
+    contributors are the programs from its first chunk's to its last's); the others' ranges are empty."""
     KC = gl.cdiv(K, BK)
     total = num_m * num_n * KC
-    c, c1 = _share(gl.program_id(0), gl.num_programs(0), total)
-    return c, c1, KC, total
+    P = gl.minimum(gl.num_programs(0), total)
+    pid = gl.program_id(0)
+    c, c1 = _share(gl.minimum(pid, P), P, total)
+    return c, gl.where(pid < P, c1, c), KC, total, P
 
 
 @gluon.jit
@@ -172,7 +176,7 @@ def streamk_loader(x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K
                    GROUP: gl.constexpr):
     """The loader partition of a stream-K body: this program's range of chunks into the ring, fragment by fragment."""
     BK: gl.constexpr = a_ring.type.shape[2]
-    c, c1, KC, _ = streamk_range(num_m, num_n, K, BK)
+    c, c1, KC, _, _ = streamk_range(num_m, num_n, K, BK)
     i = 0
     while c < c1:
         t, kc0, kc1 = fragment(c, c1, KC)
@@ -183,17 +187,17 @@ def streamk_loader(x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K
 
 
 @gluon.jit
-def finish_fragment(acc, t, kc0, kc1, KC, total, num_rows, F32, parts_at, tickets_at):
+def finish_fragment(acc, t, kc0, kc1, KC, total, P, num_rows, F32, parts_at, tickets_at):
     """Whether this program finishes tile t, whose chunks kc0 .. kc1 it multiplied into acc, and the tile's whole
     product if it does: at once where it multiplied all of them; else its partial into the scratch at F32[parts_at]
     (rows below num_rows), the tile's ticket at F32[tickets_at + t] (zeroed again by the last), and, arriving last,
-    every partial summed in program order."""
+    every partial summed in program order. P: the programs sharing the chunks (`streamk_range`)."""
     BM: gl.constexpr = acc.type.shape[0]
     BN: gl.constexpr = acc.type.shape[1]
     PART: gl.constexpr = STREAMK_ROWS * BN
     finish = (kc0 == 0) & (kc1 == KC)
     if not finish:
-        p, P = gl.program_id(0), gl.num_programs(0)
+        p = gl.program_id(0)
         rows = gl.arange(0, BM, layout=gl.SliceLayout(1, acc.type.layout))
         cols = gl.arange(0, BN, layout=gl.SliceLayout(0, acc.type.layout))
         at = rows[:, None] * BN + cols[None, :]

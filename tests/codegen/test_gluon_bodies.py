@@ -198,6 +198,39 @@ def test_stream_k_shares_cover_every_chunk_once_and_name_their_owner(programs, t
     assert seen == list(range(total))
 
 
+@pytest.mark.parametrize("programs, num_tiles, chunks", [(132, 32, 64), (132, 48, 64), (132, 224, 64),
+                                                          (132, 32, 224), (7, 3, 5), (16, 40, 1), (264, 2, 3)])
+def test_stream_k_finishes_every_tile_once_from_every_chunk_once(programs, num_tiles, chunks):
+    """The bookkeeping of `tiles.fragment`, `_slot` and `finish_fragment` played out in Python (the first and the
+    last two written again here: they call Gluon's functions): every program's fragments cover each chunk once; a
+    tile cut between programs has each fragment's partial in a slot no other fragment of the group takes, its
+    contributors are `_program_of` its first and last chunks', and whoever of them arrives last at the ticket reads
+    every contributor's slot, each holding this tile's partial."""
+    share, owner = tiles._share.fn, tiles._program_of.fn
+    total = num_tiles * chunks
+    programs = min(programs, total)  # (`streamk_range`: the programs past the chunks take none)
+    covered, slots, partials = [], {}, {}
+
+    def slot(p, t):  # (`_slot`)
+        return 2 * p + int(share(p, programs, total)[0] <= t * chunks)
+    for p in range(programs):
+        c, c1 = share(p, programs, total)
+        while c < c1:  # (`fragment`)
+            t, kc0 = c // chunks, c % chunks
+            kc1 = min(chunks, kc0 + (c1 - c))
+            covered += [t * chunks + k for k in range(kc0, kc1)]
+            if (kc0, kc1) != (0, chunks):  # (`finish_fragment`: a partial)
+                assert slot(p, t) not in slots, "two fragments of one group in one slot"
+                slots[slot(p, t)] = t
+                partials.setdefault(t, []).append(p)
+            c += kc1 - kc0
+    assert sorted(covered) == list(range(total))
+    for t, contributors in partials.items():
+        first, last = owner(t * chunks, programs, total), owner((t + 1) * chunks - 1, programs, total)
+        assert contributors == list(range(first, last + 1)) and len(contributors) >= 2
+        assert all(slots[slot(q, t)] == t for q in contributors)
+
+
 def test_the_gemv_takes_every_projection_of_llama3_in_a_one_row_step(coverage_1):
     coverage, lw = coverage_1
     assert not coverage.one_row_skipped
