@@ -115,15 +115,15 @@ def capture_step(driver: HostDriven, step: int, size: tuple[int, int]) -> torch.
 
 
 class GluonCoverage:
-    """Which task groups the Gluon bodies take (codegen/gluon: `linear.linear_prefill`, `linear.linear_streamk`,
-    `qkv.qkv_prefill`, `qkv.qkv_streamk`, `attention.attention_prefill`, `gemv.linear_gemv`, `gemv.qkv_gemv`), and in
-    which steps, from the task and descriptor tables alone: the projections in a step of more tokens than the batched
-    blocks take (`CompileConfig.wide_rows`: the Triton tasks then run the prefill tiles), in a step of 2 to 64 rows
-    (stream-K: a batched decode step), and in a step of one row (batch-1 decode, QKV too; the LM head of a step with
-    one sequence); attention in a step where some sequence has more than one token (items of 128 query rows), and in a
-    step that only decodes (items of 64 rows, on one consumer warp group): whole where its (sequence, KV head) pairs
-    are a wave of `programs` at least, else each pair's keys in splits that the last split to finish merges.
-    Attention's outputs are final: the layer's merge group, if it has one, has nothing to do."""
+    """Which task groups the Gluon bodies take (codegen/gluon: `linear.linear_prefill`, `qkv.qkv_prefill`,
+    `attention.attention_prefill`, `gemv.linear_gemv`, `gemv.qkv_gemv`), and in which steps, from the task and
+    descriptor tables alone: the projections in a step of more tokens than the batched blocks take
+    (`CompileConfig.wide_rows`: the Triton tasks then run the prefill tiles), in a step of 2 to 64 rows (the same
+    tile bodies, stream-K: a batched decode step), and in a step of one row (batch-1 decode, QKV too; the LM head of a
+    step with one sequence); attention in a step where some sequence has more than one token (items of 128 query
+    rows), and in a step that only decodes (items of 64 rows, on one consumer warp group): whole where its (sequence,
+    KV head) pairs are a wave of `programs` at least, else each pair's keys in splits that the last split to finish
+    merges. Attention's outputs are final: the layer's merge group, if it has one, has nothing to do."""
 
     def __init__(self, tasks: torch.Tensor, descs: list[list[int]], cfg, groups: list[tuple[int, int]],
                  programs: int, streamk_room: tuple[int, int] = (0, 0)) -> None:
@@ -150,9 +150,8 @@ class GluonCoverage:
         self.one_row_skipped: dict[int, str] = {}
         self.rows_kind: dict[int, int] = {}
         self.out_kind: dict[int, int] = {}
-        # a projection `linear.linear_streamk` or `qkv.qkv_streamk` takes in a step of 2 to STREAMK_ROWS rows
-        # (streamk_room: the floats and tickets of their scratch), and why the others are left to the Triton tasks
-        # there
+        # a projection (QKV too) the tile bodies take with STREAM_K in a step of 2 to STREAMK_ROWS rows (streamk_room:
+        # the floats and tickets of their scratch), and why the others are left to the Triton tasks there
         self.streamk: set[int] = set()
         self.streamk_rows = STREAMK_ROWS.value
         self.streamk_skipped: dict[int, str] = {}
@@ -310,23 +309,25 @@ class GluonGroups(GluonCoverage):
         grid = min(self.programs, -(-tokens // linear.BM.value) * -(-self.columns[first] // tiles.bn))
         if kind == Kind.QKV:
             self.qkv.qkv_prefill[(grid, )](k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, desc,
-                                          self.control_at, self.positions_at, self.slots_at,
+                                          self.control_at, self.positions_at, self.slots_at, *self.streamk_at,
                                           **self.qkv.constexprs(tiles, self.norm_f64), **self.qkv.launch(tiles))
         else:
             linear.linear_prefill[(grid, )](k.descs, k.weights, k.act, k.f32, k.i32, desc, self.control_at,
-                                            **tiles.constexprs(self.gated[first], self.norm_f64), **linear.LAUNCH)
+                                            *self.streamk_at, **tiles.constexprs(self.gated[first], self.norm_f64),
+                                            **linear.LAUNCH)
         return True
 
     def _launch_streamk(self, first: int) -> None:
         """Projection group `first` on the stream-K bodies, a program an SM (the scratch's room is for as many)."""
         k, desc, linear = self.kernel, self.covered[first], self.linear
         if self.kinds[first] == Kind.QKV:
-            self.qkv.qkv_streamk[(self.programs, )](k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, desc,
+            self.qkv.qkv_prefill[(self.programs, )](k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, desc,
                                                    self.control_at, self.positions_at, self.slots_at,
-                                                   *self.streamk_at, **self.qkv.streamk_constexprs(self.norm_f64),
-                                                   **linear.LAUNCH)
+                                                   *self.streamk_at,
+                                                   **self.qkv.constexprs(linear.STREAMK, self.norm_f64, True),
+                                                   **self.qkv.launch(linear.STREAMK, True))
         else:
-            linear.linear_streamk[(self.programs, )](k.descs, k.weights, k.act, k.f32, k.i32, desc, self.control_at,
+            linear.linear_prefill[(self.programs, )](k.descs, k.weights, k.act, k.f32, k.i32, desc, self.control_at,
                                                     *self.streamk_at,
-                                                    **linear.STREAMK.constexprs(self.gated[first], self.norm_f64),
+                                                    **linear.STREAMK.constexprs(self.gated[first], self.norm_f64, True),
                                                     **linear.LAUNCH)

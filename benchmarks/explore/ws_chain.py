@@ -217,7 +217,7 @@ def run_gpu(token_counts, reps):
         def groups():
             f32.zero_()
             for g, gated in enumerate((False, True, False)):
-                linear.linear_prefill[(sms, )](descs, warena, act, f32, i32, g, 0,
+                linear.linear_prefill[(sms, )](descs, warena, act, f32, i32, g, 0, 0, 0,
                                                **linear.WIDE.constexprs(gated, True), **linear.LAUNCH)
 
         def persistent():

@@ -85,7 +85,7 @@ def run_gpu(tokens, norm_f64, reps):
 
             def launch():
                 f32[out_stats_off:out_stats_off + 2 * tokens] = 0
-                linear.linear_prefill[(sms, )](descs, warena, act, f32, i32, 0, 0, **opts)
+                linear.linear_prefill[(sms, )](descs, warena, act, f32, i32, 0, 0, 0, 0, **opts)
             act[out_off:out_off + tokens * n_out] = float("nan")
             launch()
             torch.cuda.synchronize()

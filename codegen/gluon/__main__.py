@@ -21,12 +21,12 @@ def variants():
                 name = f"linear_prefill {linear.BM.value}x{tiles.bn} {tiles.stages} stages" \
                        f"{' gated' if gated else ''}{' fp32 sums' if not norm_f64 else ''}"
                 yield name, linear.linear_prefill, linear.SIGNATURE, tiles.constexprs(gated, norm_f64), linear.LAUNCH
+    tiles = linear.STREAMK
     for gated in (False, True):
-        tiles = linear.STREAMK
-        name = f"linear_streamk {linear.BM.value}x{tiles.bn} {tiles.stages} stages{' gated' if gated else ''}"
-        yield name, linear.linear_streamk, linear.STREAMK_SIGNATURE, tiles.constexprs(gated, True), linear.LAUNCH
-    yield f"qkv_streamk {qkv.BM.value}x{qkv.HEAD_DIM} {linear.STREAMK.stages} stages", qkv.qkv_streamk, \
-        qkv.STREAMK_SIGNATURE, qkv.streamk_constexprs(True), linear.LAUNCH
+        name = f"linear_prefill stream-K {linear.BM.value}x{tiles.bn} {tiles.stages} stages{' gated' if gated else ''}"
+        yield name, linear.linear_prefill, linear.SIGNATURE, tiles.constexprs(gated, True, True), linear.LAUNCH
+    yield f"qkv_prefill stream-K {qkv.BM.value}x{tiles.bn} {tiles.stages} stages", qkv.qkv_prefill, qkv.SIGNATURE, \
+        qkv.constexprs(tiles, True, True), qkv.launch(tiles, True)
     for tiles_name in ("WIDE", "NARROW"):
         tiles = getattr(linear, tiles_name)
         for norm_f64 in (True, False):

@@ -15,8 +15,8 @@ programs in
 a grouped order (GROUP row blocks take each column block in turn), so the programs running at once share weights in
 L2. Rows and columns past the ends are TMA's: read as zeros, not written.
 
-A step of 2 to 64 rows (a batched decode step) has too few tiles for the SMs: `linear_streamk` shares the flattened
-(tile, K chunk) space among the programs instead (stream-K, codegen/gluon/tiles.py).
+A step of 2 to 64 rows (a batched decode step) has too few tiles for the SMs: with STREAM_K the programs share the
+flattened (tile, K chunk) space instead (stream-K, codegen/gluon/tiles.py).
 
 H200, Llama-3-8B's first step in the host-driven executor (`benchmarks/gluon_groups.py`, session 60; 32 layers):
 at 2,048 tokens o_proj 3,316 us against the Triton groups' 4,766, gate/up 20,103 against 27,435, down 9,691 against
@@ -44,8 +44,7 @@ BM, BK = gl.constexpr(128), gl.constexpr(64)
 CONSUMER_WARPS, LOADER_REGS = 8, 40
 
 SIGNATURE = {"DESCS": "*i64", "W": "*bf16", "ACT": "*bf16", "F32": "*fp32", "I32": "*i32", "desc_index": "i32",
-             "rows_at": "i32"}
-STREAMK_SIGNATURE = {**SIGNATURE, "parts_at": "i64", "tickets_at": "i64"}
+             "rows_at": "i32", "parts_at": "i64", "tickets_at": "i64"}
 
 
 @gluon.jit
@@ -123,42 +122,6 @@ def _consumer(W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_
 
 
 @gluon.jit
-def linear_prefill(DESCS, W, ACT, F32, I32, desc_index, rows_at, BN: gl.constexpr, STAGES: gl.constexpr,
-                   GROUP: gl.constexpr, GATED: gl.constexpr, NORM_F64: gl.constexpr, DESC_WORDS: gl.constexpr,
-                   LOADER_REGS: gl.constexpr):
-    """Row desc_index of DESCS (a LINEAR group's descriptor) over the I32[rows_at] rows of the step. GATED: the
-    descriptor's `gated` word (the output's width depends on it); NORM_F64: the norms' sums are fp64."""
-    desc = DESCS + desc_index * DESC_WORDS
-    num_rows = gl.load(I32 + rows_at)
-    x_off, x_stride, w_off = gl.load(desc + WORDS[0]), gl.load(desc + WORDS[1]), gl.load(desc + WORDS[3])
-    K = gl.load(desc + WORDS[2]).to(gl.int32)  # (a copy's coordinates are 32-bit)
-    N, out_off, out_stride = gl.load(desc + WORDS[4]).to(gl.int32), gl.load(desc + WORDS[5]), \
-        gl.load(desc + WORDS[6])
-    stats_off = gl.load(desc + WORDS[7])
-    eps = gl.load(desc + WORDS[8]).to(gl.float64, bitcast=True).to(gl.float32)
-    res_off, res_stride, bias_off = gl.load(desc + WORDS[9]), gl.load(desc + WORDS[10]), gl.load(desc + WORDS[11])
-    out_stats_off = gl.load(desc + WORDS[12])
-    x_desc, w_desc = operands(ACT + x_off, x_stride, num_rows, W + w_off, N, K, BM, BN, BK)
-    OUT: gl.constexpr = BN // 2 if GATED else BN
-    c_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, OUT], gl.bfloat16)
-    n_out = N // 2 if GATED else N
-    o_desc = tma.make_tensor_descriptor(ACT + out_off, [num_rows, n_out], [out_stride, 1], [BM, OUT], c_layout)
-    r_desc = tma.make_tensor_descriptor(ACT + gl.maximum(res_off, 0), [num_rows, n_out], [res_stride, 1], [BM, OUT],
-                                        c_layout)
-    c_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, OUT], c_layout)
-    res_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(res_bar.index(0), count=1)
-    a_ring, b_ring, ready, empty = ring(BM, BN, BK, STAGES)
-    num_m = gl.cdiv(num_rows, BM)
-    num_n = gl.cdiv(N, BN)
-    gl.warp_specialize([
-        (_consumer, (W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar, num_m, num_n, num_rows, N,
-                     K, stats_off, eps, res_off, bias_off, out_stats_off, STAGES, GROUP, GATED, NORM_F64)),
-        (tile_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
-    ], [1], [LOADER_REGS])
-
-
-@gluon.jit
 def _streamk_consumer(W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar, num_m, num_n, num_rows,
                       N, K, stats_off, eps, res_off, bias_off, out_stats_off, parts_at, tickets_at,
                       STAGES: gl.constexpr, GROUP: gl.constexpr, GATED: gl.constexpr, NORM_F64: gl.constexpr):
@@ -188,16 +151,18 @@ def _streamk_consumer(W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_sm
 
 
 @gluon.jit
-def linear_streamk(DESCS, W, ACT, F32, I32, desc_index, rows_at, parts_at, tickets_at, BN: gl.constexpr,
+def linear_prefill(DESCS, W, ACT, F32, I32, desc_index, rows_at, parts_at, tickets_at, BN: gl.constexpr,
                    STAGES: gl.constexpr, GROUP: gl.constexpr, GATED: gl.constexpr, NORM_F64: gl.constexpr,
-                   DESC_WORDS: gl.constexpr, LOADER_REGS: gl.constexpr):
-    """`linear_prefill`'s outputs for a step of STREAMK_ROWS rows at most, stream-K (codegen/gluon/tiles.py), its
-    partials' scratch and tickets at F32[parts_at] and F32[tickets_at] (`prefill_parts`, `tickets:prefill`: no other
-    group runs beside it in the host-driven executor)."""
+                   DESC_WORDS: gl.constexpr, LOADER_REGS: gl.constexpr, STREAM_K: gl.constexpr):
+    """Row desc_index of DESCS (a LINEAR group's descriptor) over the I32[rows_at] rows of the step. GATED: the
+    descriptor's `gated` word (the output's width depends on it); NORM_F64: the norms' sums are fp64. STREAM_K: the
+    programs share the (tile, K chunk) space (codegen/gluon/tiles.py; a step of STREAMK_ROWS rows at most), the cut
+    tiles' partials and tickets at F32[parts_at] and F32[tickets_at] (`prefill_parts`, `tickets:prefill`: no other
+    group runs beside it in the host-driven executor); else each program takes whole tiles."""
     desc = DESCS + desc_index * DESC_WORDS
     num_rows = gl.load(I32 + rows_at)
     x_off, x_stride, w_off = gl.load(desc + WORDS[0]), gl.load(desc + WORDS[1]), gl.load(desc + WORDS[3])
-    K = gl.load(desc + WORDS[2]).to(gl.int32)
+    K = gl.load(desc + WORDS[2]).to(gl.int32)  # (a copy's coordinates are 32-bit)
     N, out_off, out_stride = gl.load(desc + WORDS[4]).to(gl.int32), gl.load(desc + WORDS[5]), \
         gl.load(desc + WORDS[6])
     stats_off = gl.load(desc + WORDS[7])
@@ -217,12 +182,20 @@ def linear_streamk(DESCS, W, ACT, F32, I32, desc_index, rows_at, parts_at, ticke
     a_ring, b_ring, ready, empty = ring(BM, BN, BK, STAGES)
     num_m = gl.cdiv(num_rows, BM)
     num_n = gl.cdiv(N, BN)
-    gl.warp_specialize([
-        (_streamk_consumer, (W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar, num_m, num_n,
-                             num_rows, N, K, stats_off, eps, res_off, bias_off, out_stats_off, parts_at, tickets_at,
-                             STAGES, GROUP, GATED, NORM_F64)),
-        (streamk_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
-    ], [1], [LOADER_REGS])
+    if STREAM_K:
+        gl.warp_specialize([
+            (_streamk_consumer, (W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar, num_m, num_n,
+                                 num_rows, N, K, stats_off, eps, res_off, bias_off, out_stats_off, parts_at,
+                                 tickets_at, STAGES, GROUP, GATED, NORM_F64)),
+            (streamk_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
+        ], [1], [LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar, num_m, num_n,
+                         num_rows, N, K, stats_off, eps, res_off, bias_off, out_stats_off, STAGES, GROUP, GATED,
+                         NORM_F64)),
+            (tile_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
+        ], [1], [LOADER_REGS])
 
 
 @dataclass(frozen=True)
@@ -231,14 +204,14 @@ class Tiles:
     bn: int
     stages: int
 
-    def constexprs(self, gated: bool, norm_f64: bool) -> dict:
+    def constexprs(self, gated: bool, norm_f64: bool, stream_k: bool = False) -> dict:
         return dict(BN=self.bn, STAGES=self.stages, GROUP=8, GATED=gated, NORM_F64=norm_f64, DESC_WORDS=DESC_WORDS,
-                    LOADER_REGS=LOADER_REGS)
+                    LOADER_REGS=LOADER_REGS, STREAM_K=stream_k)
 
 
 WIDE, NARROW = Tiles(256, 3), Tiles(128, 4)
-STREAMK = Tiles(128, 5)  # `linear_streamk`'s (a part of the scratch is STREAMK_ROWS x its BN): a fifth stage in
-# the room the wide tiles' staging buffer takes
+STREAMK = Tiles(128, 5)  # stream-K's (a part of the scratch is STREAMK_ROWS x its BN): a fifth stage in the room
+# the wide tiles' staging buffer takes
 # H200, session 60 (`benchmarks/gluon_groups.py --tiles`, Llama-3-8B's 32 layers): o_proj at 2,048 tokens, 2 rounds
 # of wide tiles or 4 of narrow ones, 3,399 against 3,711 us; gate/up at 2,048 (14 or 28 rounds) 20,754 against
 # 21,946; at 512 tokens (4 or 7 rounds) 6,016 against 5,969

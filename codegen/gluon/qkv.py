@@ -30,7 +30,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from codegen.bodies.qkv import QKV_FIELDS
-from codegen.gluon.linear import ALIGN, CONSUMER_WARPS as LINEAR_WARPS, LAUNCH, LOADER_REGS, STREAMK, Tiles
+from codegen.gluon.linear import ALIGN, CONSUMER_WARPS as LINEAR_WARPS, LAUNCH, LOADER_REGS, Tiles
 from codegen.gluon.linear import _norm_sums, _region, _round
 from codegen.gluon.tiles import finish_fragment, fragment, operands, range_product, ring, streamk_loader, streamk_range
 from codegen.gluon.tiles import tile_at, tile_loader, tile_product
@@ -43,8 +43,8 @@ BM, BK = gl.constexpr(128), gl.constexpr(64)
 HEAD_DIM = 128
 
 SIGNATURE = {"DESCS": "*i64", "W": "*bf16", "ACT": "*bf16", "F32": "*fp32", "I32": "*i32", "KV": "*bf16",
-             "kv_plane": "i64", "desc_index": "i32", "tokens_at": "i32", "positions_at": "i32", "slots_at": "i32"}
-STREAMK_SIGNATURE = {**SIGNATURE, "parts_at": "i64", "tickets_at": "i64"}
+             "kv_plane": "i64", "desc_index": "i32", "tokens_at": "i32", "positions_at": "i32", "slots_at": "i32",
+             "parts_at": "i64", "tickets_at": "i64"}
 
 
 @gluon.jit
@@ -251,13 +251,15 @@ def _epilogue(W, ACT, F32, I32, KV, kv_plane, stages, staged, freed, num_m, num_
 
 
 @gluon.jit
-def qkv_prefill(DESCS, W, ACT, F32, I32, KV, kv_plane, desc_index, tokens_at, positions_at, slots_at,
-                HD: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
+def qkv_prefill(DESCS, W, ACT, F32, I32, KV, kv_plane, desc_index, tokens_at, positions_at, slots_at, parts_at,
+                tickets_at, HD: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
                 NORM_F64: gl.constexpr, DESC_WORDS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                EPILOGUE_WARPS: gl.constexpr, EPILOGUE_REGS: gl.constexpr):
+                EPILOGUE_WARPS: gl.constexpr, EPILOGUE_REGS: gl.constexpr, STREAM_K: gl.constexpr):
     """Row desc_index of DESCS (a QKV group's descriptor) over the I32[tokens_at] tokens of the step, their positions
     and cache slots at I32[positions_at ..] and I32[slots_at ..]; HD: the heads' dimensions; BN: a tile's columns
-    (HD or 2 HD: one head a tile or two)."""
+    (HD or 2 HD: one head a tile or two). STREAM_K (no epilogue partition): the programs share the (tile, K chunk)
+    space (codegen/gluon/tiles.py; a batched decode step: 64 rows make 48 one-head tiles of Llama-3-8B for 132 SMs),
+    the cut tiles' partials and tickets at F32[parts_at] and F32[tickets_at] (`linear.linear_prefill`'s)."""
     desc = DESCS + desc_index * DESC_WORDS
     num_rows = gl.load(I32 + tokens_at)
     x_off, K, w_off = gl.load(desc + WORDS[0]), gl.load(desc + WORDS[1]).to(gl.int32), gl.load(desc + WORDS[2])
@@ -291,6 +293,15 @@ def qkv_prefill(DESCS, W, ACT, F32, I32, KV, kv_plane, desc_index, tokens_at, po
                          positions_at, slots_at, HD, GROUP)),
             (tile_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
         ], [EPILOGUE_WARPS, 1], [EPILOGUE_REGS, LOADER_REGS])
+    elif STREAM_K:
+        stage = gl.allocate_shared_memory(gl.bfloat16, [BM, BN], swizzled)
+        gl.warp_specialize([
+            (_streamk_consumer, (W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stage, num_m, num_n,
+                                 num_rows, K, stats_off, eps, bias_off, HQ, HKV, q_norm_off, k_norm_off, qk_eps,
+                                 q_out_off, layer, rope_off, has_qk_norm, step_kv_off, positions_at, slots_at,
+                                 parts_at, tickets_at, HD, STAGES, GROUP, NORM_F64)),
+            (streamk_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
+        ], [1], [LOADER_REGS])
     else:
         stage = gl.allocate_shared_memory(gl.bfloat16, [BM, BN], swizzled)
         gl.warp_specialize([
@@ -302,45 +313,6 @@ def qkv_prefill(DESCS, W, ACT, F32, I32, KV, kv_plane, desc_index, tokens_at, po
         ], [1], [LOADER_REGS])
 
 
-@gluon.jit
-def qkv_streamk(DESCS, W, ACT, F32, I32, KV, kv_plane, desc_index, tokens_at, positions_at, slots_at, parts_at,
-                tickets_at, HD: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
-                NORM_F64: gl.constexpr, DESC_WORDS: gl.constexpr, LOADER_REGS: gl.constexpr):
-    """`qkv_prefill`'s outputs for a step of STREAMK_ROWS rows at most (a batched decode step: 64 rows make 48 tiles of
-    Llama-3-8B's heads for 132 SMs), stream-K (codegen/gluon/tiles.py), one head a tile, its partials' scratch and
-    tickets at F32[parts_at] and F32[tickets_at] (`prefill_parts`, `tickets:prefill`: no other group runs beside it in
-    the host-driven executor)."""
-    desc = DESCS + desc_index * DESC_WORDS
-    num_rows = gl.load(I32 + tokens_at)
-    x_off, K, w_off = gl.load(desc + WORDS[0]), gl.load(desc + WORDS[1]).to(gl.int32), gl.load(desc + WORDS[2])
-    HQ, HKV = gl.load(desc + WORDS[3]).to(gl.int32), gl.load(desc + WORDS[4]).to(gl.int32)
-    stats_off = gl.load(desc + WORDS[6])
-    eps = gl.load(desc + WORDS[7]).to(gl.float64, bitcast=True).to(gl.float32)
-    bias_off, q_norm_off, k_norm_off = gl.load(desc + WORDS[8]), gl.load(desc + WORDS[9]), gl.load(desc + WORDS[10])
-    qk_eps = gl.load(desc + WORDS[11]).to(gl.float64, bitcast=True).to(gl.float32)
-    q_out_off, layer, rope_off = gl.load(desc + WORDS[12]), gl.load(desc + WORDS[13]), gl.load(desc + WORDS[14])
-    has_qk_norm, step_kv_off = gl.load(desc + WORDS[15]), gl.load(desc + WORDS[16])
-    n_cols = (HQ + 2 * HKV) * HD
-    x_desc, w_desc = operands(ACT + x_off, K.to(gl.int64), num_rows, W + w_off, n_cols, K, BM, BN, BK)
-    a_ring, b_ring, ready, empty = ring(BM, BN, BK, STAGES)
-    stage = gl.allocate_shared_memory(gl.bfloat16, [BM, BN], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
-    num_m = gl.cdiv(num_rows, BM)
-    num_n = gl.cdiv(n_cols, BN)
-    gl.warp_specialize([
-        (_streamk_consumer, (W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stage, num_m, num_n,
-                             num_rows, K, stats_off, eps, bias_off, HQ, HKV, q_norm_off, k_norm_off, qk_eps,
-                             q_out_off, layer, rope_off, has_qk_norm, step_kv_off, positions_at, slots_at, parts_at,
-                             tickets_at, HD, STAGES, GROUP, NORM_F64)),
-        (streamk_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
-    ], [1], [LOADER_REGS])
-
-
-def streamk_constexprs(norm_f64: bool) -> dict:
-    """`qkv_streamk`'s constexprs (one head a tile, `linear.STREAMK`'s stages; launched with `linear.LAUNCH`)."""
-    return dict(HD=HEAD_DIM, BN=HEAD_DIM, STAGES=STREAMK.stages, GROUP=8, NORM_F64=norm_f64, DESC_WORDS=DESC_WORDS,
-                LOADER_REGS=LOADER_REGS)
-
-
 # one head a tile: its epilogue in a partition of EPILOGUE_WARPS warps. The program's 16 warps cap every thread at
 # 128 registers (Triton hands ptxas `maxnreg`): the [128, 128] products' accumulator is 64 of them, the [128, 256]
 # one's 128, so two heads a tile keep their epilogue in the consumers
@@ -348,23 +320,23 @@ EPILOGUE_WARPS = 4
 SPLIT_LAUNCH = dict(num_warps=LINEAR_WARPS, maxnreg=65536 // ((LINEAR_WARPS + EPILOGUE_WARPS + 4) * 32) // 8 * 8)
 
 
-def split_epilogue(tiles: Tiles) -> bool:
-    """Whether a launch of `tiles` runs its epilogue in a partition of its own (one head a tile)."""
-    return tiles.bn == HEAD_DIM
+def split_epilogue(tiles: Tiles, stream_k: bool = False) -> bool:
+    """Whether a launch of `tiles` runs its epilogue in a partition of its own (one head a tile, not stream-K)."""
+    return tiles.bn == HEAD_DIM and not stream_k
 
 
-def launch(tiles: Tiles) -> dict:
+def launch(tiles: Tiles, stream_k: bool = False) -> dict:
     """A launch's options: with the epilogue partition, a program of 16 warps."""
-    return SPLIT_LAUNCH if split_epilogue(tiles) else LAUNCH
+    return SPLIT_LAUNCH if split_epilogue(tiles, stream_k) else LAUNCH
 
 
-def constexprs(tiles: Tiles, norm_f64: bool) -> dict:
+def constexprs(tiles: Tiles, norm_f64: bool, stream_k: bool = False) -> dict:
     """A launch's constexprs: `tiles` (linear.WIDE: two heads a tile, linear.NARROW: one, its epilogue in a partition
-    of its own) and the sums' type."""
-    split = split_epilogue(tiles)
+    of its own; with stream_k, linear.STREAMK: one, the epilogue in the consumers) and the sums' type."""
+    split = split_epilogue(tiles, stream_k)
     return dict(HD=HEAD_DIM, BN=tiles.bn, STAGES=tiles.stages, GROUP=8, NORM_F64=norm_f64, DESC_WORDS=DESC_WORDS,
                 LOADER_REGS=LOADER_REGS, EPILOGUE_WARPS=EPILOGUE_WARPS if split else 0,
-                EPILOGUE_REGS=SPLIT_LAUNCH["maxnreg"] if split else 0)
+                EPILOGUE_REGS=SPLIT_LAUNCH["maxnreg"] if split else 0, STREAM_K=stream_k)
 
 
 def unsupported(words: list[int]) -> str | None:

@@ -35,7 +35,7 @@ def test_every_body_compiles_for_sm90_and_fits_an_sm(compiled):
     # linear_prefill: two tile shapes, gated or not, fp64 or fp32 sums; qkv_prefill: two tile shapes, either sums;
     # attention_prefill: items of 128 or 64 rows, 32 or 64 sequences' lanes; linear_gemv: 3 unit heights, plain,
     # gated or the logits; qkv_gemv: 3 unit heights; attention's split decode steps: 32 or 64 sequences' lanes;
-    # linear_streamk: gated or not; qkv_streamk
+    # stream-K: linear_prefill gated or not, qkv_prefill
     assert len(compiled) == 33
     for name, used in compiled.items():
         assert used["registers"] <= used["maxnreg"], name

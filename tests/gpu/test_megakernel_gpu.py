@@ -301,8 +301,8 @@ def test_gluon_attention_beside_decoding_sequences_on_gpu(tmp_path):
 def test_gluon_decode_attention_for_64_sequences_on_gpu(tmp_path):
     """64 prompts of 3 to 39 tokens: the prefill step's attention in 128-row items, then decode steps whose 512
     (sequence, KV head) pairs fill the GPU, in 64-row items on one consumer warp group (`attention.DECODE_LAUNCH`),
-    the merge groups idle, and their projections stream-K (`linear.linear_streamk`, `qkv.qkv_streamk`); the last
-    decode step's logits within bf16 tolerance of the reference."""
+    the merge groups idle, and their projections stream-K (`linear.linear_prefill` and `qkv.qkv_prefill` with
+    STREAM_K); the last decode step's logits within bf16 tolerance of the reference."""
     driver, model = gluon_driver(tmp_path, case_config(64))
     g = torch.Generator().manual_seed(64)
     lengths = torch.randint(3, 40, (64,), generator=g).tolist()
