@@ -31,8 +31,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED
-from codegen.gluon.tiles import ALIGN, _region, finish_fragment, fragment, operands, range_product, ring
-from codegen.gluon.tiles import streamk_loader, streamk_range, tile_at, tile_loader, tile_product
+from codegen.gluon.tiles import ALIGN, _region, operands, ring, streamk_loader, streamk_range, streamk_step, tile_at
+from codegen.gluon.tiles import tile_loader, tile_product
 from codegen.tasks import DESC_WORDS
 
 # the descriptor words the kernel reads, in this order (WORDS: their indices in the row)
@@ -100,53 +100,43 @@ def _epilogue(y, m0, n0, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase,
 
 
 @gluon.jit
-def _consumer(W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar, num_m, num_n, num_rows, N, K,
-              stats_off, eps, res_off, bias_off, out_stats_off, STAGES: gl.constexpr, GROUP: gl.constexpr,
-              GATED: gl.constexpr, NORM_F64: gl.constexpr):
-    BN: gl.constexpr = b_ring.type.shape[1]
-    OUT: gl.constexpr = BN // 2 if GATED else BN
-    i = 0
-    phase = 0
-    for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
-        m, n = tile_at(t, num_m, num_n, GROUP)
-        tma.store_wait(pendings=0)  # the tile before has left the staging buffer
-        if res_off >= 0:  # this tile's residual on its way while the products run
-            mbarrier.expect(res_bar.index(0), BM * OUT * 2)
-            tma.async_copy_global_to_shared(r_desc, [m * BM, n * OUT], res_bar.index(0), c_smem)
-        acc, i = tile_product(a_ring, b_ring, ready, empty, i, K, STAGES)
-        _epilogue(acc, m * BM, n * BN, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase, stats_off, eps,
-                  res_off, bias_off, out_stats_off, GATED, NORM_F64)
-        if res_off >= 0:
-            phase ^= 1
+def _residual(r_desc, c_smem, res_bar, m, n, res_off, OUT: gl.constexpr):
+    """Tile (m, n)'s residual on its way into the staging buffer, once the tile before has left it."""
     tma.store_wait(pendings=0)
+    if res_off >= 0:
+        mbarrier.expect(res_bar.index(0), BM * OUT * 2)
+        tma.async_copy_global_to_shared(r_desc, [m * BM, n * OUT], res_bar.index(0), c_smem)
 
 
 @gluon.jit
-def _streamk_consumer(W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar, num_m, num_n, num_rows,
-                      N, K, stats_off, eps, res_off, bias_off, out_stats_off, parts_at, tickets_at,
-                      STAGES: gl.constexpr, GROUP: gl.constexpr, GATED: gl.constexpr, NORM_F64: gl.constexpr):
-    """`_consumer` over this program's stream-K range (`tiles.finish_fragment`): a tile's epilogue by the program
-    that finishes it, its residual asked for then."""
+def _consumer(W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar, num_m, num_n, num_rows, N, K,
+              stats_off, eps, res_off, bias_off, out_stats_off, parts_at, tickets_at, STAGES: gl.constexpr,
+              GROUP: gl.constexpr, GATED: gl.constexpr, NORM_F64: gl.constexpr, STREAM_K: gl.constexpr):
+    """Each tile's products and epilogue: whole tiles, the residual asked for before the products; or (STREAM_K)
+    the fragments of this program's range, a tile's epilogue by the program that finishes it
+    (`tiles.finish_fragment`), its residual asked for then."""
     BN: gl.constexpr = b_ring.type.shape[1]
     OUT: gl.constexpr = BN // 2 if GATED else BN
-    c, c1, KC, total, P = streamk_range(num_m, num_n, K, BK)
     i = 0
     phase = 0
-    while c < c1:
-        t, kc0, kc1 = fragment(c, c1, KC)
-        m, n = tile_at(t, num_m, num_n, GROUP)
-        acc, i = range_product(a_ring, b_ring, ready, empty, i, kc0 * BK, gl.minimum(kc1 * BK, K), STAGES)
-        c += kc1 - kc0
-        finish, acc = finish_fragment(acc, t, kc0, kc1, KC, total, P, num_rows, F32, parts_at, tickets_at)
-        if finish:
-            tma.store_wait(pendings=0)  # the tile before has left the staging buffer
-            if res_off >= 0:
-                mbarrier.expect(res_bar.index(0), BM * OUT * 2)
-                tma.async_copy_global_to_shared(r_desc, [m * BM, n * OUT], res_bar.index(0), c_smem)
+    if STREAM_K:
+        c, c1, KC, total, P = streamk_range(num_m, num_n, K, BK)
+        while c < c1:
+            finish, acc, m, n, i, c = streamk_step(a_ring, b_ring, ready, empty, i, c, c1, KC, total, P, K, num_m,
+                                                   num_n, num_rows, F32, parts_at, tickets_at, STAGES, GROUP)
+            if finish:
+                _residual(r_desc, c_smem, res_bar, m, n, res_off, OUT)
+                _epilogue(acc, m * BM, n * BN, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase, stats_off,
+                          eps, res_off, bias_off, out_stats_off, GATED, NORM_F64)
+                phase ^= (res_off >= 0).to(gl.int32)
+    else:
+        for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
+            m, n = tile_at(t, num_m, num_n, GROUP)
+            _residual(r_desc, c_smem, res_bar, m, n, res_off, OUT)  # (on its way while the products run)
+            acc, i = tile_product(a_ring, b_ring, ready, empty, i, K, STAGES)
             _epilogue(acc, m * BM, n * BN, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase, stats_off, eps,
                       res_off, bias_off, out_stats_off, GATED, NORM_F64)
-            if res_off >= 0:
-                phase ^= 1
+            phase ^= (res_off >= 0).to(gl.int32)
     tma.store_wait(pendings=0)
 
 
@@ -182,20 +172,13 @@ def linear_prefill(DESCS, W, ACT, F32, I32, desc_index, rows_at, parts_at, ticke
     a_ring, b_ring, ready, empty = ring(BM, BN, BK, STAGES)
     num_m = gl.cdiv(num_rows, BM)
     num_n = gl.cdiv(N, BN)
-    if STREAM_K:
-        gl.warp_specialize([
-            (_streamk_consumer, (W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar, num_m, num_n,
-                                 num_rows, N, K, stats_off, eps, res_off, bias_off, out_stats_off, parts_at,
-                                 tickets_at, STAGES, GROUP, GATED, NORM_F64)),
-            (streamk_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
-        ], [1], [LOADER_REGS])
-    else:
-        gl.warp_specialize([
-            (_consumer, (W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar, num_m, num_n,
-                         num_rows, N, K, stats_off, eps, res_off, bias_off, out_stats_off, STAGES, GROUP, GATED,
-                         NORM_F64)),
-            (tile_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
-        ], [1], [LOADER_REGS])
+    gl.warp_specialize([
+        (_consumer, (W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar, num_m, num_n, num_rows, N,
+                     K, stats_off, eps, res_off, bias_off, out_stats_off, parts_at, tickets_at, STAGES, GROUP, GATED,
+                     NORM_F64, STREAM_K)),
+        (streamk_loader if STREAM_K else tile_loader,
+         (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
+    ], [1], [LOADER_REGS])
 
 
 @dataclass(frozen=True)

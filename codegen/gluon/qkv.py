@@ -32,8 +32,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from codegen.bodies.qkv import QKV_FIELDS
 from codegen.gluon.linear import ALIGN, CONSUMER_WARPS as LINEAR_WARPS, LAUNCH, LOADER_REGS, Tiles
 from codegen.gluon.linear import _norm_sums, _region, _round
-from codegen.gluon.tiles import finish_fragment, fragment, operands, range_product, ring, streamk_loader, streamk_range
-from codegen.gluon.tiles import tile_at, tile_loader, tile_product
+from codegen.gluon.tiles import operands, ring, streamk_loader, streamk_range, streamk_step, tile_at, tile_loader
+from codegen.gluon.tiles import tile_product
 from codegen.tasks import DESC_WORDS
 
 USED = ("x_off", "k", "w_off", "num_q_heads", "num_kv_heads", "head_dim", "stats_off", "eps", "bias_off",
@@ -111,27 +111,49 @@ def _store_head(lo, hi, head, rows, j, mask, pos_cos, pos_sin, W, ACT, KV, kv_pl
 @gluon.jit
 def _consumer(W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stage, num_m, num_n, num_rows, K,
               stats_off, eps, bias_off, HQ, HKV, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off,
-              has_qk_norm, step_kv_off, positions_at, slots_at, HD: gl.constexpr, STAGES: gl.constexpr,
-              GROUP: gl.constexpr, NORM_F64: gl.constexpr):
+              has_qk_norm, step_kv_off, positions_at, slots_at, parts_at, tickets_at, HD: gl.constexpr,
+              STAGES: gl.constexpr, GROUP: gl.constexpr, NORM_F64: gl.constexpr, STREAM_K: gl.constexpr):
     """Each tile's products, then `_prefill_epilogue` and `head_epilogue` of its heads (BN // HD of the group's q
-    heads, then k, then v): 1/rms and bias in the products' layout, rounded; the heads' values through `stage` into
-    a layout that holds each row's two halves alike; then a head at a time the norm, rotary and stores."""
+    heads, then k, then v; `_tile_epilogue`): whole tiles, the rows' sums, positions and slots asked for before the
+    products; or (STREAM_K) the fragments of this program's range, a tile's heads by the program that finishes it
+    (`tiles.finish_fragment`), the rows' words asked for then."""
     BN: gl.constexpr = b_ring.type.shape[1]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                           instr_shape=[16, BN, 16])
     half: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
     i = 0
-    for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
-        m, n = tile_at(t, num_m, num_n, GROUP)
-        m0 = m * BM
-        # the rows' words on their way while the products run
-        sums = _row_sums(m0, num_rows, F32, stats_off, acc_layout, NORM_F64)
-        rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, half))
-        pos, slot = _row_words(rows, rows < num_rows, I32, positions_at, slots_at)
-        acc, i = tile_product(a_ring, b_ring, ready, empty, i, K, STAGES)
-        _tile_epilogue(acc, n, sums, rows, pos, slot, stage, num_rows, K, stats_off, eps, bias_off, HQ, HKV,
-                       q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, step_kv_off, W, ACT,
-                       F32, KV, kv_plane, HD)
+    if STREAM_K:
+        c, c1, KC, total, P = streamk_range(num_m, num_n, K, BK)
+        while c < c1:
+            finish, acc, m, n, i, c = streamk_step(a_ring, b_ring, ready, empty, i, c, c1, KC, total, P, K, num_m,
+                                                   num_n, num_rows, F32, parts_at, tickets_at, STAGES, GROUP)
+            if finish:
+                sums, rows, pos, slot = _rows_of(m * BM, num_rows, F32, I32, stats_off, positions_at, slots_at,
+                                                 acc_layout, half, NORM_F64)
+                _tile_epilogue(acc, n, sums, rows, pos, slot, stage, num_rows, K, stats_off, eps, bias_off, HQ, HKV,
+                               q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, step_kv_off,
+                               W, ACT, F32, KV, kv_plane, HD)
+    else:
+        for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
+            m, n = tile_at(t, num_m, num_n, GROUP)
+            # the rows' words on their way while the products run
+            sums, rows, pos, slot = _rows_of(m * BM, num_rows, F32, I32, stats_off, positions_at, slots_at,
+                                             acc_layout, half, NORM_F64)
+            acc, i = tile_product(a_ring, b_ring, ready, empty, i, K, STAGES)
+            _tile_epilogue(acc, n, sums, rows, pos, slot, stage, num_rows, K, stats_off, eps, bias_off, HQ, HKV,
+                           q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, step_kv_off, W,
+                           ACT, F32, KV, kv_plane, HD)
+
+
+@gluon.jit
+def _rows_of(m0, num_rows, F32, I32, stats_off, positions_at, slots_at, acc_layout: gl.constexpr,
+             half: gl.constexpr, NORM_F64: gl.constexpr):
+    """Rows m0 .. m0 + BM's sums of squares (in the products' layout), and their indices, positions and cache slots
+    (in the halves' layout)."""
+    sums = _row_sums(m0, num_rows, F32, stats_off, acc_layout, NORM_F64)
+    rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, half))
+    pos, slot = _row_words(rows, rows < num_rows, I32, positions_at, slots_at)
+    return sums, rows, pos, slot
 
 
 @gluon.jit
@@ -162,36 +184,6 @@ def _tile_epilogue(acc, n, sums, rows, pos, slot, stage, num_rows, K, stats_off,
             _store_head(lo, hi, head, rows, j, mask, pos_cos, pos_sin, W, ACT, KV, kv_plane, HQ, HKV, q_norm_off,
                         k_norm_off, qk_eps, q_out_off, layer, has_qk_norm, step_kv_off, slot, HD)
     gl.thread_barrier()  # every read done before the next tile's values come in
-
-
-@gluon.jit
-def _streamk_consumer(W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stage, num_m, num_n, num_rows, K,
-                      stats_off, eps, bias_off, HQ, HKV, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off,
-                      has_qk_norm, step_kv_off, positions_at, slots_at, parts_at, tickets_at, HD: gl.constexpr,
-                      STAGES: gl.constexpr, GROUP: gl.constexpr, NORM_F64: gl.constexpr):
-    """`_consumer` over this program's stream-K range (`tiles.finish_fragment`): a tile's heads by the program that
-    finishes it, the rows' words asked for then."""
-    BN: gl.constexpr = b_ring.type.shape[1]
-    BK_: gl.constexpr = a_ring.type.shape[2]
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                          instr_shape=[16, BN, 16])
-    half: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-    c, c1, KC, total, P = streamk_range(num_m, num_n, K, BK_)
-    i = 0
-    while c < c1:
-        t, kc0, kc1 = fragment(c, c1, KC)
-        m, n = tile_at(t, num_m, num_n, GROUP)
-        acc, i = range_product(a_ring, b_ring, ready, empty, i, kc0 * BK_, gl.minimum(kc1 * BK_, K), STAGES)
-        c += kc1 - kc0
-        finish, acc = finish_fragment(acc, t, kc0, kc1, KC, total, P, num_rows, F32, parts_at, tickets_at)
-        if finish:
-            m0 = m * BM
-            sums = _row_sums(m0, num_rows, F32, stats_off, acc_layout, NORM_F64)
-            rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, half))
-            pos, slot = _row_words(rows, rows < num_rows, I32, positions_at, slots_at)
-            _tile_epilogue(acc, n, sums, rows, pos, slot, stage, num_rows, K, stats_off, eps, bias_off, HQ, HKV,
-                           q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, step_kv_off, W,
-                           ACT, F32, KV, kv_plane, HD)
 
 
 @gluon.jit
@@ -293,23 +285,15 @@ def qkv_prefill(DESCS, W, ACT, F32, I32, KV, kv_plane, desc_index, tokens_at, po
                          positions_at, slots_at, HD, GROUP)),
             (tile_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
         ], [EPILOGUE_WARPS, 1], [EPILOGUE_REGS, LOADER_REGS])
-    elif STREAM_K:
-        stage = gl.allocate_shared_memory(gl.bfloat16, [BM, BN], swizzled)
-        gl.warp_specialize([
-            (_streamk_consumer, (W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stage, num_m, num_n,
-                                 num_rows, K, stats_off, eps, bias_off, HQ, HKV, q_norm_off, k_norm_off, qk_eps,
-                                 q_out_off, layer, rope_off, has_qk_norm, step_kv_off, positions_at, slots_at,
-                                 parts_at, tickets_at, HD, STAGES, GROUP, NORM_F64)),
-            (streamk_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
-        ], [1], [LOADER_REGS])
     else:
         stage = gl.allocate_shared_memory(gl.bfloat16, [BM, BN], swizzled)
         gl.warp_specialize([
             (_consumer, (W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stage, num_m, num_n,
                          num_rows, K, stats_off, eps, bias_off, HQ, HKV, q_norm_off, k_norm_off, qk_eps, q_out_off,
-                         layer, rope_off, has_qk_norm, step_kv_off, positions_at, slots_at, HD, STAGES, GROUP,
-                         NORM_F64)),
-            (tile_loader, (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
+                         layer, rope_off, has_qk_norm, step_kv_off, positions_at, slots_at, parts_at, tickets_at, HD,
+                         STAGES, GROUP, NORM_F64, STREAM_K)),
+            (streamk_loader if STREAM_K else tile_loader,
+             (x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES, GROUP)),
         ], [1], [LOADER_REGS])
 
 

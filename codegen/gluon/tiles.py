@@ -187,6 +187,20 @@ def streamk_loader(x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K
 
 
 @gluon.jit
+def streamk_step(a_ring, b_ring, ready, empty, i, c, c1, KC, total, P, K, num_m, num_n, num_rows, F32, parts_at,
+                 tickets_at, STAGES: gl.constexpr, GROUP: gl.constexpr):
+    """The consumers' next fragment of their range from chunk c (`fragment`): its products from ring slot i on, then
+    `finish_fragment`. Returns whether this program finishes the fragment's tile and its whole product if so, the
+    tile's (row block, column block), the next fragment's slot and chunk."""
+    BK: gl.constexpr = a_ring.type.shape[2]
+    t, kc0, kc1 = fragment(c, c1, KC)
+    m, n = tile_at(t, num_m, num_n, GROUP)
+    acc, i = range_product(a_ring, b_ring, ready, empty, i, kc0 * BK, gl.minimum(kc1 * BK, K), STAGES)
+    finish, acc = finish_fragment(acc, t, kc0, kc1, KC, total, P, num_rows, F32, parts_at, tickets_at)
+    return finish, acc, m, n, i, c + kc1 - kc0
+
+
+@gluon.jit
 def finish_fragment(acc, t, kc0, kc1, KC, total, P, num_rows, F32, parts_at, tickets_at):
     """Whether this program finishes tile t, whose chunks kc0 .. kc1 it multiplied into acc, and the tile's whole
     product if it does: at once where it multiplied all of them; else its partial into the scratch at F32[parts_at]
