@@ -71,9 +71,10 @@ fi
 if [[ $mode == gluon ]]; then  # the Gluon bodies (codegen/gluon): each covered group against the Triton one, timed
   # (a Gluon kernel whose barrier waits on a wrong phase hangs: the bodies not yet run first, alone, and the rest only
   # if that ended well)
-  # (session 62: the prompts with a decode row took more than 330 s, mostly the Gluon kernels' compiles)
+  # (the prompts' rows, PROMPTS=2048,512 GLUON_LIMIT=420, want a call of their own: in session 62 they and a decode
+  # row took more than 330 s, mostly the Gluon kernels' compiles on the GPU machine; the three steps here fit 600)
   step 200 python -m benchmarks.gluon_groups --prompts "" --decode "${FIRST-64x512}" &&
-    step "${GLUON_LIMIT:-420}" python -m benchmarks.gluon_groups --prompts "${PROMPTS-2048,512}" --decode "${DECODE-1x512}"
+    step "${GLUON_LIMIT:-240}" python -m benchmarks.gluon_groups --prompts "${PROMPTS-}" --decode "${DECODE-1x512}"
   step 120 python -m benchmarks.explore.ws_decode_chain
 fi
 if [[ $mode == gluon-tests ]]; then  # ... and through the host-driven executor against the reference (a call of its own)
