@@ -10,14 +10,18 @@ the row's beside them (the row once the group before is done: its event at the p
 multiply, acquire the event themselves after the first unit's products (the norm's sums and the residual that the
 epilogue reads), and signal the group's event when done. Variants: units in contiguous shares or claimed one at a time
 from a counter a group (DYNAMIC); before waiting for an event, the loader asks L2 for the first KB of each weight row
-of its next unit (PREFETCH); no waits at all (WAIT false: wrong outputs, what the events cost).
+of its next unit (PREFETCH); the loader waiting not for the whole group before but for each 256-column chunk of the
+row it copies (CHUNKED: an event a chunk, counting the units that write it; a GEMV's products are sums over K, and
+the 1/rms and the residual that need the whole group come in the epilogue, after the consumers' own wait); no waits
+at all (WAIT false: wrong outputs, what the events cost).
 
 H200, session 62 (one launch of 32 layers, a layer's 386 MB): 108.9-111.2 us a layer, 3.5 TB/s, 84-86% of the
 measured read bandwidth and 1.05-1.11x the 96 GEMV kernels; without its waits 98.8 us (94%, as fast as the weights
 alone with no products: the products cost nothing, the 96 events ~10 us a layer). The row read by the consumers from
 L2 (a box ahead) rather than through the ring: 236 us. The loader never waiting (the row copied whole into shared
 memory by the consumers after the event): 111.6. Units claimed one at a time: no better (32-row 123 us, 8-row 115).
-Boxes read as 16 KB contiguous (a blocked weight layout): no change. PREFETCH: not yet run.
+Boxes read as 16 KB contiguous (a blocked weight layout): no change. PREFETCH, POLL, CHUNKED and the trace: not yet
+run.
 
 The units, their products and epilogues are `codegen.gluon.gemv`'s; the arenas are `ws_chain.arenas` at one token.
 Checked against the three `linear_gemv` launches back to back on the same arenas (the same units and products: o_proj's
@@ -109,6 +113,29 @@ def _stamp(TRACE, event, events, k: gl.constexpr, ON: gl.constexpr):
         gl.store(TRACE + (gl.program_id(0) * events + event) * 4 + k, now)
 
 
+CHUNK = gl.constexpr(256)  # CHUNKED: a row chunk's columns (a box's), an event each
+MAX_CHUNKS = gl.constexpr(64)  # chunk events a group (down's row: 14336 / 256 = 56)
+
+
+@gluon.jit
+def _acquire_for_copies(x):
+    """After a volatile load saw a release: acquire (what it released visible after), then order this thread's
+    generic accesses before its later bulk copies."""
+    return gl.inline_asm_elementwise("fence.acq_rel.gpu; fence.proxy.async.global; mov.u32 $0, $1;", "=r,r", [x],
+                                     dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _frontier(CHUNKS, chunks, per_chunk):
+    """How many of the row's `chunks` chunks, from the first, are complete (each event at `per_chunk` units):
+    every counter read at once."""
+    at = gl.arange(0, MAX_CHUNKS, layout=gl.BlockedLayout([2], [32], [gl.num_warps()], [0]))
+    seen = gl.load(CHUNKS + at, mask=at < chunks, other=0, volatile=True)
+    frontier = gl.min(gl.where((at < chunks) & (seen < per_chunk), at, chunks), axis=0)
+    _acquire_for_copies(frontier)
+    return frontier
+
+
 @gluon.jit
 def _claim(CLAIMS, event, u, units, DYNAMIC: gl.constexpr):
     """The program's next unit of group `event` after u: the next of its contiguous share, or (DYNAMIC) the next
@@ -153,9 +180,9 @@ def _taken(queue, q_ready, q_empty, q):
 
 
 @gluon.jit
-def _loader(DESCS, W, ACT, EVENTS, CLAIMS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready, q_empty,
-            SLOTS_: gl.constexpr, WAIT: gl.constexpr, DYNAMIC: gl.constexpr, PREFETCH: gl.constexpr,
-            POLL: gl.constexpr, TRACING: gl.constexpr):
+def _loader(DESCS, W, ACT, EVENTS, CLAIMS, CHUNKS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready,
+            q_empty, SLOTS_: gl.constexpr, WAIT: gl.constexpr, DYNAMIC: gl.constexpr, PREFETCH: gl.constexpr,
+            POLL: gl.constexpr, TRACING: gl.constexpr, CHUNKED: gl.constexpr):
     """Each group's units, group after group, layer after layer: a unit's index into the queue, then its weight's
     boxes with the row's beside them into the ring; the row once the group before is done (its event at the
     programs' count); a group's end as -1 in the queue."""
@@ -167,16 +194,22 @@ def _loader(DESCS, W, ACT, EVENTS, CLAIMS, TRACE, layers, w_ring, x_ring, ready,
         for g in gl.static_range(GROUPS):
             event = layer * GROUPS + g
             w_desc, x_desc, K, units = _weights(DESCS, W, ACT, g, GR)
-            if WAIT and event > 0:
+            if WAIT and event > 0 and not CHUNKED:
                 if PREFETCH > 0:
                     _prefetch(W, DESCS, g, units, GR, PREFETCH)
                 _wait_for(EVENTS, event - 1, gl.num_programs(0), POLL)
                 _proxy_fence(K)  # the row's generic stores before this thread's bulk copies of it
             _stamp(TRACE, event, layers * GROUPS, 0, TRACING)
+            # CHUNKED: the row's chunks known complete, from the first (the first layer's o_proj reads the input)
+            frontier = gl.where(event > 0, 0, K // CHUNK)
+            per_chunk = CHUNK // (GR // 2 if g == 2 else GR)  # (the row's producer: the group before, gate/up gated)
             u, u1 = _first(CLAIMS, event, units, DYNAMIC)
             while u < u1:
                 q = _post(queue, q_ready, q_empty, q, u)
                 for k0 in range(0, K, BOXES * GK):
+                    if CHUNKED and WAIT:
+                        while frontier * CHUNK < gl.minimum(k0 + BOXES * GK, K):
+                            frontier = _frontier(CHUNKS + (event - 1) * MAX_CHUNKS, K // CHUNK, per_chunk)
                     s = i % SLOTS_
                     mbarrier.wait(empty.index(s), ((i // SLOTS_) & 1) ^ 1)
                     mbarrier.expect(ready.index(s), BOXES * (GR + 1) * GK * 2)
@@ -191,9 +224,9 @@ def _loader(DESCS, W, ACT, EVENTS, CLAIMS, TRACE, layers, w_ring, x_ring, ready,
 
 
 @gluon.jit
-def _consumer(DESCS, W, ACT, F32, EVENTS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready, q_empty,
-              SLOTS_: gl.constexpr, NORM_F64: gl.constexpr, WAIT: gl.constexpr, POLL: gl.constexpr,
-              TRACING: gl.constexpr):
+def _consumer(DESCS, W, ACT, F32, EVENTS, CHUNKS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready,
+              q_empty, SLOTS_: gl.constexpr, NORM_F64: gl.constexpr, WAIT: gl.constexpr, POLL: gl.constexpr,
+              TRACING: gl.constexpr, CHUNKED: gl.constexpr):
     """Each group's units as the loader posts them, until its -1; a group done, its event moves on. The loader
     waited for the group before (its row is in the first unit's products); the norm's sums and the residual that the
     epilogue reads want the consumers' own acquire, after the first unit's products (one poll: the count is there).
@@ -224,6 +257,10 @@ def _consumer(DESCS, W, ACT, F32, EVENTS, TRACE, layers, w_ring, x_ring, ready, 
                     first = False
                     _stamp(TRACE, event, layers * GROUPS, 2, TRACING)
                 sq += _epilogue(y, u, inv, W, ACT, F32, N, out_off, res_off, bias_off, g == 1, 0)
+                if CHUNKED:  # the unit's output columns' chunk: one unit more in
+                    gl.thread_barrier()  # every thread's stores before the signal releases them
+                    column = u * (w_ring.type.shape[1] // 2 if g == 1 else w_ring.type.shape[1])
+                    gl.atomic_add(CHUNKS + event * MAX_CHUNKS + column // CHUNK, 1, sem="release", scope="gpu")
                 u, q = _taken(queue, q_ready, q_empty, q)
             if out_stats_off >= 0:
                 out_sums = _norm_sums(F32, out_stats_off, NORM_F64)
@@ -234,9 +271,9 @@ def _consumer(DESCS, W, ACT, F32, EVENTS, TRACE, layers, w_ring, x_ring, ready, 
 
 
 @gluon.jit
-def decode_chain(DESCS, W, ACT, F32, EVENTS, CLAIMS, TRACE, layers, GR: gl.constexpr, SLOTS_: gl.constexpr,
+def decode_chain(DESCS, W, ACT, F32, EVENTS, CLAIMS, CHUNKS, TRACE, layers, GR: gl.constexpr, SLOTS_: gl.constexpr,
                  NORM_F64: gl.constexpr, LOADER_REGS: gl.constexpr, WAIT: gl.constexpr, DYNAMIC: gl.constexpr,
-                 PREFETCH: gl.constexpr, POLL: gl.constexpr, TRACING: gl.constexpr):
+                 PREFETCH: gl.constexpr, POLL: gl.constexpr, TRACING: gl.constexpr, CHUNKED: gl.constexpr):
     """Descriptor rows 0, 1, 2 of DESCS (o_proj, gate/up, down: LINEAR_FIELDS) over one row, `layers` times over
     (the same weights: a layer's 386 MB do not stay in L2); EVENTS and CLAIMS: a counter a group a layer, zero at the
     launch. DYNAMIC: a program's units claimed one at a time from the group's counter, not a contiguous share."""
@@ -257,21 +294,21 @@ def decode_chain(DESCS, W, ACT, F32, EVENTS, CLAIMS, TRACE, layers, GR: gl.const
         mbarrier.init(q_ready.index(s), count=1)
         mbarrier.init(q_empty.index(s), count=1)
     gl.warp_specialize([
-        (_consumer, (DESCS, W, ACT, F32, EVENTS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready,
-                     q_empty, SLOTS_, NORM_F64, WAIT, POLL, TRACING)),
-        (_loader, (DESCS, W, ACT, EVENTS, CLAIMS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready,
-                   q_empty, SLOTS_, WAIT, DYNAMIC, PREFETCH, POLL, TRACING)),
+        (_consumer, (DESCS, W, ACT, F32, EVENTS, CHUNKS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready,
+                     q_empty, SLOTS_, NORM_F64, WAIT, POLL, TRACING, CHUNKED)),
+        (_loader, (DESCS, W, ACT, EVENTS, CLAIMS, CHUNKS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready,
+                   q_empty, SLOTS_, WAIT, DYNAMIC, PREFETCH, POLL, TRACING, CHUNKED)),
     ], [1], [LOADER_REGS])
 
 
 SIGNATURE = {"DESCS": "*i64", "W": "*bf16", "ACT": "*bf16", "F32": "*fp32", "EVENTS": "*i32", "CLAIMS": "*i32",
-             "TRACE": "*i64", "layers": "i32"}
+             "CHUNKS": "*i32", "TRACE": "*i64", "layers": "i32"}
 
 
-def options(rows: int, dynamic: bool = False, prefetch: int = 0, poll: int = 0, tracing: bool = False,
-            wait: bool = True) -> dict:
+def options(rows: int, dynamic: bool = False, prefetch: int = 0, poll: int = 0, chunked: bool = False,
+            tracing: bool = False, wait: bool = True) -> dict:
     return dict(GR=rows, SLOTS_=gemv.SLOTS, NORM_F64=True, LOADER_REGS=gemv.LOADER_REGS, WAIT=wait, DYNAMIC=dynamic,
-                PREFETCH=prefetch, POLL=poll, TRACING=tracing, **gemv.LAUNCH)
+                PREFETCH=prefetch, POLL=poll, TRACING=tracing, CHUNKED=chunked, **gemv.LAUNCH)
 
 
 # (label, options): each checked at one layer, timed at LAYERS; the first traced too
@@ -280,7 +317,9 @@ VARIANTS = (("32-row units", dict(rows=32)),
             ("32-row units, 1 KB a row to L2 before a wait", dict(rows=32, prefetch=1)),
             ("32-row units, 4 KB a row to L2 before a wait", dict(rows=32, prefetch=2)),
             ("8-row units, 4 KB a row to L2 before a wait, acquire loads poll", dict(rows=8, prefetch=2, poll=1)),
-            ("8-row units claimed one at a time", dict(rows=8, dynamic=True)))
+            ("8-row units claimed one at a time", dict(rows=8, dynamic=True)),
+            ("32-row units, the row's chunks waited for one at a time", dict(rows=32, chunked=True)),
+            ("8-row units, the row's chunks waited for one at a time", dict(rows=8, chunked=True)))
 LAYERS = 32  # a whole model's worth of the chain (Llama-3-8B's layers), in one launch against 3 x 32 launches
 
 
@@ -317,6 +356,7 @@ def run_gpu(reps: int) -> None:
     programs = gemv.PER_SM * sms
     events = torch.zeros(GROUPS.value * LAYERS, dtype=torch.int32, device="cuda")
     claims = torch.zeros_like(events)
+    chunks = torch.zeros(GROUPS.value * LAYERS * MAX_CHUNKS.value, dtype=torch.int32, device="cuda")
     trace = torch.zeros(programs * GROUPS.value * LAYERS * 4, dtype=torch.int64, device="cuda")
     widths = [int(descs[g, LINEAR_WORDS.value[4]]) for g in range(GROUPS.value)]  # each group's weight rows
     weight_bytes = sum(w * int(descs[g, LINEAR_WORDS.value[2]]) * 2 for g, w in enumerate(widths))
@@ -345,7 +385,8 @@ def run_gpu(reps: int) -> None:
             f32.zero_()
             events.zero_()
             claims.zero_()
-            decode_chain[(programs, )](descs, warena, act, f32, events, claims, trace, layers,
+            chunks.zero_()
+            decode_chain[(programs, )](descs, warena, act, f32, events, claims, chunks, trace, layers,
                                        **options(**extra, tracing=tracing, wait=wait))
         groups_ms, chain_ms, errs = launches_against(groups, persistent, act, outputs, reps)
         long_ms = graph_ms(lambda: persistent(True, LAYERS), max(2, reps // 8)) / LAYERS
