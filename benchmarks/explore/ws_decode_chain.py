@@ -40,6 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from benchmarks.explore.gluon_probe import compile_sm90, graph_ms, launches_against, probe_header
 from benchmarks.explore.ws_chain import _wait, arenas
+from benchmarks.explore.ws_prefill import _pop, _push
 from codegen.gluon import gemv
 from codegen.gluon.gemv import GK, SLOT_ROWS, _epilogue, _inv_rms, _units, _unit
 from codegen.gluon.linear import WORDS as LINEAR_WORDS, _norm_sums
@@ -158,28 +159,6 @@ def _first(CLAIMS, event, units, DYNAMIC: gl.constexpr):
 
 
 @gluon.jit
-def _post(queue, q_ready, q_empty, q, value):
-    """value into the loader-to-consumers unit queue's entry q (its ready barrier's arrive releases it)."""
-    one: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    Q: gl.constexpr = queue.type.shape[0]
-    mbarrier.wait(q_empty.index(q % Q), ((q // Q) & 1) ^ 1)
-    queue.index(q % Q).store(gl.full([1], value, gl.int32, one))
-    mbarrier.arrive(q_ready.index(q % Q))
-    return q + 1
-
-
-@gluon.jit
-def _taken(queue, q_ready, q_empty, q):
-    """The consumers' next unit from the queue's entry q (-1: the group is done)."""
-    one: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    Q: gl.constexpr = queue.type.shape[0]
-    mbarrier.wait(q_ready.index(q % Q), (q // Q) & 1)
-    value = gl.max(queue.index(q % Q).load(one), axis=0)
-    mbarrier.arrive(q_empty.index(q % Q))  # (after the warp group's barrier: every warp's read)
-    return value, q + 1
-
-
-@gluon.jit
 def _loader(DESCS, W, ACT, EVENTS, CLAIMS, CHUNKS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready,
             q_empty, SLOTS_: gl.constexpr, WAIT: gl.constexpr, DYNAMIC: gl.constexpr, PREFETCH: gl.constexpr,
             POLL: gl.constexpr, TRACING: gl.constexpr, CHUNKED: gl.constexpr):
@@ -205,7 +184,8 @@ def _loader(DESCS, W, ACT, EVENTS, CLAIMS, CHUNKS, TRACE, layers, w_ring, x_ring
             per_chunk = CHUNK // (GR // 2 if g == 2 else GR)  # (the row's producer: the group before, gate/up gated)
             u, u1 = _first(CLAIMS, event, units, DYNAMIC)
             while u < u1:
-                q = _post(queue, q_ready, q_empty, q, u)
+                _push(queue, q_ready, q_empty, q, u, queue.type.shape[0])
+                q += 1
                 for k0 in range(0, K, BOXES * GK):
                     if CHUNKED and WAIT:
                         while frontier * CHUNK < gl.minimum(k0 + BOXES * GK, K):
@@ -220,7 +200,8 @@ def _loader(DESCS, W, ACT, EVENTS, CLAIMS, CHUNKS, TRACE, layers, w_ring, x_ring
                                                         x_ring.index(s * BOXES + b))
                     i += 1
                 u = _claim(CLAIMS, event, u, units, DYNAMIC)
-            q = _post(queue, q_ready, q_empty, q, -1)
+            _push(queue, q_ready, q_empty, q, -1, queue.type.shape[0])
+            q += 1
 
 
 @gluon.jit
@@ -246,7 +227,8 @@ def _consumer(DESCS, W, ACT, F32, EVENTS, CHUNKS, TRACE, layers, w_ring, x_ring,
             inv = gl.to_tensor(1.0)
             sq = gl.to_tensor(0.0)
             first = True
-            u, q = _taken(queue, q_ready, q_empty, q)
+            u = _pop(queue, q_ready, q_empty, q, queue.type.shape[0])
+            q += 1
             _stamp(TRACE, event, layers * GROUPS, 1, TRACING)
             while u >= 0:
                 y, i = _unit(w_ring, x_ring, ready, empty, i, K, SLOTS_, vec)
@@ -261,7 +243,8 @@ def _consumer(DESCS, W, ACT, F32, EVENTS, CHUNKS, TRACE, layers, w_ring, x_ring,
                     gl.thread_barrier()  # every thread's stores before the signal releases them
                     column = u * (w_ring.type.shape[1] // 2 if g == 1 else w_ring.type.shape[1])
                     gl.atomic_add(CHUNKS + event * MAX_CHUNKS + column // CHUNK, 1, sem="release", scope="gpu")
-                u, q = _taken(queue, q_ready, q_empty, q)
+                u = _pop(queue, q_ready, q_empty, q, queue.type.shape[0])
+                q += 1
             if out_stats_off >= 0:
                 out_sums = _norm_sums(F32, out_stats_off, NORM_F64)
                 gl.atomic_add(out_sums, sq.to(out_sums.dtype.element_ty))
