@@ -324,10 +324,10 @@ class GluonGroups(GluonCoverage):
             self.qkv.qkv_prefill[(self.programs, )](k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, desc,
                                                    self.control_at, self.positions_at, self.slots_at,
                                                    *self.streamk_at,
-                                                   **self.qkv.constexprs(linear.STREAMK, self.norm_f64, True),
-                                                   **self.qkv.launch(linear.STREAMK, True))
+                                                   **self.qkv.constexprs(self.qkv.STREAMK, self.norm_f64, True),
+                                                   **self.qkv.launch(self.qkv.STREAMK, True))
         else:
             linear.linear_prefill[(self.programs, )](k.descs, k.weights, k.act, k.f32, k.i32, desc, self.control_at,
                                                     *self.streamk_at,
                                                     **linear.STREAMK.constexprs(self.gated[first], self.norm_f64, True),
-                                                    **linear.LAUNCH)
+                                                    **linear.STREAMK.launch())

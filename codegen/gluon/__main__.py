@@ -23,15 +23,16 @@ def variants():
                 yield name, linear.linear_prefill, linear.SIGNATURE, tiles.constexprs(gated, norm_f64), linear.LAUNCH
     tiles = linear.STREAMK
     for gated in (False, True):
-        name = f"linear_prefill stream-K {linear.BM.value}x{tiles.bn} {tiles.stages} stages{' gated' if gated else ''}"
-        yield name, linear.linear_prefill, linear.SIGNATURE, tiles.constexprs(gated, True, True), linear.LAUNCH
-    yield f"qkv_prefill stream-K {qkv.BM.value}x{tiles.bn} {tiles.stages} stages", qkv.qkv_prefill, qkv.SIGNATURE, \
+        name = f"linear_prefill stream-K {tiles.bm}x{tiles.bn} {tiles.stages} stages{' gated' if gated else ''}"
+        yield name, linear.linear_prefill, linear.SIGNATURE, tiles.constexprs(gated, True, True), tiles.launch()
+    tiles = qkv.STREAMK
+    yield f"qkv_prefill stream-K {tiles.bm}x{tiles.bn} {tiles.stages} stages", qkv.qkv_prefill, qkv.SIGNATURE, \
         qkv.constexprs(tiles, True, True), qkv.launch(tiles, True)
     for tiles_name in ("WIDE", "NARROW"):
         tiles = getattr(linear, tiles_name)
         for norm_f64 in (True, False):
             split = ", an epilogue partition" if qkv.split_epilogue(tiles) else ""
-            name = f"qkv_prefill {qkv.BM.value}x{tiles.bn} {tiles.stages} stages{split}" \
+            name = f"qkv_prefill {tiles.bm}x{tiles.bn} {tiles.stages} stages{split}" \
                    f"{' fp32 sums' if not norm_f64 else ''}"
             yield name, qkv.qkv_prefill, qkv.SIGNATURE, qkv.constexprs(tiles, norm_f64), qkv.launch(tiles)
     for launch in (attention.LAUNCH, attention.DECODE_LAUNCH):

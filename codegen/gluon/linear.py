@@ -16,7 +16,8 @@ a grouped order (GROUP row blocks take each column block in turn), so the progra
 L2. Rows and columns past the ends are TMA's: read as zeros, not written.
 
 A step of 2 to 64 rows (a batched decode step) has too few tiles for the SMs: with STREAM_K the programs share the
-flattened (tile, K chunk) space instead (stream-K, codegen/gluon/tiles.py).
+flattened (tile, K chunk) space instead (stream-K, codegen/gluon/tiles.py), on [64, 128] tiles (`STREAMK`: one
+consumer warp group, the ring's room in 8 stages).
 
 H200, Llama-3-8B's first step in the host-driven executor (`benchmarks/gluon_groups.py`, session 60; 32 layers):
 at 2,048 tokens o_proj 3,316 us against the Triton groups' 4,766, gate/up 20,103 against 27,435, down 9,691 against
@@ -67,6 +68,7 @@ def _epilogue(y, m0, n0, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase,
               out_stats_off, GATED: gl.constexpr, NORM_F64: gl.constexpr):
     """`kept_epilogue` and `store_outputs` of the fp32 products y [BM, BN] of rows m0 .. and weight rows n0 ..; the
     residual's tile is in c_smem once res_bar's phase `phase` completes."""
+    BM: gl.constexpr = y.type.shape[0]
     BN: gl.constexpr = y.type.shape[1]
     rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, y.type.layout))
     cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, y.type.layout))
@@ -102,6 +104,7 @@ def _epilogue(y, m0, n0, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase,
 @gluon.jit
 def _residual(r_desc, c_smem, res_bar, m, n, res_off, OUT: gl.constexpr):
     """Tile (m, n)'s residual on its way into the staging buffer, once the tile before has left it."""
+    BM: gl.constexpr = c_smem.type.shape[0]
     tma.store_wait(pendings=0)
     if res_off >= 0:
         mbarrier.expect(res_bar.index(0), BM * OUT * 2)
@@ -115,6 +118,7 @@ def _consumer(W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_
     """Each tile's products and epilogue: whole tiles, the residual asked for before the products; or (STREAM_K)
     the fragments of this program's range, a tile's epilogue by the program that finishes it
     (`tiles.finish_fragment`), its residual asked for then."""
+    BM: gl.constexpr = a_ring.type.shape[1]
     BN: gl.constexpr = b_ring.type.shape[1]
     OUT: gl.constexpr = BN // 2 if GATED else BN
     i = 0
@@ -141,9 +145,9 @@ def _consumer(W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_
 
 
 @gluon.jit
-def linear_prefill(DESCS, W, ACT, F32, I32, desc_index, rows_at, parts_at, tickets_at, BN: gl.constexpr,
-                   STAGES: gl.constexpr, GROUP: gl.constexpr, GATED: gl.constexpr, NORM_F64: gl.constexpr,
-                   DESC_WORDS: gl.constexpr, LOADER_REGS: gl.constexpr, STREAM_K: gl.constexpr):
+def linear_prefill(DESCS, W, ACT, F32, I32, desc_index, rows_at, parts_at, tickets_at, BM: gl.constexpr,
+                   BN: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr, GATED: gl.constexpr,
+                   NORM_F64: gl.constexpr, DESC_WORDS: gl.constexpr, LOADER_REGS: gl.constexpr, STREAM_K: gl.constexpr):
     """Row desc_index of DESCS (a LINEAR group's descriptor) over the I32[rows_at] rows of the step. GATED: the
     descriptor's `gated` word (the output's width depends on it); NORM_F64: the norms' sums are fp64. STREAM_K: the
     programs share the (tile, K chunk) space (codegen/gluon/tiles.py; a step of STREAMK_ROWS rows at most), the cut
@@ -183,25 +187,32 @@ def linear_prefill(DESCS, W, ACT, F32, I32, desc_index, rows_at, parts_at, ticke
 
 @dataclass(frozen=True)
 class Tiles:
-    """A launch's tile shape: BN columns a tile, STAGES slots in the ring."""
+    """A launch's tile shape: BN columns a tile, STAGES slots in the ring, BM rows (a consumer warp a 16 of them)."""
     bn: int
     stages: int
+    bm: int = BM.value
 
     def constexprs(self, gated: bool, norm_f64: bool, stream_k: bool = False) -> dict:
-        return dict(BN=self.bn, STAGES=self.stages, GROUP=8, GATED=gated, NORM_F64=norm_f64, DESC_WORDS=DESC_WORDS,
-                    LOADER_REGS=LOADER_REGS, STREAM_K=stream_k)
+        return dict(BM=self.bm, BN=self.bn, STAGES=self.stages, GROUP=8, GATED=gated, NORM_F64=norm_f64,
+                    DESC_WORDS=DESC_WORDS, LOADER_REGS=LOADER_REGS, STREAM_K=stream_k)
+
+    def launch(self) -> dict:
+        """The launch options: the consumers' warps and the loader's one are allocated as a warp group each more,
+        and maxnreg caps what the consumers may take back from the loader's share (255 at most)."""
+        warps = self.bm // 16
+        return dict(num_warps=warps, maxnreg=min(65536 // ((warps + 4) * 32) // 8 * 8, 248))
 
 
 WIDE, NARROW = Tiles(256, 3), Tiles(128, 4)
-STREAMK = Tiles(128, 5)  # stream-K's (a part of the scratch is STREAMK_ROWS x its BN): a fifth stage in the room
-# the wide tiles' staging buffer takes
+# stream-K's: a step of STREAMK_ROWS rows at most, so 64-row tiles (one consumer warp group) and the ring's room
+# in stages: a stream's bytes in flight bound it (H200, session 63, Llama-3-8B at 64 rows: [128, 128] tiles and 5
+# stages, 80 KB of weights in flight an SM, ran gate/up in 3,484 us over 32 layers, these 64-row ones, 128 KB, 2,385)
+STREAMK = Tiles(128, 8, bm=64)
 # H200, session 60 (`benchmarks/gluon_groups.py --tiles`, Llama-3-8B's 32 layers): o_proj at 2,048 tokens, 2 rounds
 # of wide tiles or 4 of narrow ones, 3,399 against 3,711 us; gate/up at 2,048 (14 or 28 rounds) 20,754 against
 # 21,946; at 512 tokens (4 or 7 rounds) 6,016 against 5,969
 NARROW_COST = 0.55
-# the launch options: the consumers' 8 warps and the loader's one are allocated as 12 (a warp group each), and
-# maxnreg caps what the consumers may take back from the loader's share
-LAUNCH = dict(num_warps=CONSUMER_WARPS, maxnreg=65536 // ((CONSUMER_WARPS + 4) * 32) // 8 * 8)
+LAUNCH = WIDE.launch()  # (the tile bodies' 8 consumer warps whatever BN)
 
 
 def tiles_for(num_rows: int, n: int, programs: int) -> Tiles:

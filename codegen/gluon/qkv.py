@@ -30,7 +30,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from codegen.bodies.qkv import QKV_FIELDS
-from codegen.gluon.linear import ALIGN, CONSUMER_WARPS as LINEAR_WARPS, LAUNCH, LOADER_REGS, Tiles
+from codegen.gluon.linear import ALIGN, CONSUMER_WARPS as LINEAR_WARPS, LOADER_REGS, Tiles
 from codegen.gluon.linear import _norm_sums, _region, _round
 from codegen.gluon.tiles import operands, ring, streamk_loader, streamk_range, streamk_step, tile_at, tile_loader
 from codegen.gluon.tiles import tile_product
@@ -39,7 +39,7 @@ from codegen.tasks import DESC_WORDS
 USED = ("x_off", "k", "w_off", "num_q_heads", "num_kv_heads", "head_dim", "stats_off", "eps", "bias_off",
         "q_norm_off", "k_norm_off", "qk_eps", "q_out_off", "layer", "rope_off", "has_qk_norm", "step_kv_off")
 WORDS = gl.constexpr(tuple(QKV_FIELDS.index(f) for f in USED))
-BM, BK = gl.constexpr(128), gl.constexpr(64)
+BK = gl.constexpr(64)  # a chunk's columns of K (a tile's rows: `Tiles.bm`)
 HEAD_DIM = 128
 
 SIGNATURE = {"DESCS": "*i64", "W": "*bf16", "ACT": "*bf16", "F32": "*fp32", "I32": "*i32", "KV": "*bf16",
@@ -48,7 +48,7 @@ SIGNATURE = {"DESCS": "*i64", "W": "*bf16", "ACT": "*bf16", "F32": "*fp32", "I32
 
 
 @gluon.jit
-def _row_sums(m0, num_rows, F32, stats_off, layout: gl.constexpr, NORM_F64: gl.constexpr):
+def _row_sums(m0, num_rows, F32, stats_off, layout: gl.constexpr, NORM_F64: gl.constexpr, BM: gl.constexpr):
     """The sums of squares of rows m0 .. m0 + BM (1 where no norm applies), in `layout`'s rows: asked for before a
     tile's products, which they do not depend on."""
     rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
@@ -117,6 +117,7 @@ def _consumer(W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stag
     heads, then k, then v; `_tile_epilogue`): whole tiles, the rows' sums, positions and slots asked for before the
     products; or (STREAM_K) the fragments of this program's range, a tile's heads by the program that finishes it
     (`tiles.finish_fragment`), the rows' words asked for then."""
+    BM: gl.constexpr = a_ring.type.shape[1]
     BN: gl.constexpr = b_ring.type.shape[1]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                           instr_shape=[16, BN, 16])
@@ -129,7 +130,7 @@ def _consumer(W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stag
                                                    num_n, num_rows, F32, parts_at, tickets_at, STAGES, GROUP)
             if finish:
                 sums, rows, pos, slot = _rows_of(m * BM, num_rows, F32, I32, stats_off, positions_at, slots_at,
-                                                 acc_layout, half, NORM_F64)
+                                                 acc_layout, half, NORM_F64, BM)
                 _tile_epilogue(acc, n, sums, rows, pos, slot, stage, num_rows, K, stats_off, eps, bias_off, HQ, HKV,
                                q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, step_kv_off,
                                W, ACT, F32, KV, kv_plane, HD)
@@ -138,7 +139,7 @@ def _consumer(W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stag
             m, n = tile_at(t, num_m, num_n, GROUP)
             # the rows' words on their way while the products run
             sums, rows, pos, slot = _rows_of(m * BM, num_rows, F32, I32, stats_off, positions_at, slots_at,
-                                             acc_layout, half, NORM_F64)
+                                             acc_layout, half, NORM_F64, BM)
             acc, i = tile_product(a_ring, b_ring, ready, empty, i, K, STAGES)
             _tile_epilogue(acc, n, sums, rows, pos, slot, stage, num_rows, K, stats_off, eps, bias_off, HQ, HKV,
                            q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, step_kv_off, W,
@@ -147,10 +148,10 @@ def _consumer(W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stag
 
 @gluon.jit
 def _rows_of(m0, num_rows, F32, I32, stats_off, positions_at, slots_at, acc_layout: gl.constexpr,
-             half: gl.constexpr, NORM_F64: gl.constexpr):
+             half: gl.constexpr, NORM_F64: gl.constexpr, BM: gl.constexpr):
     """Rows m0 .. m0 + BM's sums of squares (in the products' layout), and their indices, positions and cache slots
     (in the halves' layout)."""
-    sums = _row_sums(m0, num_rows, F32, stats_off, acc_layout, NORM_F64)
+    sums = _row_sums(m0, num_rows, F32, stats_off, acc_layout, NORM_F64, BM)
     rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, half))
     pos, slot = _row_words(rows, rows < num_rows, I32, positions_at, slots_at)
     return sums, rows, pos, slot
@@ -194,12 +195,13 @@ def _producer(W, F32, a_ring, b_ring, ready, empty, stages, staged, freed, num_m
     BN: gl.constexpr = b_ring.type.shape[1]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                           instr_shape=[16, BN, 16])
+    BM: gl.constexpr = a_ring.type.shape[1]
     HD: gl.constexpr = BN
     i = 0
     j = 0
     for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
         m, n = tile_at(t, num_m, num_n, GROUP)
-        sums = _row_sums(m * BM, num_rows, F32, stats_off, acc_layout, NORM_F64)
+        sums = _row_sums(m * BM, num_rows, F32, stats_off, acc_layout, NORM_F64, BM)
         acc, i = tile_product(a_ring, b_ring, ready, empty, i, K, STAGES)
         acc = _scaled(acc, n, sums, K, eps, stats_off, bias_off, W, num_heads, HD)
         b = j % 2
@@ -215,6 +217,7 @@ def _epilogue(W, ACT, F32, I32, KV, kv_plane, stages, staged, freed, num_m, num_
               HD: gl.constexpr, GROUP: gl.constexpr):
     """The epilogue partition: each staged head, CHUNK rows at a time, through `_store_head` (the q or k norm,
     rotary, the stores), while the producers multiply the next tile."""
+    BM: gl.constexpr = stages.type.shape[1]
     HALF: gl.constexpr = HD // 2
     CHUNK: gl.constexpr = 32  # rows at a time: a chunk's halves, cos and sin are 16 registers a thread each
     half: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
@@ -244,14 +247,15 @@ def _epilogue(W, ACT, F32, I32, KV, kv_plane, stages, staged, freed, num_m, num_
 
 @gluon.jit
 def qkv_prefill(DESCS, W, ACT, F32, I32, KV, kv_plane, desc_index, tokens_at, positions_at, slots_at, parts_at,
-                tickets_at, HD: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
-                NORM_F64: gl.constexpr, DESC_WORDS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                tickets_at, HD: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                GROUP: gl.constexpr, NORM_F64: gl.constexpr, DESC_WORDS: gl.constexpr, LOADER_REGS: gl.constexpr,
                 EPILOGUE_WARPS: gl.constexpr, EPILOGUE_REGS: gl.constexpr, STREAM_K: gl.constexpr):
     """Row desc_index of DESCS (a QKV group's descriptor) over the I32[tokens_at] tokens of the step, their positions
     and cache slots at I32[positions_at ..] and I32[slots_at ..]; HD: the heads' dimensions; BN: a tile's columns
-    (HD or 2 HD: one head a tile or two). STREAM_K (no epilogue partition): the programs share the (tile, K chunk)
-    space (codegen/gluon/tiles.py; a batched decode step: 64 rows make 48 one-head tiles of Llama-3-8B for 132 SMs),
-    the cut tiles' partials and tickets at F32[parts_at] and F32[tickets_at] (`linear.linear_prefill`'s)."""
+    (HD or 2 HD: one head a tile or two), BM its rows. STREAM_K (no epilogue partition): the programs share the
+    (tile, K chunk) space (codegen/gluon/tiles.py; a batched decode step: 64 rows make 48 one-head tiles of Llama-3-8B
+    for 132 SMs), the cut tiles' partials and tickets at F32[parts_at] and F32[tickets_at] (as
+    `linear.linear_prefill`'s)."""
     desc = DESCS + desc_index * DESC_WORDS
     num_rows = gl.load(I32 + tokens_at)
     x_off, K, w_off = gl.load(desc + WORDS[0]), gl.load(desc + WORDS[1]).to(gl.int32), gl.load(desc + WORDS[2])
@@ -302,6 +306,10 @@ def qkv_prefill(DESCS, W, ACT, F32, I32, KV, kv_plane, desc_index, tokens_at, po
 # one's 128, so two heads a tile keep their epilogue in the consumers
 EPILOGUE_WARPS = 4
 SPLIT_LAUNCH = dict(num_warps=LINEAR_WARPS, maxnreg=65536 // ((LINEAR_WARPS + EPILOGUE_WARPS + 4) * 32) // 8 * 8)
+# stream-K's (a step of STREAMK_ROWS rows at most): a head a tile, the epilogue in the consumers; 64 rows and 8
+# stages, as `linear.STREAMK` (H200, session 63, Llama-3-8B at 64 rows: 957 us over 32 layers against 1,170-1,295 on
+# [128, 128] tiles and 5 stages, the Triton group's 942)
+STREAMK = Tiles(HEAD_DIM, 8, bm=64)
 
 
 def split_epilogue(tiles: Tiles, stream_k: bool = False) -> bool:
@@ -311,15 +319,15 @@ def split_epilogue(tiles: Tiles, stream_k: bool = False) -> bool:
 
 def launch(tiles: Tiles, stream_k: bool = False) -> dict:
     """A launch's options: with the epilogue partition, a program of 16 warps."""
-    return SPLIT_LAUNCH if split_epilogue(tiles, stream_k) else LAUNCH
+    return SPLIT_LAUNCH if split_epilogue(tiles, stream_k) else tiles.launch()
 
 
 def constexprs(tiles: Tiles, norm_f64: bool, stream_k: bool = False) -> dict:
     """A launch's constexprs: `tiles` (linear.WIDE: two heads a tile, linear.NARROW: one, its epilogue in a partition
-    of its own; with stream_k, linear.STREAMK: one, the epilogue in the consumers) and the sums' type."""
+    of its own; with stream_k, STREAMK: one, the epilogue in the consumers) and the sums' type."""
     split = split_epilogue(tiles, stream_k)
-    return dict(HD=HEAD_DIM, BN=tiles.bn, STAGES=tiles.stages, GROUP=8, NORM_F64=norm_f64, DESC_WORDS=DESC_WORDS,
-                LOADER_REGS=LOADER_REGS, EPILOGUE_WARPS=EPILOGUE_WARPS if split else 0,
+    return dict(HD=HEAD_DIM, BM=tiles.bm, BN=tiles.bn, STAGES=tiles.stages, GROUP=8, NORM_F64=norm_f64,
+                DESC_WORDS=DESC_WORDS, LOADER_REGS=LOADER_REGS, EPILOGUE_WARPS=EPILOGUE_WARPS if split else 0,
                 EPILOGUE_REGS=SPLIT_LAUNCH["maxnreg"] if split else 0, STREAM_K=stream_k)
 
 
