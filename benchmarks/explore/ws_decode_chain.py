@@ -8,20 +8,21 @@ in one launch: two programs an SM walk the groups' units (a unit: GR weight rows
 posts each unit's index to the consumers through a small queue in shared memory, then streams its weight boxes with
 the row's beside them (the row once the group before is done: its event at the programs' count); the consumers
 multiply, acquire the event themselves after the first unit's products (the norm's sums and the residual that the
-epilogue reads), and signal the group's event when done. Variants: units in contiguous shares or claimed one at a time
-from a counter a group (DYNAMIC); before waiting for an event, the loader asks L2 for the first KB of each weight row
-of its next unit (PREFETCH); the loader waiting not for the whole group before but for each 256-column chunk of the
-row it copies (CHUNKED: an event a chunk, counting the units that write it; a GEMV's products are sums over K, and
-the 1/rms and the residual that need the whole group come in the epilogue, after the consumers' own wait); no waits
-at all (WAIT false: wrong outputs, what the events cost).
+epilogue reads), and signal the group's event when done. Variants: units in contiguous shares, or claimed one at a
+time from a counter a group (all of them, or a share each first and then the last eighth or quarter claimed: a
+program that ends its share early takes more), each claim asked for while the unit before streams; no waits at all
+(WAIT false: wrong outputs, what the events cost). Traced variants stamp the global timer four times a group a
+program (`report_trace`).
 
 H200, session 62 (one launch of 32 layers, a layer's 386 MB): 108.9-111.2 us a layer, 3.5 TB/s, 84-86% of the
 measured read bandwidth and 1.05-1.11x the 96 GEMV kernels; without its waits 98.8 us (94%, as fast as the weights
 alone with no products: the products cost nothing, the 96 events ~10 us a layer). The row read by the consumers from
 L2 (a box ahead) rather than through the ring: 236 us. The loader never waiting (the row copied whole into shared
-memory by the consumers after the event): 111.6. Units claimed one at a time: no better (32-row 123 us, 8-row 115).
-Boxes read as 16 KB contiguous (a blocked weight layout): no change. PREFETCH, POLL, CHUNKED and the trace: not yet
-run.
+memory by the consumers after the event): 111.6. Units claimed one at a time, each claim after the unit before:
+no better (32-row 123 us, 8-row 115). Boxes read as 16 KB contiguous (a blocked weight layout): no change.
+Session 63: the loaders see an event 0.7 us after its last signal; polling with acquire loads instead of atomics
+(110.1 against 110.0), asking L2 for a unit's first 1 or 4 KB a row before the wait (109.9, 113.8), and waiting for
+the row a 256-column chunk at a time (110.7) gained nothing (those variants are in git history, 0a0c827).
 
 The units, their products and epilogues are `codegen.gluon.gemv`'s; the arenas are `ws_chain.arenas` at one token.
 Checked against the three `linear_gemv` launches back to back on the same arenas (the same units and products: o_proj's
@@ -72,39 +73,6 @@ def _proxy_fence(x):
 
 
 @gluon.jit
-def _prefetch(W, DESCS, g, units, GR: gl.constexpr, PREFETCH: gl.constexpr):
-    """Asks L2 for the first 1 KB (PREFETCH 1) or 4 KB (2) of each weight row of this program's first unit of group g
-    (weights depend on nothing: they can stream while the group before ends and its event gathers)."""
-    u0, u1 = _units(units)
-    if u0 < u1:
-        desc = DESCS + g * WORDS_A_ROW
-        K, N = gl.load(desc + RING_WORDS[1]), gl.load(desc + RING_WORDS[3])
-        rows = gl.minimum(u0 * GR + gl.arange(0, GR, layout=gl.BlockedLayout([1], [32], [gl.num_warps()], [0])), N - 1)
-        at = W + gl.load(desc + RING_WORDS[2]) + rows.to(gl.int64) * K
-        if PREFETCH == 1:
-            gl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], 1024; mov.u32 $0, 0;", "=r,l", [at],
-                                      dtype=gl.int32, is_pure=False, pack=1)
-        else:
-            gl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], 4096; mov.u32 $0, 0;", "=r,l", [at],
-                                      dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _wait_for(EVENTS, index, target, POLL: gl.constexpr):
-    """`ws_chain._wait` (POLL 0: atomics, as the Triton megakernel's `wait_event` polls), or (1) polling with plain
-    acquire loads, which an L2 slice need not serialize as it does atomics on one address from every program."""
-    if POLL == 0:
-        _wait(EVENTS, index, target)
-    else:
-        at = EVENTS + index
-        seen = gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [at], dtype=gl.int32,
-                                         is_pure=False, pack=1)
-        while seen < target:
-            seen = gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [at], dtype=gl.int32,
-                                             is_pure=False, pack=1)
-
-
-@gluon.jit
 def _stamp(TRACE, event, events, k: gl.constexpr, ON: gl.constexpr):
     """The global timer (ns) at TRACE[program, event, k] (k: 0 the loader past its wait, 1 the consumers given the
     group's first unit, 2 past its products and their own wait, 3 the group done)."""
@@ -114,57 +82,45 @@ def _stamp(TRACE, event, events, k: gl.constexpr, ON: gl.constexpr):
         gl.store(TRACE + (gl.program_id(0) * events + event) * 4 + k, now)
 
 
-CHUNK = gl.constexpr(256)  # CHUNKED: a row chunk's columns (a box's), an event each
-MAX_CHUNKS = gl.constexpr(64)  # chunk events a group (down's row: 14336 / 256 = 56)
-
-
 @gluon.jit
-def _acquire_for_copies(x):
-    """After a volatile load saw a release: acquire (what it released visible after), then order this thread's
-    generic accesses before its later bulk copies."""
-    return gl.inline_asm_elementwise("fence.acq_rel.gpu; fence.proxy.async.global; mov.u32 $0, $1;", "=r,r", [x],
-                                     dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _frontier(CHUNKS, chunks, per_chunk):
-    """How many of the row's `chunks` chunks, from the first, are complete (each event at `per_chunk` units):
-    every counter read at once."""
-    at = gl.arange(0, MAX_CHUNKS, layout=gl.BlockedLayout([2], [32], [gl.num_warps()], [0]))
-    seen = gl.load(CHUNKS + at, mask=at < chunks, other=0, volatile=True)
-    frontier = gl.min(gl.where((at < chunks) & (seen < per_chunk), at, chunks), axis=0)
-    _acquire_for_copies(frontier)
-    return frontier
-
-
-@gluon.jit
-def _claim(CLAIMS, event, u, units, DYNAMIC: gl.constexpr):
-    """The program's next unit of group `event` after u: the next of its contiguous share, or (DYNAMIC) the next
-    unclaimed one of the group's counter; `units` or more: none left."""
-    if DYNAMIC:
-        nxt = gl.atomic_add(CLAIMS + event, 1, sem="relaxed", scope="gpu")
+def _share(units, CLAIMED: gl.constexpr, TAIL: gl.constexpr):
+    """This program's contiguous share u0 .. u1 of a group's units, and where the claimed units start: CLAIMED 0
+    none claimed (`gemv._units`), 1 all of them, 2 the last units // TAIL, after every program's share."""
+    if CLAIMED == 0:
+        u0, u1 = _units(units)
+        tail = units
+    elif CLAIMED == 1:
+        u0, u1, tail = 0, 0, 0
     else:
-        nxt = u + 1
-    return nxt
+        tail = units - units // TAIL
+        u0, u1 = _units(tail)
+    return u0, u1, tail
 
 
 @gluon.jit
-def _first(CLAIMS, event, units, DYNAMIC: gl.constexpr):
-    """The program's first unit of group `event` (`_claim`), and the end of its share (`units` where DYNAMIC)."""
-    u0, u1 = _units(units)
-    if DYNAMIC:
-        u0 = gl.atomic_add(CLAIMS + event, 1, sem="relaxed", scope="gpu")
-        u1 = units
-    return u0, u1
+def _ask(CLAIMS, event):
+    """The group's claim counter taken once (lane 0 of the loader's warp), left a tensor: the warp waits for the atomic
+    only where `_got` reads it, so a claim asked a unit ahead costs the stream nothing."""
+    lane = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
+    return gl.atomic_add(CLAIMS + event + lane * 0, gl.full_like(lane, 1), mask=lane == 0, sem="relaxed", scope="gpu")
 
 
 @gluon.jit
-def _loader(DESCS, W, ACT, EVENTS, CLAIMS, CHUNKS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready,
-            q_empty, SLOTS_: gl.constexpr, WAIT: gl.constexpr, DYNAMIC: gl.constexpr, PREFETCH: gl.constexpr,
-            POLL: gl.constexpr, TRACING: gl.constexpr, CHUNKED: gl.constexpr):
+def _got(asked):
+    """The counter's value that `_ask` took."""
+    lane = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
+    return gl.max(gl.where(lane == 0, asked, 0), axis=0)
+
+
+@gluon.jit
+def _loader(DESCS, W, ACT, EVENTS, CLAIMS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready, q_empty,
+            SLOTS_: gl.constexpr, WAIT: gl.constexpr, CLAIMED: gl.constexpr, TAIL: gl.constexpr,
+            TRACING: gl.constexpr):
     """Each group's units, group after group, layer after layer: a unit's index into the queue, then its weight's
     boxes with the row's beside them into the ring; the row once the group before is done (its event at the
-    programs' count); a group's end as -1 in the queue."""
+    programs' count); a group's end as -1 in the queue. Its share's units first, then (CLAIMED) units claimed from
+    the group's counter, each asked for while the unit before it is copied (a program's first claim, with no share,
+    before the wait: claims depend on no event)."""
     GR: gl.constexpr = w_ring.type.shape[1]
     BOXES: gl.constexpr = w_ring.type.shape[0] // SLOTS_
     i = 0
@@ -173,23 +129,21 @@ def _loader(DESCS, W, ACT, EVENTS, CLAIMS, CHUNKS, TRACE, layers, w_ring, x_ring
         for g in gl.static_range(GROUPS):
             event = layer * GROUPS + g
             w_desc, x_desc, K, units = _weights(DESCS, W, ACT, g, GR)
-            if WAIT and event > 0 and not CHUNKED:
-                if PREFETCH > 0:
-                    _prefetch(W, DESCS, g, units, GR, PREFETCH)
-                _wait_for(EVENTS, event - 1, gl.num_programs(0), POLL)
+            u, u1, tail = _share(units, CLAIMED, TAIL)
+            asked = gl.zeros([32], gl.int32, gl.BlockedLayout([1], [32], [1], [0]))
+            if u >= u1:
+                u = tail + _got(_ask(CLAIMS, event)) if CLAIMED > 0 else units
+            if WAIT and event > 0:
+                _wait(EVENTS, event - 1, gl.num_programs(0))
                 _proxy_fence(K)  # the row's generic stores before this thread's bulk copies of it
             _stamp(TRACE, event, layers * GROUPS, 0, TRACING)
-            # CHUNKED: the row's chunks known complete, from the first (the first layer's o_proj reads the input)
-            frontier = gl.where(event > 0, 0, K // CHUNK)
-            per_chunk = CHUNK // (GR // 2 if g == 2 else GR)  # (the row's producer: the group before, gate/up gated)
-            u, u1 = _first(CLAIMS, event, units, DYNAMIC)
-            while u < u1:
+            while u < units:
                 _push(queue, q_ready, q_empty, q, u, queue.type.shape[0])
                 q += 1
+                share_ends = u + 1 >= u1
+                if CLAIMED > 0 and share_ends:
+                    asked = _ask(CLAIMS, event)
                 for k0 in range(0, K, BOXES * GK):
-                    if CHUNKED and WAIT:
-                        while frontier * CHUNK < gl.minimum(k0 + BOXES * GK, K):
-                            frontier = _frontier(CHUNKS + (event - 1) * MAX_CHUNKS, K // CHUNK, per_chunk)
                     s = i % SLOTS_
                     mbarrier.wait(empty.index(s), ((i // SLOTS_) & 1) ^ 1)
                     mbarrier.expect(ready.index(s), BOXES * (GR + 1) * GK * 2)
@@ -199,15 +153,19 @@ def _loader(DESCS, W, ACT, EVENTS, CLAIMS, CHUNKS, TRACE, layers, w_ring, x_ring
                         tma.async_copy_global_to_shared(x_desc, [0, k0 + b * GK], ready.index(s),
                                                         x_ring.index(s * BOXES + b))
                     i += 1
-                u = _claim(CLAIMS, event, u, units, DYNAMIC)
+                if not share_ends:
+                    u += 1
+                elif CLAIMED > 0:
+                    u = tail + _got(asked)
+                else:
+                    u = units
             _push(queue, q_ready, q_empty, q, -1, queue.type.shape[0])
             q += 1
 
 
 @gluon.jit
-def _consumer(DESCS, W, ACT, F32, EVENTS, CHUNKS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready,
-              q_empty, SLOTS_: gl.constexpr, NORM_F64: gl.constexpr, WAIT: gl.constexpr, POLL: gl.constexpr,
-              TRACING: gl.constexpr, CHUNKED: gl.constexpr):
+def _consumer(DESCS, W, ACT, F32, EVENTS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready, q_empty,
+              SLOTS_: gl.constexpr, NORM_F64: gl.constexpr, WAIT: gl.constexpr, TRACING: gl.constexpr):
     """Each group's units as the loader posts them, until its -1; a group done, its event moves on. The loader
     waited for the group before (its row is in the first unit's products); the norm's sums and the residual that the
     epilogue reads want the consumers' own acquire, after the first unit's products (one poll: the count is there).
@@ -234,15 +192,11 @@ def _consumer(DESCS, W, ACT, F32, EVENTS, CHUNKS, TRACE, layers, w_ring, x_ring,
                 y, i = _unit(w_ring, x_ring, ready, empty, i, K, SLOTS_, vec)
                 if first:
                     if WAIT and event > 0:
-                        _wait_for(EVENTS, event - 1, gl.num_programs(0), POLL)
+                        _wait(EVENTS, event - 1, gl.num_programs(0))
                     inv = _inv_rms(F32, stats_off, K, eps, NORM_F64)
                     first = False
                     _stamp(TRACE, event, layers * GROUPS, 2, TRACING)
                 sq += _epilogue(y, u, inv, W, ACT, F32, N, out_off, res_off, bias_off, g == 1, 0)
-                if CHUNKED:  # the unit's output columns' chunk: one unit more in
-                    gl.thread_barrier()  # every thread's stores before the signal releases them
-                    column = u * (w_ring.type.shape[1] // 2 if g == 1 else w_ring.type.shape[1])
-                    gl.atomic_add(CHUNKS + event * MAX_CHUNKS + column // CHUNK, 1, sem="release", scope="gpu")
                 u = _pop(queue, q_ready, q_empty, q, queue.type.shape[0])
                 q += 1
             if out_stats_off >= 0:
@@ -254,12 +208,13 @@ def _consumer(DESCS, W, ACT, F32, EVENTS, CHUNKS, TRACE, layers, w_ring, x_ring,
 
 
 @gluon.jit
-def decode_chain(DESCS, W, ACT, F32, EVENTS, CLAIMS, CHUNKS, TRACE, layers, GR: gl.constexpr, SLOTS_: gl.constexpr,
-                 NORM_F64: gl.constexpr, LOADER_REGS: gl.constexpr, WAIT: gl.constexpr, DYNAMIC: gl.constexpr,
-                 PREFETCH: gl.constexpr, POLL: gl.constexpr, TRACING: gl.constexpr, CHUNKED: gl.constexpr):
+def decode_chain(DESCS, W, ACT, F32, EVENTS, CLAIMS, TRACE, layers, GR: gl.constexpr, SLOTS_: gl.constexpr,
+                 NORM_F64: gl.constexpr, LOADER_REGS: gl.constexpr, WAIT: gl.constexpr, CLAIMED: gl.constexpr,
+                 TAIL: gl.constexpr, TRACING: gl.constexpr):
     """Descriptor rows 0, 1, 2 of DESCS (o_proj, gate/up, down: LINEAR_FIELDS) over one row, `layers` times over
     (the same weights: a layer's 386 MB do not stay in L2); EVENTS and CLAIMS: a counter a group a layer, zero at the
-    launch. DYNAMIC: a program's units claimed one at a time from the group's counter, not a contiguous share."""
+    launch. CLAIMED: a program's units, past its contiguous share, claimed one at a time from the group's counter
+    (`_share`)."""
     BOXES: gl.constexpr = SLOT_ROWS // GR
     plain: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     w_ring = gl.allocate_shared_memory(gl.bfloat16, [SLOTS_ * BOXES, GR, GK], plain)
@@ -277,58 +232,63 @@ def decode_chain(DESCS, W, ACT, F32, EVENTS, CLAIMS, CHUNKS, TRACE, layers, GR: 
         mbarrier.init(q_ready.index(s), count=1)
         mbarrier.init(q_empty.index(s), count=1)
     gl.warp_specialize([
-        (_consumer, (DESCS, W, ACT, F32, EVENTS, CHUNKS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready,
-                     q_empty, SLOTS_, NORM_F64, WAIT, POLL, TRACING, CHUNKED)),
-        (_loader, (DESCS, W, ACT, EVENTS, CLAIMS, CHUNKS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready,
-                   q_empty, SLOTS_, WAIT, DYNAMIC, PREFETCH, POLL, TRACING, CHUNKED)),
+        (_consumer, (DESCS, W, ACT, F32, EVENTS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready,
+                     q_empty, SLOTS_, NORM_F64, WAIT, TRACING)),
+        (_loader, (DESCS, W, ACT, EVENTS, CLAIMS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready,
+                   q_empty, SLOTS_, WAIT, CLAIMED, TAIL, TRACING)),
     ], [1], [LOADER_REGS])
 
 
 SIGNATURE = {"DESCS": "*i64", "W": "*bf16", "ACT": "*bf16", "F32": "*fp32", "EVENTS": "*i32", "CLAIMS": "*i32",
-             "CHUNKS": "*i32", "TRACE": "*i64", "layers": "i32"}
+             "TRACE": "*i64", "layers": "i32"}
 
 
-def options(rows: int, dynamic: bool = False, prefetch: int = 0, poll: int = 0, chunked: bool = False,
-            tracing: bool = False, wait: bool = True) -> dict:
-    return dict(GR=rows, SLOTS_=gemv.SLOTS, NORM_F64=True, LOADER_REGS=gemv.LOADER_REGS, WAIT=wait, DYNAMIC=dynamic,
-                PREFETCH=prefetch, POLL=poll, TRACING=tracing, CHUNKED=chunked, **gemv.LAUNCH)
+def options(rows: int, claimed: int = 0, tail: int = 8, tracing: bool = False, wait: bool = True) -> dict:
+    return dict(GR=rows, SLOTS_=gemv.SLOTS, NORM_F64=True, LOADER_REGS=gemv.LOADER_REGS, WAIT=wait, CLAIMED=claimed,
+                TAIL=tail, TRACING=tracing, **gemv.LAUNCH)
 
 
-# (label, options): each checked at one layer, timed at LAYERS; the first traced too
-VARIANTS = (("32-row units", dict(rows=32)),
-            ("32-row units, acquire loads poll", dict(rows=32, poll=1)),
-            ("32-row units, 1 KB a row to L2 before a wait", dict(rows=32, prefetch=1)),
-            ("32-row units, 4 KB a row to L2 before a wait", dict(rows=32, prefetch=2)),
-            ("8-row units, 4 KB a row to L2 before a wait, acquire loads poll", dict(rows=8, prefetch=2, poll=1)),
-            ("8-row units claimed one at a time", dict(rows=8, dynamic=True)),
-            ("32-row units, the row's chunks waited for one at a time", dict(rows=32, chunked=True)),
-            ("8-row units, the row's chunks waited for one at a time", dict(rows=8, chunked=True)))
+# (label, options, traced): each checked at one layer and timed at LAYERS
+VARIANTS = (("32-row units", dict(rows=32), True),
+            ("8-row units", dict(rows=8), True),
+            ("8-row units, all claimed", dict(rows=8, claimed=1), False),
+            ("8-row units, the last eighth claimed", dict(rows=8, claimed=2), True),
+            ("8-row units, the last quarter claimed", dict(rows=8, claimed=2, tail=4), False),
+            ("16-row units, the last eighth claimed", dict(rows=16, claimed=2), False),
+            ("32-row units, the last eighth claimed", dict(rows=32, claimed=2), False))
 LAYERS = 32  # a whole model's worth of the chain (Llama-3-8B's layers), in one launch against 3 x 32 launches
 
 
 def report_trace(trace: torch.Tensor, programs: int, layers: int) -> None:
     """Where a traced launch's time went, group by group (`_stamp`'s times; medians over the layers past the first):
-    how long each group ran from the event before it completing to its own, the spread of its programs' ends, how
-    long the loaders took to see the event before complete, and the consumers to have their first products after."""
+    how long each group ran from the event before it completing to its own; over the programs that had units in it,
+    the spread of their ends (the last past the median, the first before it) and how long they idled until the
+    event completed; how long the loaders took to see the event before complete, and the consumers to have their
+    first products after."""
     raw = trace.view(programs, layers * GROUPS.value, 4).cpu()
     stamped = raw > 0
     # us from the first stamp (ns since the epoch are past a double's 53 bits)
     t = (raw - raw[stamped].min()).double() / 1e3
     done = t[:, :, 3].max(dim=0).values  # each event's completion: its last program's signal
     names = ("o_proj", "gate/up", "down")
-    print(f"  where the time goes (traced, {layers} layers; us, medians over layers 1-{layers - 1}):", flush=True)
+    print(f"  where the time goes (traced, {layers} layers; us, medians over layers 1-{layers - 1}; ends and idling "
+          f"over the programs with units in the group):", flush=True)
     total = 0.0
     for g in range(GROUPS.value):
         events = [layer * GROUPS.value + g for layer in range(1, layers)]
         run = torch.tensor([done[e] - done[e - 1] for e in events])
-        spread = torch.tensor([t[:, e, 3].max() - t[:, e, 3].median() for e in events])
-        seen = torch.stack([t[:, e, 0] - done[e - 1] for e in events])
         # (programs without a unit in the group stamp no products: their k = 2 is the zero it was cleared to)
+        ends = [t[:, e, 3][stamped[:, e, 2]] for e in events]
+        late = torch.tensor([end.max() - end.median() for end in ends])
+        early = torch.tensor([end.median() - end.min() for end in ends])
+        idle = torch.tensor([(done[e] - end).mean() for e, end in zip(events, ends)])
+        seen = torch.stack([t[:, e, 0] - done[e - 1] for e in events])
         first = torch.cat([(t[:, e, 2] - t[:, e, 0])[stamped[:, e, 2]] for e in events])
         total += run.median().item()
-        print(f"    {names[g]:8s} event to event {run.median():6.1f}; its programs' ends: last past the median "
-              f"{spread.median():5.1f}; the loaders past the event before: median {seen.median():5.2f}, "
-              f"90th {seen.quantile(0.9):5.2f}; first products after it {first.median():5.2f}", flush=True)
+        print(f"    {names[g]:8s} event to event {run.median():6.1f}; ends: the last past the median "
+              f"{late.median():5.1f}, the first before it {early.median():5.1f}, idle till the event "
+              f"{idle.median():5.1f} on average; the loaders past the event before: median {seen.median():5.2f}, 90th "
+              f"{seen.quantile(0.9):5.2f}; first products after it {first.median():5.2f}", flush=True)
     print(f"    a layer {total:6.1f}", flush=True)
 
 
@@ -339,7 +299,6 @@ def run_gpu(reps: int) -> None:
     programs = gemv.PER_SM * sms
     events = torch.zeros(GROUPS.value * LAYERS, dtype=torch.int32, device="cuda")
     claims = torch.zeros_like(events)
-    chunks = torch.zeros(GROUPS.value * LAYERS * MAX_CHUNKS.value, dtype=torch.int32, device="cuda")
     trace = torch.zeros(programs * GROUPS.value * LAYERS * 4, dtype=torch.int64, device="cuda")
     widths = [int(descs[g, LINEAR_WORDS.value[4]]) for g in range(GROUPS.value)]  # each group's weight rows
     weight_bytes = sum(w * int(descs[g, LINEAR_WORDS.value[2]]) * 2 for g, w in enumerate(widths))
@@ -363,13 +322,12 @@ def run_gpu(reps: int) -> None:
     many_ms = graph_ms(lambda: groups(LAYERS), max(2, reps // 8)) / LAYERS
     print(f"  {LAYERS} times over, a layer: {LAYERS * 3} GEMV kernels {many_ms * 1e3:6.1f} us "
           f"({weight_bytes / many_ms / 1e9:.2f} TB/s)", flush=True)
-    for n, (label, extra) in enumerate(VARIANTS):
+    for label, extra, traced in VARIANTS:
         def persistent(wait=True, layers=1, tracing=False):
             f32.zero_()
             events.zero_()
             claims.zero_()
-            chunks.zero_()
-            decode_chain[(programs, )](descs, warena, act, f32, events, claims, chunks, trace, layers,
+            decode_chain[(programs, )](descs, warena, act, f32, events, claims, trace, layers,
                                        **options(**extra, tracing=tracing, wait=wait))
         groups_ms, chain_ms, errs = launches_against(groups, persistent, act, outputs, reps)
         long_ms = graph_ms(lambda: persistent(True, LAYERS), max(2, reps // 8)) / LAYERS
@@ -381,7 +339,7 @@ def run_gpu(reps: int) -> None:
               f"one launch {long_ms * 1e3:6.1f} us a layer ({weight_bytes / long_ms / 1e9:.2f} TB/s, "
               f"{weight_bytes / long_ms / 1e9 / bw:.0%} of the read bandwidth; {many_ms / long_ms:.2f}x the GEMV "
               f"kernels), without its waits (outputs wrong) {free_ms * 1e3:6.1f} us", flush=True)
-        if n == 0:
+        if traced:
             trace.zero_()
             persistent(True, LAYERS, tracing=True)
             torch.cuda.synchronize()
@@ -394,9 +352,10 @@ def main():
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args()
     if args.compile_only:
-        for label, extra in VARIANTS:
+        for label, extra, traced in VARIANTS:
             compile_sm90(decode_chain, SIGNATURE, options(**extra), label)
-        compile_sm90(decode_chain, SIGNATURE, options(**VARIANTS[0][1], tracing=True), f"{VARIANTS[0][0]}, traced")
+            if traced:
+                compile_sm90(decode_chain, SIGNATURE, options(**extra, tracing=True), f"{label}, traced")
     else:
         run_gpu(args.reps)
 
