@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,28 +75,33 @@ def compile_model(model: ResolvedModel, config: CompileConfig, out: Path, weight
                          cached, manifest["num_tasks"])
 
 
-def compile_many(jobs: list[tuple[str, CompileConfig]]) -> float:
+def compile_many(jobs: list[tuple[str, CompileConfig]], host_driven: Collection[CompileConfig] = ()) -> float:
     """Compiles (preset, config) jobs side by side into the cache, where `compile_model` then finds them (one
-    compile of a full-size model is most of a minute of single-threaded ptxas). Returns the seconds taken."""
+    compile of a full-size model is most of a minute of single-threaded ptxas). host_driven: the configs whose
+    kernels' host-driven executor is compiled too (`runtime.host_driven.precompile`). Returns the seconds taken."""
     start = time.perf_counter()
     jobs = list(dict.fromkeys(jobs))  # a job twice would build one cache entry twice at once
     if jobs:
         workers = min(len(jobs), os.cpu_count() or 1)
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(_compile_job, job) for job in jobs]
+            futures = [pool.submit(_compile_job, job, job[1] in host_driven) for job in jobs]
             errors = [error for error in (future.exception() for future in futures) if error is not None]
         if errors:  # every other kernel is in the cache by now
             raise RuntimeError(f"{len(errors)} of {len(jobs)} compiles failed, the first: {errors[0]}") from errors[0]
     return time.perf_counter() - start
 
 
-def _compile_job(job: tuple[str, CompileConfig]) -> None:
+def _compile_job(job: tuple[str, CompileConfig], host_driven: bool) -> None:
     from models.registry import resolve_model
 
     preset, config = job
     with tempfile.TemporaryDirectory() as out:
         try:
-            compile_model(resolve_model(preset), config, Path(out) / "model.cubin", WeightsSource(seed=0))
+            result = compile_model(resolve_model(preset), config, Path(out) / "model.cubin", WeightsSource(seed=0))
+            if host_driven:
+                from runtime.artifact import Artifact
+                from runtime.host_driven import precompile
+                precompile(Artifact.load(result.path))
         except Exception as error:  # its chain of causes does not cross back to the parent process: name it here
             raise RuntimeError(root_cause(error)) from error
 

@@ -14,7 +14,7 @@ import triton.knobs as knobs
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from codegen.kernel_abi import ARGS, KERNEL_NAME, Resources, signature
+from codegen.kernel_abi import ARGS, HOST_KERNELS, KERNEL_NAME, Resources, signature
 from codegen.llir import pinned_thread_ids
 from runtime.artifact import import_source
 
@@ -72,6 +72,27 @@ def compile_cubin(source_path: Path, model_dtype: str, arch: int, num_warps: int
     metadata = {k: v for k, v in kernel.metadata._asdict().items()}
     metadata["target"] = {"backend": "cuda", "arch": arch, "warp_size": 32}
     return kernel.asm["cubin"], metadata
+
+
+def compile_host_kernels(source_path: Path, kernel_signature: dict[str, str], arch: int) -> dict[str, tuple]:
+    """The host-driven executor's kernels in the kernel source at source_path, compiled for sm_arch as the megakernel
+    is (ahead of time, no GPU needed; JIT would compile them on the GPU machine at their first launch, a minute of
+    ptxas for `_group`): name -> (cubin, Triton's metadata, their signature). Arguments typed as the megakernel's
+    (`kernel_signature`), the group's task, step and parts as int32; pointers 16-byte aligned; the launch's 4 warps,
+    as JIT's default."""
+    module = import_source(source_path)
+    types = {**kernel_signature, "first_task": "i32", "step": "i32", "parts": "i32"}
+    compiled = {}
+    for name, args in HOST_KERNELS.items():
+        fn = getattr(module, f"{KERNEL_NAME}_{name}")
+        attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(args) if arg.isupper()}
+        kernel_types = {arg: types[arg] for arg in args}
+        kernel = triton.compile(ASTSource(fn, kernel_types, {}, attrs), target=GPUTarget("cuda", arch, 32),
+                                options={"num_warps": 4})
+        metadata = {k: v for k, v in kernel.metadata._asdict().items()}
+        metadata["target"] = {"backend": "cuda", "arch": arch, "warp_size": 32}
+        compiled[name] = (kernel.asm["cubin"], metadata, kernel_types)
+    return compiled
 
 
 def resource_usage(cubin_path: Path) -> Resources:

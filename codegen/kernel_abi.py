@@ -10,6 +10,12 @@ KERNEL_NAME = "blink_megakernel"
 ARGS = ("TASKS", "DESCS", "W", "ACT", "F32", "I32", "KV", "EVENTS", "PROFILE", "kv_plane", "num_tasks", "max_steps")
 
 
+# The host-driven executor's kernels (runtime/host_driven.py: the template's `{KERNEL_NAME}_plan` and `_group`) and
+# their arguments in order
+HOST_KERNELS = {"plan": ("I32", "F32", "step"),
+                "group": ("TASKS", "DESCS", "W", "ACT", "F32", "I32", "KV", "kv_plane", "first_task", "step", "parts")}
+
+
 def signature(model_dtype: str) -> dict[str, str]:
     t = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}[model_dtype]
     return {"TASKS": "*i64", "DESCS": "*i64", "W": t, "ACT": t, "F32": "*fp32", "I32": "*i32", "KV": t,

@@ -3,7 +3,8 @@
 Same memory, same tasks, same bodies as the persistent megakernel, but one kernel launch per task
 group (launch order is the dependency order, so no events) and a host loop over steps. It is baseline
 (c) of the decode benchmark (captured in a CUDA graph, one step per replay) and a cross-check of the
-persistent kernel's synchronisation.
+persistent kernel's synchronisation. Its two kernels (the template's `_plan` and `_group`) run in Triton's
+interpreter on the CPU; for a GPU they are compiled ahead of time, as the megakernel is (`precompile`).
 
 With `gluon`, it is also where the megakernel's Gluon bodies (codegen/gluon) land one at a time: each stands in for
 the Triton group kernel in the steps and groups it covers (today a prefill step's projections and attention, a decode
@@ -13,15 +14,19 @@ model's logits through the mixed executor check the body and its group's time in
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shutil
 import tempfile
+from importlib.metadata import version
 from pathlib import Path
 
 import torch
 
+from codegen.kernel_abi import HOST_KERNELS, KERNEL_NAME
 from codegen.tasks import FLAGS, STREAMS, Kind
-from runtime.artifact import import_source
-from runtime.megakernel import Completion, Megakernel, use_scratch_allocator
+from runtime.artifact import Artifact, import_source
+from runtime.megakernel import Completion, Megakernel, compiled_kernel, use_scratch_allocator
 from runtime.sampling import SamplingParams
 
 
@@ -29,9 +34,12 @@ class HostDriven:
     def __init__(self, kernel: Megakernel, gluon: bool = False) -> None:
         """gluon: the groups a Gluon body covers run it (a GPU of compute capability 9.0 only)."""
         self.kernel = kernel
-        module = import_source(_inlined(kernel.artifact.source_path))
-        name = kernel.manifest["kernel"]["name"]
-        self.plan, self.group = getattr(module, f"{name}_plan"), getattr(module, f"{name}_group")
+        if kernel.interpret:
+            module = import_source(_inlined(kernel.artifact.source_path))
+            name = kernel.manifest["kernel"]["name"]
+            self.plan, self.group = getattr(module, f"{name}_plan"), getattr(module, f"{name}_group")
+        else:
+            self.plan, self.group = host_kernels(kernel.artifact)
         self.groups = _contiguous_groups(kernel.tasks[:, 3].tolist())
         # the groups that stream a one-row step (`gemv_stream`): then as many CTAs as the persistent launch has
         # programs, a part each, as its programs take them
@@ -91,6 +99,62 @@ def _inlined(source_path: Path) -> Path:
         part.write_text(text)
         part.replace(path)
     return path
+
+
+def host_kernels(artifact: Artifact) -> tuple[_Ahead, _Ahead]:
+    """The artifact's `_plan` and `_group` kernels for its GPU, compiled ahead of time (`codegen.compile.
+    compile_host_kernels`) into Blink's cache beside its cubins (`cubins/host-KEY`, KEY: the inlined source, the
+    target and Triton's version) by the first call, on whatever machine: `precompile` on the CPU machine, so that the
+    GPU machine loads them (JIT compiled `_group` at its first launch there: a minute of ptxas every session)."""
+    folder = precompile(artifact)
+    kernels = []
+    for name in HOST_KERNELS:
+        meta = json.loads((folder / f"{name}.json").read_text())
+        kernels.append(_Ahead(compiled_kernel(f"{KERNEL_NAME}_{name}", meta["signature"], meta["triton_metadata"],
+                                              (folder / f"{name}.cubin").read_bytes(), folder.name)))
+    return kernels[0], kernels[1]
+
+
+def precompile(artifact: Artifact) -> Path:
+    """The folder of the artifact's host-driven kernels in Blink's cache, compiled into it if not there yet."""
+    from blinkc.env import cache_dir
+
+    source = _inlined(artifact.source_path)
+    kernel = artifact.manifest["kernel"]
+    if kernel["triton_metadata"] is None:
+        raise ValueError("this artifact was compiled for the interpreter only (no target to compile for)")
+    arch = kernel["triton_metadata"]["target"]["arch"]
+    key = hashlib.sha256(f"{source.read_text()}|sm_{arch}|{version('triton')}".encode()).hexdigest()[:24]
+    folder = cache_dir() / "cubins" / f"host-{key}"
+    if all((folder / f"{name}.json").exists() for name in HOST_KERNELS):
+        return folder
+    from codegen.compile import compile_host_kernels
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".", suffix=".tmp", dir=folder.parent))
+    try:
+        for name, (cubin, metadata, signature) in compile_host_kernels(source, kernel["signature"], arch).items():
+            (tmp / f"{name}.cubin").write_bytes(cubin)
+            (tmp / f"{name}.json").write_text(json.dumps({"signature": signature, "triton_metadata": metadata},
+                                                         default=vars))
+        shutil.rmtree(folder, ignore_errors=True)  # what a compile that stopped halfway left
+        tmp.rename(folder)
+    except OSError:  # a compile of the same key beside this one got there first
+        if not all((folder / f"{name}.json").exists() for name in HOST_KERNELS):
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+class _Ahead:
+    """A kernel compiled ahead of time, launched as a JIT one is: `kernel[grid](*args)`, a grid of 1 to 3 sizes."""
+
+    def __init__(self, compiled) -> None:
+        self.compiled = compiled
+
+    def __getitem__(self, grid: tuple[int, ...]):
+        return self.compiled[tuple(grid) + (1,) * (3 - len(grid))]
 
 
 def _contiguous_groups(signals: list[int]) -> list[tuple[int, int]]:

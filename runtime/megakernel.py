@@ -428,11 +428,25 @@ def launch_programs(num_sms: int, per_sm: int, max_programs: int | None) -> int:
     return min(num_sms * per_sm, max_programs or num_sms * per_sm)
 
 
+def compiled_kernel(name: str, signature: dict[str, str], triton_metadata: dict, cubin: bytes, key: str):
+    """A cubin compiled ahead of time (no JIT: `triton.compile` on any machine) as a Triton CompiledKernel, loaded
+    on the current GPU; `kernel[grid](*args)` launches it, its arguments as `signature` names them."""
+    from triton.compiler.compiler import CompiledKernel
+
+    folder = Path(tempfile.mkdtemp(prefix="blink-kernel-"))
+    (folder / f"{name}.json").write_text(json.dumps(triton_metadata))
+    (folder / f"{name}.cubin").write_bytes(cubin)
+    src = SimpleNamespace(constants={}, signature=signature,
+                          fn=SimpleNamespace(arg_names=list(signature), launch_metadata=None))
+    compiled = CompiledKernel(src, {f"{name}.json": str(folder / f"{name}.json"),
+                                    f"{name}.cubin": str(folder / f"{name}.cubin")}, key)
+    compiled._init_handles()
+    return compiled
+
+
 def _load_cubin(artifact: Artifact, manifest: dict):
     """The cubin as a Triton CompiledKernel, launched on as many programs as fit co-resident, at most the
     compile's `target_programs` (`launch_programs`)."""
-    from triton.compiler.compiler import CompiledKernel
-
     kernel_meta = manifest["kernel"]
     installed = version("triton")
     if kernel_meta["triton_version"] != installed:
@@ -443,15 +457,8 @@ def _load_cubin(artifact: Artifact, manifest: dict):
     if arch != major * 10 + minor:
         raise ValueError(f"the cubin targets sm_{arch}, this GPU is sm_{major}{minor}: recompile with --arch "
                          f"{major}{minor}")
-    folder = Path(tempfile.mkdtemp(prefix="blink-kernel-"))
-    name = kernel_meta["name"]
-    (folder / f"{name}.json").write_text(json.dumps(kernel_meta["triton_metadata"]))
-    (folder / f"{name}.cubin").write_bytes(artifact.cubin_path.read_bytes())
-    src = SimpleNamespace(constants={}, signature=kernel_meta["signature"],
-                          fn=SimpleNamespace(arg_names=list(kernel_meta["signature"]), launch_metadata=None))
-    compiled = CompiledKernel(src, {f"{name}.json": str(folder / f"{name}.json"),
-                                    f"{name}.cubin": str(folder / f"{name}.cubin")}, kernel_meta["source_sha256"])
-    compiled._init_handles()
+    compiled = compiled_kernel(kernel_meta["name"], kernel_meta["signature"], kernel_meta["triton_metadata"],
+                               artifact.cubin_path.read_bytes(), kernel_meta["source_sha256"])
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     threads, shared = 32 * kernel_meta["num_warps"], compiled.metadata.shared
     wanted = kernel_meta.get("max_programs_per_sm", 2)

@@ -239,17 +239,24 @@ def test_a_rebuilt_artifact_takes_its_cubin_from_the_cubin_cache(cache, tmp_path
     assert _manifest(again.path)["kernel"] == _manifest(first.path)["kernel"]
 
 
-def test_compile_for_the_gpu_prints_the_kernels_resources(cache, tmp_path):
-    """The sm_90 compile (Triton's bundled ptxas: no GPU needed; a process of its own, since the tests run
-    Triton as the interpreter) shows each of Triton's stages as it ends, and reports registers, spills and the
-    shared memory a program takes, Triton's dynamic allocation included (the cubin alone lists only its static
-    part)."""
-    out = tmp_path / "m.cubin"
+@pytest.fixture(scope="module")
+def gpu_compile(tmp_path_factory) -> tuple[Path, dict, subprocess.CompletedProcess]:
+    """A tiny kernel compiled for sm_90 (Triton's bundled ptxas: no GPU needed; a process of its own, since the tests
+    run Triton as the interpreter): its path, the environment it was compiled in, and the compile's output."""
+    tmp = tmp_path_factory.mktemp("gpu")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")  # a kernel Triton has not seen: every stage runs
+    env["TRITON_CACHE_DIR"] = str(tmp / "triton")  # a kernel Triton has not seen: every stage runs
+    env["BLINK_CACHE_DIR"] = str(tmp / "cache")
     result = subprocess.run([sys.executable, "-m", "blinkc.cli", "compile", "tiny-llama", "--random-weights",
-                             "-o", str(out), *[a for a in SMALL if a != "--interpret"]],
+                             "-o", str(tmp / "m.cubin"), *[a for a in SMALL if a != "--interpret"]],
                             capture_output=True, text=True, timeout=240, env=env)
+    return tmp / "m.cubin", env, result
+
+
+def test_compile_for_the_gpu_prints_the_kernels_resources(gpu_compile):
+    """The sm_90 compile shows each of Triton's stages as it ends, and reports registers, spills and the shared
+    memory a program takes, Triton's dynamic allocation included (the cubin alone lists only its static part)."""
+    out, _, result = gpu_compile
     assert result.returncode == 0, result.stderr
     kernel = _manifest(out)["kernel"]
     used, dynamic = kernel["resources"], kernel["triton_metadata"]["shared"]
@@ -258,3 +265,25 @@ def test_compile_for_the_gpu_prints_the_kernels_resources(cache, tmp_path):
         in result.stdout
     stages = [line.strip().split(" in ")[0] for line in result.stderr.splitlines() if line.strip().endswith(" s")]
     assert stages == ["Triton IR", "TritonGPU IR", "LLVM IR", "PTX", "cubin (ptxas)"], result.stderr
+
+
+def test_the_host_driven_kernels_are_compiled_ahead_into_the_cache(gpu_compile):
+    """`runtime.host_driven.precompile`: a GPU artifact's `_plan` and `_group` kernels compiled for its target on a
+    machine without a GPU, into Blink's cache, typed as the megakernel's arguments (what the GPU machine then loads
+    instead of compiling them at their first launch); a second call finds them."""
+    out, env, compiled = gpu_compile
+    assert compiled.returncode == 0, compiled.stderr
+    script = ("import json, time; from runtime.artifact import Artifact; from runtime.host_driven import precompile\n"
+              "a = Artifact.load(%r); folder = precompile(a); t = time.perf_counter(); again = precompile(a)\n"
+              "print(json.dumps([str(folder), str(again), time.perf_counter() - t]))" % str(out))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env)
+    assert result.returncode == 0, result.stderr
+    folder, again, seconds = json.loads(result.stdout.splitlines()[-1])
+    assert folder == again and seconds < 1 and Path(folder).parent == Path(env["BLINK_CACHE_DIR"]) / "cubins"
+    from codegen.kernel_abi import HOST_KERNELS
+    megakernel = _manifest(out)["kernel"]["signature"]
+    for name, args in HOST_KERNELS.items():
+        meta = json.loads((Path(folder) / f"{name}.json").read_text())
+        assert list(meta["signature"]) == list(args)
+        assert all(meta["signature"][a] == megakernel.get(a, "i32") for a in args)
+        assert meta["triton_metadata"]["target"]["arch"] == 90 and (Path(folder) / f"{name}.cubin").stat().st_size

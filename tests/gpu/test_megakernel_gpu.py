@@ -337,10 +337,12 @@ def gluon_driver(tmp_path, config: CompileConfig):
     """Llama-3-8B (random weights) compiled with `config`, in the host-driven executor with the Gluon bodies."""
     if not PRECOMPILE and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon bodies are written for sm_90")
-    from runtime.host_driven import HostDriven
+    from runtime.artifact import Artifact
+    from runtime.host_driven import HostDriven, precompile
     model = resolve_model("llama3-8b")
-    kernel = Megakernel.load(compile_model(model, config, tmp_path / "model.cubin", WeightsSource(seed=1)).path,
-                             device="cuda", timeout_s=300)
+    path = compile_model(model, config, tmp_path / "model.cubin", WeightsSource(seed=1)).path
+    precompile(Artifact.load(path))  # (its host-driven kernels: here, or into the cache with BLINK_GPU_PRECOMPILE)
+    kernel = Megakernel.load(path, device="cuda", timeout_s=300)
     return HostDriven(kernel, gluon=True), model
 
 
