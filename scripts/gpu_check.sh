@@ -71,8 +71,9 @@ fi
 if [[ $mode == gluon ]]; then  # the Gluon bodies (codegen/gluon): each covered group against the Triton one, timed
   # (a Gluon kernel whose barrier waits on a wrong phase hangs: the bodies not yet run first, alone, and the rest only
   # if that ended well)
-  # (the prompts' rows, PROMPTS=2048,512 GLUON_LIMIT=420, want a call of their own: in session 62 they and a decode
-  # row took more than 330 s, mostly the Gluon kernels' compiles on the GPU machine; the three steps here fit 600)
+  # (the prompts' rows, PROMPTS=2048,512 GLUON_LIMIT=420, wanted a call of their own: in session 62 they and a decode
+  # row took more than 330 s, most likely the host-driven `_group` kernels' JIT compiles, a minute a config; those
+  # come from BLINK_CACHE_DIR now, compiled by `gluon_groups --compile-only`)
   step 200 python -m benchmarks.gluon_groups --prompts "" --decode "${FIRST-64x512}" &&
     step "${GLUON_LIMIT:-240}" python -m benchmarks.gluon_groups --prompts "${PROMPTS-}" --decode "${DECODE-1x512}"
   step 120 python -m benchmarks.explore.ws_decode_chain
