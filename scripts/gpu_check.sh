@@ -6,8 +6,8 @@ set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=${BLINK_CACHE_DIR:-/tmp/blink-cache}
 OUT=${OUT:-/tmp/blink-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
-step() { local limit=$1; shift; echo "== $*"; timeout "$limit" "$@" 2>&1 | tee -a "$OUT/gpu_check.log" | tail -30
-          return "${PIPESTATUS[0]}"; }
+step() { local limit=$1 start=$SECONDS; shift; echo "== $*"; timeout "$limit" "$@" 2>&1 | tee -a "$OUT/gpu_check.log" | tail -30
+          local rc=${PIPESTATUS[0]}; echo "== $(( SECONDS - start )) s, exit $rc"; return "$rc"; }
 mode=${1:-all}
 if [[ $mode == quick ]]; then
   step 240 python -m pytest -q -x -s -m gpu tests/gpu -k "llama3-8b-1]" -p no:cacheprovider
