@@ -331,8 +331,8 @@ class CompileConfig:
     exact_norm_sums: bool = True
     # a wait polls its event with volatile loads and acquires once the count is there (`codegen.bodies.sync.
     # wait_event`), instead of an acquiring atomic a poll: every program's polls of one event are atomics on one
-    # address, which an L2 slice serializes. Not yet measured (session 62: a batch-1 chain of Gluon projections lost
-    # ~3.5 us an event, `benchmarks/explore/ws_decode_chain.py`)
+    # address, which an L2 slice serializes. No gain: H200, Llama-3-8B ctx512, off / on in one call (session 63)
+    # b1 4.53 / 4.63 ms, b64 6.65 / 6.69 (a wait's atomics are not its cost)
     poll_loads: bool = False
     # a split-K block of more rows (QKV's heads and the batched projections' blocks in steps of many sequences)
     # is finished in slices of this many rows, each split taking its share after waiting for the others where the

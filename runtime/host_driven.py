@@ -237,7 +237,7 @@ class GluonCoverage:
                 self.rows_kind[first] = 0  # (the step's tokens)
                 self._take_one_row(first, desc, gemv.qkv_unsupported(words[:len(QKV_FIELDS)]))
                 if not why:  # (a tile a head)
-                    self._take_streamk(first, f["num_q_heads"] + 2 * f["num_kv_heads"], qkv.HEAD_DIM, streamk_room)
+                    self._take_streamk(first, f["num_q_heads"] + 2 * f["num_kv_heads"], qkv.STREAMK.bn, streamk_room)
             elif kind == Kind.ATTENTION:
                 f = dict(zip(ATTENTION_FIELDS, words))
                 why = attention.unsupported(words[:len(ATTENTION_FIELDS)], cfg.page_size,
