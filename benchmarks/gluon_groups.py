@@ -190,22 +190,27 @@ def prompt_row(model, n: int, args) -> None:
     persistent, persistent_gpu, persistent_token = ttft_ms(kernel, n)
     prompt = seeded_prompt(n)
     triton, gluon = drivers(kernel, args)
+    chained = HostDriven(kernel, gluon=True, chain=True)
     kernel.prepare([prompt], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
     worst = check_groups(triton, gluon, 0)
     best: dict[str, dict[int, float]] = {}
     results = {}
     _, again, _ = timed_first_step(triton, prompt)
-    for name, driver in (("triton", triton), ("gluon", gluon)):
+    for name, driver in (("triton", triton), ("gluon", gluon), ("chain", chained)):
         for _ in range(args.repeats):
             times, logits, token = timed_first_step(driver, prompt)
             best[name] = {g: min(t, best.get(name, {}).get(g, t)) for g, t in times.items()}
         results[name] = (logits, token)
-    (t_logits, t_token), (g_logits, g_token) = results["triton"], results["gluon"]
+    (t_logits, t_token), (g_logits, g_token), (c_logits, c_token) = (results[name] for name in
+                                                                     ("triton", "gluon", "chain"))
     diff = ((g_logits - t_logits).norm() / t_logits.norm()).item()
+    c_diff = ((c_logits - t_logits).norm() / t_logits.norm()).item()
     noise = ((again - t_logits).norm() / t_logits.norm()).item()
-    total_t, total_g = sum(best["triton"].values()), sum(best["gluon"].values())
+    total_t, total_g, total_c = (sum(best[name].values()) for name in ("triton", "gluon", "chain"))
+    run = chained.gluon.chain_groups(kernel.last_step_size())
+    in_groups, in_chain = (sum(best[name][first] for first in run) for name in ("gluon", "chain"))
     lines = report(triton, best, worst)
-    del kernel, triton, gluon, results, t_logits, g_logits, again
+    del kernel, triton, gluon, chained, results, t_logits, g_logits, c_logits, again
     baselines.release_memory(device)
     torch_gpu, torch_host = baselines.torch_ttft_ms(model.config, n, device)
     print(f"\nprompt {n} tokens: host-driven first step, Triton groups {total_t:.2f} ms, with the Gluon bodies "
@@ -213,6 +218,11 @@ def prompt_row(model, n: int, args) -> None:
           f"{persistent_gpu:.2f}); torch prefill {torch_host:.2f} ms (GPU {torch_gpu:.2f})")
     print(f"  logits with the Gluon bodies against without: rel {diff:.1e} (Triton's against another of its runs "
           f"{noise:.1e}); first token {g_token} against {t_token} (persistent {persistent_token})")
+    print(f"  the Gluon bodies' {len(run)} groups as one persistent launch (codegen/gluon/chain.py): "
+          f"{in_chain * 1e3:.0f} us against their {in_groups * 1e3:.0f} as group kernels "
+          f"({in_groups / max(in_chain, 1e-9):.2f}x); the step {total_c:.2f} ms ("
+          f"{total_t / total_c:.2f}x the Triton groups); logits against Triton's rel {c_diff:.1e}, first token "
+          f"{c_token}")
     print("\n".join(lines), flush=True)
 
 

@@ -31,8 +31,9 @@ from runtime.sampling import SamplingParams
 
 
 class HostDriven:
-    def __init__(self, kernel: Megakernel, gluon: bool = False) -> None:
-        """gluon: the groups a Gluon body covers run it (a GPU of compute capability 9.0 only)."""
+    def __init__(self, kernel: Megakernel, gluon: bool = False, chain: bool = False) -> None:
+        """gluon: the groups a Gluon body covers run it (a GPU of compute capability 9.0 only); chain: with gluon, a
+        prefill step's run of them as one persistent launch (`codegen.gluon.chain`)."""
         self.kernel = kernel
         if kernel.interpret:
             module = import_source(_inlined(kernel.artifact.source_path))
@@ -44,7 +45,9 @@ class HostDriven:
         # the groups that stream a one-row step (`gemv_stream`): then as many CTAs as the persistent launch has
         # programs, a part each, as its programs take them
         self.streamed = {first for first, _ in self.groups if int(kernel.tasks[first, FLAGS]) & STREAMS}
-        self.gluon = GluonGroups(kernel, self.groups) if gluon else None
+        if chain and not gluon:
+            raise ValueError("the persistent chain runs the Gluon bodies: ask for gluon too")
+        self.gluon = GluonGroups(kernel, self.groups, chain) if gluon else None
 
     def step(self, step: int, size: tuple[int, int] | None = None) -> None:
         """Step `step`'s launches. `size`: the step's (tokens, sequences) (a one-row step's streamed groups run in
@@ -199,6 +202,7 @@ class GluonCoverage:
 
         self.linear, self.qkv, self.attention, self.gemv = linear, qkv, attention, gemv
         self.programs = programs
+        self.order = [first for first, _ in groups]
         self.min_rows = (cfg.wide_m or (32 if cfg.max_batch <= 32 else 64)) + 1  # (`CompileConfig.wide_rows`)
         self.covered: dict[int, int] = {}  # first task of a group -> its descriptor's row
         self.kinds: dict[int, Kind] = {}
@@ -297,6 +301,34 @@ class GluonCoverage:
             return self.attention.DECODE_LAUNCH, True
         return None
 
+    def chain_groups(self, size: tuple[int, int] | None) -> list[int]:
+        """The first tasks of the groups `codegen.gluon.chain` takes in a step of `size` (tokens, sequences): the
+        longest run of consecutive groups the prefill bodies take (the projections' tiles, QKV's, attention's items of
+        128 rows; a covered attention's merge group within it, as it has nothing to do), in a step that prefills;
+        empty in any other step or where the run would be a group or none."""
+        if size is None or size[0] <= size[1] or size[0] < self.min_rows:
+            return []
+
+        def takes(first: int) -> bool:
+            if first in self.merges:
+                return takes(self.merges[first])
+            kind = self.kinds.get(first)
+            if kind == Kind.ATTENTION:
+                return self.attention_launch(first, size) == (self.attention.LAUNCH, False)
+            return kind in (Kind.LINEAR, Kind.QKV) and not self.takes_streamk(first, size) \
+                and not self.takes_one_row(first, size)
+
+        best: list[int] = []
+        run: list[int] = []
+        for first in self.order + [None]:
+            if first is not None and takes(first):
+                run.append(first)
+                continue
+            if len(run) > len(best):
+                best = run
+            run = []
+        return best if len([f for f in best if f not in self.merges]) > 1 else []
+
     def applies(self, first: int, size: tuple[int, int] | None) -> bool:
         """Whether the group of tasks from `first` is the Gluon bodies' in a step of `size` (tokens, sequences)."""
         if size is None:
@@ -314,7 +346,8 @@ class GluonCoverage:
 class GluonGroups(GluonCoverage):
     """`GluonCoverage` of a loaded kernel, launching the bodies on its arenas, one program an SM."""
 
-    def __init__(self, kernel: Megakernel, groups: list[tuple[int, int]]) -> None:
+    def __init__(self, kernel: Megakernel, groups: list[tuple[int, int]], chain: bool = False) -> None:
+        """chain: a prefill step's run of covered groups as one persistent launch (`chain_groups`)."""
         if kernel.device.type != "cuda" or torch.cuda.get_device_capability(kernel.device) != (9, 0):
             raise ValueError("the Gluon bodies are written for Hopper (sm_90): this device cannot run them")
         if kernel.dtype != torch.bfloat16:
@@ -336,10 +369,49 @@ class GluonGroups(GluonCoverage):
         self.attention_constexprs = {split: self.attention.constexprs(cfg.page_size, cfg.max_pages_per_seq,
                                                                       cfg.max_batch, split, cfg.block_m)
                                      for split in (False, True)}
+        self.chain = chain
+        self._runs: dict[tuple[int, int], list[int]] = {}  # a step's size -> `chain_groups`
+        self._chain: tuple[list[int], torch.Tensor, torch.Tensor] | None = None  # (its groups, table, events)
+
+    def _chain_for(self, size: tuple[int, int] | None) -> tuple[list[int], torch.Tensor, torch.Tensor] | None:
+        """The chain a step of `size` launches, if it launches one: its groups (`chain_groups`: the same run in every
+        step that prefills), its table (a row a group, merges left out: kind, descriptor row) and its events."""
+        if not self.chain or size is None:
+            return None
+        if size not in self._runs:
+            self._runs[size] = self.chain_groups(size)
+        run = self._runs[size]
+        if not run:
+            return None
+        if self._chain is None or self._chain[0] != run:
+            from codegen.gluon import chain
+            kinds = {Kind.QKV: chain.QKV, Kind.ATTENTION: chain.ATTENTION}
+            rows = [(kinds.get(self.kinds[first], chain.GATED if self.gated.get(first) else chain.PLAIN),
+                     self.covered[first]) for first in run if first not in self.merges]
+            device = self.kernel.device
+            self._chain = (run, torch.tensor(rows, dtype=torch.int32, device=device).flatten(),
+                           torch.zeros(len(rows), dtype=torch.int32, device=device))
+        return self._chain
+
+    def _launch_chain(self, table: torch.Tensor, events: torch.Tensor) -> None:
+        """The chain of `table`'s groups, one program an SM, its events zeroed first."""
+        from codegen.gluon import chain
+        k, cfg = self.kernel, self.kernel.config
+        attention = next(first for first, kind in self.kinds.items() if kind == Kind.ATTENTION)
+        events.zero_()
+        chain.prefill_chain[(self.programs, )](
+            k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, k.kv.numel() // self.columns[attention], table,
+            events, events.numel(), self.control_at, self.positions_at, self.slots_at, *self.plan_at,
+            **chain.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch, self.norm_f64), **chain.LAUNCH)
 
     def launch(self, first: int, size: tuple[int, int] | None) -> bool:
         """Launches the group of tasks from `first` in a step of `size`, if it is the Gluon bodies' (a merge group
         whose attention group they took: takes it too, launching nothing)."""
+        chained = self._chain_for(size)
+        if chained and first in chained[0]:
+            if first == chained[0][0]:
+                self._launch_chain(*chained[1:])
+            return True  # (the chain's launch ran it)
         if not self.applies(first, size):
             return False
         if first in self.merges:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|gluon-tests|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|gluon-tests|all]
 set -uo pipefail
 # BLINK_CACHE_DIR: kernels compiled on the CPU machine and carried here (benchmarks/megakernel_tpot.py, --compile-only)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=${BLINK_CACHE_DIR:-/tmp/blink-cache}
@@ -77,6 +77,11 @@ if [[ $mode == gluon ]]; then  # the Gluon bodies (codegen/gluon): each covered 
   step 200 python -m benchmarks.gluon_groups --prompts "" --decode "${FIRST-64x512}" &&
     step "${GLUON_LIMIT:-240}" python -m benchmarks.gluon_groups --prompts "${PROMPTS-}" --decode "${DECODE-1x512}"
   step 120 python -m benchmarks.explore.ws_decode_chain
+fi
+if [[ $mode == chain ]]; then  # a prefill step's Gluon groups as one persistent launch (codegen/gluon/chain.py): the GPU
+  # tests first (a wrong phase hangs: their timeout ends it), then the prompts' rows with it beside the group kernels
+  step "${TEST_LIMIT:-300}" python -m pytest -q -x -s -m gpu tests/gpu -k chain -p no:cacheprovider &&
+    step "${GLUON_LIMIT:-300}" python -m benchmarks.gluon_groups --prompts "${PROMPTS-2048,512}" --decode ""
 fi
 if [[ $mode == gluon-tests ]]; then  # ... and through the host-driven executor against the reference (a call of its own)
   step "${TEST_LIMIT:-560}" python -m pytest -q -s -m gpu tests/gpu -k "${CASES:-gluon}" -p no:cacheprovider

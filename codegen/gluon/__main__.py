@@ -9,7 +9,7 @@ import json
 
 from codegen.bodies.linear import OUT_ALIGNED, OUT_F32
 from codegen.gluon import compile_for_sm90
-from codegen.gluon import attention, gemv, linear, qkv
+from codegen.gluon import attention, chain, gemv, linear, qkv
 
 
 def variants():
@@ -51,6 +51,7 @@ def variants():
             yield name, gemv.linear_gemv, gemv.SIGNATURE, gemv.constexprs(rows, gated, out_kind, True), gemv.LAUNCH
         yield f"qkv_gemv {rows}-row units", gemv.qkv_gemv, gemv.QKV_SIGNATURE, gemv.qkv_constexprs(rows, True), \
             gemv.LAUNCH
+    yield "prefill_chain", chain.prefill_chain, chain.SIGNATURE, chain.constexprs(16, 128, 64, True), chain.LAUNCH
 
 
 def main() -> None:

@@ -165,7 +165,19 @@ def _loader(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at
             seq_req_at, req_pages_at, layer, REP, HKV, HD: gl.constexpr, BM: gl.constexpr, PAGE: gl.constexpr,
             PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, STAGES_: gl.constexpr, IDS_: gl.constexpr,
             splits, SPLIT: gl.constexpr):
-    """Every item's keys and values, a slot of BLOCK keys at a time (each page's two column halves of each)."""
+    i = 0  # (a tensor, as the slot count the loop carries)
+    load_items(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at, context_lens_at,
+               seq_req_at, req_pages_at, layer, REP, HKV, splits, i, HD, BM, PAGE, PAGES_PER_SEQ, MAX_SEQS, STAGES_,
+               IDS_, SPLIT)
+
+
+@gluon.jit
+def load_items(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at, context_lens_at,
+               seq_req_at, req_pages_at, layer, REP, HKV, splits, i, HD: gl.constexpr, BM: gl.constexpr,
+               PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, STAGES_: gl.constexpr,
+               IDS_: gl.constexpr, SPLIT: gl.constexpr):
+    """Every item's keys and values into ring slots i .., a slot of BLOCK keys at a time (each page's two column
+    halves of each); returns the slot after them."""
     BLOCK_: gl.constexpr = k_ring.type.shape[1]
     HW: gl.constexpr = HD // 2
     PER: gl.constexpr = BLOCK_ // PAGE  # pages a slot
@@ -176,7 +188,6 @@ def _loader(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at
     k_row0 = layer * 2 * plane_rows
     S = _splits(I32, control_at, HKV, splits, SPLIT)
     seqs, items, ends, total = _step_items(I32, control_at, seq_starts_at, REP, BM, HKV, S, MAX_SEQS, one)
-    i = 0
     for r in range(gl.cdiv(total, gl.num_programs(0))):
         valid, _, _, _, _, pages, g, _, _, first_key, last = _item(r, seqs, items, ends, total, I32, seq_starts_at,
                                                                    context_lens_at, seq_req_at, req_pages_at, REP,
@@ -200,6 +211,7 @@ def _loader(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at
                                                             ready.index(s),
                                                             v_ring.index(2 * s + h).slice(q * PAGE, PAGE, dim=0))
                     i += 1
+    return i
 
 
 @gluon.jit
@@ -207,6 +219,19 @@ def _consumer(ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_start
               req_pages_at, q_off, out_off, H, HKV, scale, splits, part_off, ticket_off, HD: gl.constexpr,
               BM: gl.constexpr, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
               STAGES_: gl.constexpr, SPLIT: gl.constexpr, PART_ROWS: gl.constexpr, MAX_SPLITS: gl.constexpr):
+    i = 0  # (a tensor, as the slot count the loop carries)
+    consume_items(ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at, context_lens_at, seq_req_at,
+                  req_pages_at, q_off, out_off, H, HKV, scale, splits, part_off, ticket_off, i, HD, BM, PAGE,
+                  PAGES_PER_SEQ, MAX_SEQS, STAGES_, SPLIT, PART_ROWS, MAX_SPLITS)
+
+
+@gluon.jit
+def consume_items(ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at, context_lens_at, seq_req_at,
+                  req_pages_at, q_off, out_off, H, HKV, scale, splits, part_off, ticket_off, i, HD: gl.constexpr,
+                  BM: gl.constexpr, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
+                  STAGES_: gl.constexpr, SPLIT: gl.constexpr, PART_ROWS: gl.constexpr, MAX_SPLITS: gl.constexpr):
+    """Every item's online softmax over its keys from ring slot i on, then its outputs (or its split's partial and,
+    last to arrive, the merge); returns the slot after them."""
     BLOCK_: gl.constexpr = k_ring.type.shape[1]
     HW: gl.constexpr = HD // 2
     REP = H // HKV
@@ -227,7 +252,6 @@ def _consumer(ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_start
     c = scale * LOG2E  # exp(scale (s - m)) as 2^(s c - m c), as the Triton body's
     S = _splits(I32, control_at, HKV, splits, SPLIT)
     seqs, items, ends, total = _step_items(I32, control_at, seq_starts_at, REP, BM, HKV, S, MAX_SEQS, lanes)
-    i = 0
     for r in range(gl.cdiv(total, gl.num_programs(0))):
         valid, seq, start, q_len, ctx, _, g, split, m0, first_key, last = _item(
             r, seqs, items, ends, total, I32, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, REP, HKV, S,
@@ -287,6 +311,16 @@ def _consumer(ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_start
                     _store_rows(ACT, out_off, start, orows, num_rows, g, REP, H, o0, o1, l, HD)
             else:
                 _store_rows(ACT, out_off, start, orows, num_rows, g, REP, H, o0, o1, l, HD)
+    return i
+
+
+@gluon.jit
+def row(desc):
+    """The descriptor row's words: q_off, out_off, H, HKV, layer, scale, splits, part_off, ticket_off."""
+    H, HKV = gl.load(desc + WORDS[2]).to(gl.int32), gl.load(desc + WORDS[3]).to(gl.int32)
+    scale = gl.load(desc + WORDS[6]).to(gl.float64, bitcast=True).to(gl.float32)
+    return gl.load(desc + WORDS[0]), gl.load(desc + WORDS[1]), H, HKV, gl.load(desc + WORDS[5]).to(gl.int32), scale, \
+        gl.load(desc + WORDS[8]).to(gl.int32), gl.load(desc + WORDS[9]), gl.load(desc + WORDS[10])
 
 
 @gluon.jit
@@ -298,13 +332,7 @@ def attention_prefill(DESCS, ACT, F32, I32, KV, kv_plane, kv_rows, desc_index, c
     """Row desc_index of DESCS (an ATTENTION group's descriptor) over the step planned in I32 (control words at
     control_at, the sequences' first tokens, contexts and requests, the requests' page tables at the *_at words);
     the cache KV: kv_rows rows of a token's every KV head, a layer's keys (then values) kv_plane elements apart."""
-    desc = DESCS + desc_index * DESC_WORDS
-    q_off, out_off = gl.load(desc + WORDS[0]), gl.load(desc + WORDS[1])
-    H, HKV = gl.load(desc + WORDS[2]).to(gl.int32), gl.load(desc + WORDS[3]).to(gl.int32)
-    layer = gl.load(desc + WORDS[5]).to(gl.int32)
-    scale = gl.load(desc + WORDS[6]).to(gl.float64, bitcast=True).to(gl.float32)
-    splits = gl.load(desc + WORDS[8]).to(gl.int32)
-    part_off, ticket_off = gl.load(desc + WORDS[9]), gl.load(desc + WORDS[10])
+    q_off, out_off, H, HKV, layer, scale, splits, part_off, ticket_off = row(DESCS + desc_index * DESC_WORDS)
     BM: gl.constexpr = 16 * gl.num_warps()
     layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_, HD // 2], gl.bfloat16)
     k_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES_ * 2, BLOCK_, HD // 2], layout)

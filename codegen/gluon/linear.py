@@ -134,14 +134,60 @@ def _consumer(W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_
                           eps, res_off, bias_off, out_stats_off, GATED, NORM_F64)
                 phase ^= (res_off >= 0).to(gl.int32)
     else:
-        for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
-            m, n = tile_at(t, num_m, num_n, GROUP)
-            _residual(r_desc, c_smem, res_bar, m, n, res_off, OUT)  # (on its way while the products run)
-            acc, i = tile_product(a_ring, b_ring, ready, empty, i, K, STAGES)
-            _epilogue(acc, m * BM, n * BN, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase, stats_off, eps,
-                      res_off, bias_off, out_stats_off, GATED, NORM_F64)
-            phase ^= (res_off >= 0).to(gl.int32)
+        i, phase = consume_tiles(W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar, num_m, num_n,
+                                 num_rows, N, K, stats_off, eps, res_off, bias_off, out_stats_off, i, phase, STAGES,
+                                 GROUP, GATED, NORM_F64)
     tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def consume_tiles(W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar, num_m, num_n, num_rows, N, K,
+                  stats_off, eps, res_off, bias_off, out_stats_off, i, phase, STAGES: gl.constexpr,
+                  GROUP: gl.constexpr, GATED: gl.constexpr, NORM_F64: gl.constexpr):
+    """This program's whole tiles of the group, from ring slot i on and the residual's barrier at `phase`: each
+    tile's residual asked for before its products, then its epilogue. Returns the next slot and phase."""
+    BM: gl.constexpr = a_ring.type.shape[1]
+    BN: gl.constexpr = b_ring.type.shape[1]
+    OUT: gl.constexpr = BN // 2 if GATED else BN
+    for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
+        m, n = tile_at(t, num_m, num_n, GROUP)
+        _residual(r_desc, c_smem, res_bar, m, n, res_off, OUT)  # (on its way while the products run)
+        acc, i = tile_product(a_ring, b_ring, ready, empty, i, K, STAGES)
+        _epilogue(acc, m * BM, n * BN, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase, stats_off, eps,
+                  res_off, bias_off, out_stats_off, GATED, NORM_F64)
+        phase ^= (res_off >= 0).to(gl.int32)
+    return i, phase
+
+
+@gluon.jit
+def row(desc):
+    """The descriptor row's words the consumers read: K, N, stats_off, eps, res_off, bias_off, out_stats_off."""
+    K = gl.load(desc + WORDS[2]).to(gl.int32)  # (a copy's coordinates are 32-bit)
+    N = gl.load(desc + WORDS[4]).to(gl.int32)
+    eps = gl.load(desc + WORDS[8]).to(gl.float64, bitcast=True).to(gl.float32)
+    return K, N, gl.load(desc + WORDS[7]), eps, gl.load(desc + WORDS[9]), gl.load(desc + WORDS[11]), \
+        gl.load(desc + WORDS[12])
+
+
+@gluon.jit
+def inputs(desc, W, ACT, num_rows, BM: gl.constexpr, BN: gl.constexpr):
+    """Tensor descriptors of the descriptor row's input rows ([BM, BK] boxes) and weight ([BN, BK])."""
+    K, N = gl.load(desc + WORDS[2]).to(gl.int32), gl.load(desc + WORDS[4]).to(gl.int32)
+    return operands(ACT + gl.load(desc + WORDS[0]), gl.load(desc + WORDS[1]), num_rows, W + gl.load(desc + WORDS[3]),
+                    N, K, BM, BN, BK)
+
+
+@gluon.jit
+def outputs(desc, ACT, num_rows, BM: gl.constexpr, OUT: gl.constexpr, c_layout: gl.constexpr, GATED: gl.constexpr):
+    """Tensor descriptors of the descriptor row's output rows and residual, [BM, OUT] boxes in c_layout (OUT: the
+    tile's output columns, half its weight rows where GATED)."""
+    N = gl.load(desc + WORDS[4]).to(gl.int32)
+    n_out = N // 2 if GATED else N
+    out_off, out_stride = gl.load(desc + WORDS[5]), gl.load(desc + WORDS[6])
+    res_off, res_stride = gl.maximum(gl.load(desc + WORDS[9]), 0), gl.load(desc + WORDS[10])
+    o_desc = tma.make_tensor_descriptor(ACT + out_off, [num_rows, n_out], [out_stride, 1], [BM, OUT], c_layout)
+    r_desc = tma.make_tensor_descriptor(ACT + res_off, [num_rows, n_out], [res_stride, 1], [BM, OUT], c_layout)
+    return o_desc, r_desc
 
 
 @gluon.jit
@@ -155,21 +201,11 @@ def linear_prefill(DESCS, W, ACT, F32, I32, desc_index, rows_at, parts_at, ticke
     group runs beside it in the host-driven executor); else each program takes whole tiles."""
     desc = DESCS + desc_index * DESC_WORDS
     num_rows = gl.load(I32 + rows_at)
-    x_off, x_stride, w_off = gl.load(desc + WORDS[0]), gl.load(desc + WORDS[1]), gl.load(desc + WORDS[3])
-    K = gl.load(desc + WORDS[2]).to(gl.int32)  # (a copy's coordinates are 32-bit)
-    N, out_off, out_stride = gl.load(desc + WORDS[4]).to(gl.int32), gl.load(desc + WORDS[5]), \
-        gl.load(desc + WORDS[6])
-    stats_off = gl.load(desc + WORDS[7])
-    eps = gl.load(desc + WORDS[8]).to(gl.float64, bitcast=True).to(gl.float32)
-    res_off, res_stride, bias_off = gl.load(desc + WORDS[9]), gl.load(desc + WORDS[10]), gl.load(desc + WORDS[11])
-    out_stats_off = gl.load(desc + WORDS[12])
-    x_desc, w_desc = operands(ACT + x_off, x_stride, num_rows, W + w_off, N, K, BM, BN, BK)
+    K, N, stats_off, eps, res_off, bias_off, out_stats_off = row(desc)
+    x_desc, w_desc = inputs(desc, W, ACT, num_rows, BM, BN)
     OUT: gl.constexpr = BN // 2 if GATED else BN
     c_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, OUT], gl.bfloat16)
-    n_out = N // 2 if GATED else N
-    o_desc = tma.make_tensor_descriptor(ACT + out_off, [num_rows, n_out], [out_stride, 1], [BM, OUT], c_layout)
-    r_desc = tma.make_tensor_descriptor(ACT + gl.maximum(res_off, 0), [num_rows, n_out], [res_stride, 1], [BM, OUT],
-                                        c_layout)
+    o_desc, r_desc = outputs(desc, ACT, num_rows, BM, OUT, c_layout, GATED)
     c_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, OUT], c_layout)
     res_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     mbarrier.init(res_bar.index(0), count=1)

@@ -135,15 +135,33 @@ def _consumer(W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stag
                                q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, step_kv_off,
                                W, ACT, F32, KV, kv_plane, HD)
     else:
-        for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
-            m, n = tile_at(t, num_m, num_n, GROUP)
-            # the rows' words on their way while the products run
-            sums, rows, pos, slot = _rows_of(m * BM, num_rows, F32, I32, stats_off, positions_at, slots_at,
-                                             acc_layout, half, NORM_F64, BM)
-            acc, i = tile_product(a_ring, b_ring, ready, empty, i, K, STAGES)
-            _tile_epilogue(acc, n, sums, rows, pos, slot, stage, num_rows, K, stats_off, eps, bias_off, HQ, HKV,
-                           q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, step_kv_off, W,
-                           ACT, F32, KV, kv_plane, HD)
+        consume_tiles(W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stage, num_m, num_n, num_rows, K,
+                      stats_off, eps, bias_off, HQ, HKV, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off,
+                      has_qk_norm, step_kv_off, positions_at, slots_at, i, HD, STAGES, GROUP, NORM_F64)
+
+
+@gluon.jit
+def consume_tiles(W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stage, num_m, num_n, num_rows, K,
+                  stats_off, eps, bias_off, HQ, HKV, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off,
+                  has_qk_norm, step_kv_off, positions_at, slots_at, i, HD: gl.constexpr, STAGES: gl.constexpr,
+                  GROUP: gl.constexpr, NORM_F64: gl.constexpr):
+    """This program's whole tiles of the group from ring slot i on, the rows' sums, positions and slots asked for
+    before each tile's products; returns the slot after them."""
+    BM: gl.constexpr = a_ring.type.shape[1]
+    BN: gl.constexpr = b_ring.type.shape[1]
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                          instr_shape=[16, BN, 16])
+    half: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+    for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
+        m, n = tile_at(t, num_m, num_n, GROUP)
+        # the rows' words on their way while the products run
+        sums, rows, pos, slot = _rows_of(m * BM, num_rows, F32, I32, stats_off, positions_at, slots_at, acc_layout,
+                                         half, NORM_F64, BM)
+        acc, i = tile_product(a_ring, b_ring, ready, empty, i, K, STAGES)
+        _tile_epilogue(acc, n, sums, rows, pos, slot, stage, num_rows, K, stats_off, eps, bias_off, HQ, HKV,
+                       q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, step_kv_off, W, ACT,
+                       F32, KV, kv_plane, HD)
+    return i
 
 
 @gluon.jit
@@ -246,6 +264,29 @@ def _epilogue(W, ACT, F32, I32, KV, kv_plane, stages, staged, freed, num_m, num_
 
 
 @gluon.jit
+def row(desc):
+    """The descriptor row's words the consumers read: K, HQ, HKV, stats_off, eps, bias_off, q_norm_off, k_norm_off,
+    qk_eps, q_out_off, layer, rope_off, has_qk_norm, step_kv_off."""
+    K = gl.load(desc + WORDS[1]).to(gl.int32)
+    HQ, HKV = gl.load(desc + WORDS[3]).to(gl.int32), gl.load(desc + WORDS[4]).to(gl.int32)
+    eps = gl.load(desc + WORDS[7]).to(gl.float64, bitcast=True).to(gl.float32)
+    qk_eps = gl.load(desc + WORDS[11]).to(gl.float64, bitcast=True).to(gl.float32)
+    return K, HQ, HKV, gl.load(desc + WORDS[6]), eps, gl.load(desc + WORDS[8]), gl.load(desc + WORDS[9]), \
+        gl.load(desc + WORDS[10]), qk_eps, gl.load(desc + WORDS[12]), gl.load(desc + WORDS[13]), \
+        gl.load(desc + WORDS[14]), gl.load(desc + WORDS[15]), gl.load(desc + WORDS[16])
+
+
+@gluon.jit
+def inputs(desc, W, ACT, num_rows, HD: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+    """Tensor descriptors of the descriptor row's input rows ([BM, BK] boxes) and weight ([BN, BK]): every head's
+    HD rows, q then k then v."""
+    K = gl.load(desc + WORDS[1]).to(gl.int32)
+    n_cols = (gl.load(desc + WORDS[3]).to(gl.int32) + 2 * gl.load(desc + WORDS[4]).to(gl.int32)) * HD
+    return operands(ACT + gl.load(desc + WORDS[0]), K.to(gl.int64), num_rows, W + gl.load(desc + WORDS[2]), n_cols,
+                    K, BM, BN, BK)
+
+
+@gluon.jit
 def qkv_prefill(DESCS, W, ACT, F32, I32, KV, kv_plane, desc_index, tokens_at, positions_at, slots_at, parts_at,
                 tickets_at, HD: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
                 GROUP: gl.constexpr, NORM_F64: gl.constexpr, DESC_WORDS: gl.constexpr, LOADER_REGS: gl.constexpr,
@@ -258,16 +299,10 @@ def qkv_prefill(DESCS, W, ACT, F32, I32, KV, kv_plane, desc_index, tokens_at, po
     `linear.linear_prefill`'s)."""
     desc = DESCS + desc_index * DESC_WORDS
     num_rows = gl.load(I32 + tokens_at)
-    x_off, K, w_off = gl.load(desc + WORDS[0]), gl.load(desc + WORDS[1]).to(gl.int32), gl.load(desc + WORDS[2])
-    HQ, HKV = gl.load(desc + WORDS[3]).to(gl.int32), gl.load(desc + WORDS[4]).to(gl.int32)
-    stats_off = gl.load(desc + WORDS[6])
-    eps = gl.load(desc + WORDS[7]).to(gl.float64, bitcast=True).to(gl.float32)
-    bias_off, q_norm_off, k_norm_off = gl.load(desc + WORDS[8]), gl.load(desc + WORDS[9]), gl.load(desc + WORDS[10])
-    qk_eps = gl.load(desc + WORDS[11]).to(gl.float64, bitcast=True).to(gl.float32)
-    q_out_off, layer, rope_off = gl.load(desc + WORDS[12]), gl.load(desc + WORDS[13]), gl.load(desc + WORDS[14])
-    has_qk_norm, step_kv_off = gl.load(desc + WORDS[15]), gl.load(desc + WORDS[16])
+    K, HQ, HKV, stats_off, eps, bias_off, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, \
+        step_kv_off = row(desc)
     n_cols = (HQ + 2 * HKV) * HD
-    x_desc, w_desc = operands(ACT + x_off, K.to(gl.int64), num_rows, W + w_off, n_cols, K, BM, BN, BK)
+    x_desc, w_desc = inputs(desc, W, ACT, num_rows, HD, BM, BN)
     a_ring, b_ring, ready, empty = ring(BM, BN, BK, STAGES)
     # 16-byte units of a row swizzled by the row (its low 3 bits): the products' layout stores 8 rows' 16 bytes at a
     # time and the halves' layout reads 128-byte row pieces, both across every bank

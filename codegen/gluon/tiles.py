@@ -46,10 +46,18 @@ def tile_at(t, num_m, num_n, GROUP: gl.constexpr):
 def tile_loader(x_desc, w_desc, a_ring, b_ring, ready, empty, num_m, num_n, K, STAGES: gl.constexpr,
                 GROUP: gl.constexpr):
     """The loader partition: every chunk of this program's tiles into the ring, in the consumers' order."""
-    i = 0
+    i = 0  # (a tensor, as the slot count the loop carries)
+    load_tiles(x_desc, w_desc, a_ring, b_ring, ready, empty, i, num_m, num_n, K, STAGES, GROUP)
+
+
+@gluon.jit
+def load_tiles(x_desc, w_desc, a_ring, b_ring, ready, empty, i, num_m, num_n, K, STAGES: gl.constexpr,
+               GROUP: gl.constexpr):
+    """Every chunk of this program's tiles into ring slots i ..; returns the slot after them."""
     for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
         m, n = tile_at(t, num_m, num_n, GROUP)
         i = load_tile(x_desc, w_desc, a_ring, b_ring, ready, empty, i, m, n, K, STAGES)
+    return i
 
 
 @gluon.jit

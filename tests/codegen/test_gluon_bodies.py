@@ -35,8 +35,8 @@ def test_every_body_compiles_for_sm90_and_fits_an_sm(compiled):
     # linear_prefill: two tile shapes, gated or not, fp64 or fp32 sums; qkv_prefill: two tile shapes, either sums;
     # attention_prefill: items of 128 or 64 rows, 32 or 64 sequences' lanes; linear_gemv: 3 unit heights, plain,
     # gated or the logits; qkv_gemv: 3 unit heights; attention's split decode steps: 32 or 64 sequences' lanes;
-    # stream-K: linear_prefill gated or not, qkv_prefill
-    assert len(compiled) == 33
+    # stream-K: linear_prefill gated or not, qkv_prefill; the persistent prefill chain
+    assert len(compiled) == 34
     for name, used in compiled.items():
         assert used["registers"] <= used["maxnreg"], name
         # a program's warps (the consumers', a loader's warp group) and their registers fit an SM (the GEMV's two)
@@ -49,6 +49,8 @@ def test_every_body_compiles_for_sm90_and_fits_an_sm(compiled):
         spills = 256 if name.startswith(f"linear_prefill 128x{linear.WIDE.bn}") and "gated" not in name else 0
         # QKV's two heads a tile: its epilogue's 16-byte stores take 104 B more than the 2-byte ones did
         spills = 128 if name.startswith(f"qkv_prefill 128x{linear.WIDE.bn}") else spills
+        # the chain holds both in one allocation: 408 B
+        spills = 512 if name == "prefill_chain" else spills
         assert used["stack_bytes"] <= (64 if name.startswith("attention") else spills), name
 
 
@@ -174,6 +176,24 @@ def test_gluon_coverage_by_step(coverage_64, size, streamk, attention, lm_head):
         assert coverage.applies(first, size) == (attention if kind == Kind.ATTENTION else True), (kind, size)
         assert coverage.takes_streamk(first, size) == (streamk and kind != Kind.ATTENTION), (kind, size)
     assert coverage.applies(next(iter(coverage.skipped)), size) == lm_head
+
+
+@pytest.mark.parametrize("fixture, size, groups", [
+    ("coverage_1", (2048, 1), 6 * 32),  # a prompt: every layer's QKV, attention, its merge, o_proj, gate/up, down
+    ("coverage_64", (2048, 1), 5 * 32),  # (no merge groups in this kernel)
+    ("coverage_64", (100, 64), 5 * 32),  # prefill chunks beside decoding sequences
+    ("coverage_64", (64, 2), 0),  # few prefill tokens: stream-K's projections
+    ("coverage_64", (64, 64), 0),  # a step that only decodes
+    ("coverage_1", (1, 1), 0),  # one row: the GEMV
+])
+def test_the_persistent_chain_takes_a_prefill_steps_layers_whole(fixture, size, groups, request):
+    coverage, lw = request.getfixturevalue(fixture)
+    run = coverage.chain_groups(size)
+    assert len(run) == groups
+    if run:  # layer 0's QKV to layer 31's down, every group between them in order
+        names = [lw.tasks.event_names[lw.tasks.tasks[first].signal] for first in run]
+        assert names[0] == "qkv.0" and names[-1] == "model.layers.31.mlp.down_proj.weight"
+        assert run == coverage.order[coverage.order.index(run[0]):][:len(run)]
 
 
 def test_stream_k_takes_llama3s_projections_and_qkv_and_says_why_not(coverage_64):

@@ -256,15 +256,19 @@ def test_prefill_attention_reads_the_steps_keys_through_descriptors_on_gpu(step_
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("tiles", ["WIDE", "NARROW"])
+@pytest.mark.parametrize("tiles", ["WIDE", "NARROW", "chain"])
 def test_gluon_prefill_in_the_host_driven_executor_on_gpu(tiles, tmp_path):
     """A prefill step's projections and attention in Gluon (codegen/gluon; QKV with its rotary and cache writes, on
-    [128, 256] or [128, 128] tiles: two heads a tile or one) in place of their Triton tasks, in the host-driven
-    executor: prompts of 700 and 260 tokens in one step, its logits and a decode step's after it within bf16
-    tolerance of the reference."""
+    [128, 256] or [128, 128] tiles: two heads a tile or one; or every layer's groups as one persistent launch on
+    [128, 256] tiles, `chain.prefill_chain`) in place of their Triton tasks, in the host-driven executor: prompts of
+    700 and 260 tokens in one step, its logits and a decode step's after it within bf16 tolerance of the
+    reference."""
     driver, model = gluon_driver(tmp_path, dataclasses.replace(case_config(2), max_tokens_per_step=1024,
-                                                               max_model_len=1024))
-    driver.gluon.tiles = getattr(driver.gluon.linear, tiles)
+                                                               max_model_len=1024), chain=tiles == "chain")
+    if tiles == "chain":
+        assert len(driver.gluon.chain_groups((960, 2))) == 6 * 32  # (the merge groups within it)
+    else:
+        driver.gluon.tiles = getattr(driver.gluon.linear, tiles)
     # QKV, attention, o_proj, gate/up, down; the LM head's fp32 logits are not, the merge groups have nothing to do
     assert len(driver.gluon.covered) == 5 * 32 and len(driver.gluon.merges) == 32
     assert list(driver.gluon.skipped.values()) == ["its outputs are not bf16 rows a multiple of 8 wide"]
@@ -279,11 +283,13 @@ def test_gluon_prefill_in_the_host_driven_executor_on_gpu(tiles, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_gluon_attention_beside_decoding_sequences_on_gpu(tmp_path):
+@pytest.mark.parametrize("chain", [False, True])
+def test_gluon_attention_beside_decoding_sequences_on_gpu(chain, tmp_path):
     """Steps of 256 tokens that prefill one prompt's chunks beside another's and beside decoding sequences: the
     Gluon attention takes every sequence of such a step, the decoding ones too (a block each), and their merge group
-    is not run. Prompts of 700 and 90 tokens, every step's logits checked (as `check_every_step`)."""
-    driver, model = gluon_driver(tmp_path, dataclasses.replace(case_config(2), max_model_len=720))
+    is not run (with `chain`, every layer's groups in one persistent launch). Prompts of 700 and 90 tokens, every
+    step's logits checked (as `check_every_step`)."""
+    driver, model = gluon_driver(tmp_path, dataclasses.replace(case_config(2), max_model_len=720), chain)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in (700, 90)]
     params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
@@ -333,8 +339,9 @@ def test_gluon_gemv_for_one_sequence_on_gpu(tmp_path):
         assert_within_bf16_tolerance(driver.kernel, model, [prompt + out[0].tokens])
 
 
-def gluon_driver(tmp_path, config: CompileConfig):
-    """Llama-3-8B (random weights) compiled with `config`, in the host-driven executor with the Gluon bodies."""
+def gluon_driver(tmp_path, config: CompileConfig, chain: bool = False):
+    """Llama-3-8B (random weights) compiled with `config`, in the host-driven executor with the Gluon bodies (chain:
+    a prefill step's as one persistent launch)."""
     if not PRECOMPILE and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon bodies are written for sm_90")
     from runtime.artifact import Artifact
@@ -343,7 +350,7 @@ def gluon_driver(tmp_path, config: CompileConfig):
     path = compile_model(model, config, tmp_path / "model.cubin", WeightsSource(seed=1)).path
     precompile(Artifact.load(path))  # (its host-driven kernels: here, or into the cache with BLINK_GPU_PRECOMPILE)
     kernel = Megakernel.load(path, device="cuda", timeout_s=300)
-    return HostDriven(kernel, gluon=True), model
+    return HostDriven(kernel, gluon=True, chain=chain), model
 
 
 def check_every_step(preset: str, config: CompileConfig, tmp_path, lengths: list[int], max_tokens: int) -> None:

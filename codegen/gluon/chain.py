@@ -1,0 +1,225 @@
+"""A prefill step's layers as one persistent Gluon kernel: the bodies' groups one after another, events between them.
+
+The host-driven executor launches each Gluon body as a kernel of its own, a group at a time. This kernel runs a run
+of them (a step's QKV, attention, o_proj, gate/up and down groups, layer after layer) in one launch, as the persistent
+megakernel runs its tasks: one program an SM walks the groups in order, taking its share of each group's work (tiles
+pid, pid + P, ..., or attention's items as `attention.py` hands them out), and a group's event counter moves on by one
+as each program finishes its share, so that the next group starts once the counter reaches the programs' count.
+
+Two partitions, as every body: a loader warp and two consumer warp groups. The loader waits on the group before's
+event, then copies the group's operands into the ring (`tiles.load_tiles`, `attention.load_items`), running ahead of
+the consumers across tiles within a group; the consumers wait on the same event (their epilogues read the norms'
+sums and residuals the groups before wrote), multiply and finish each tile or item (`linear.consume_tiles`,
+`qkv.consume_tiles`, `attention.consume_items`), then drain their bulk stores and signal. One ring for every body:
+[3, 128, 64] and [3, 256, 64] slots that attention views as [6, 64, 64] key and value halves; both partitions count
+its slots from 0 across the launch, so they agree on each slot's phase whatever body filled it. One 64 KB staging
+buffer, viewed per body (a tile's outputs, a gated tile's, QKV's heads).
+
+Every projection runs [128, 256] tiles (`linear.WIDE`) and attention items of 128 rows with the step's keys whole
+(no split: a step that prefills). What the chain covers and when is `runtime.host_driven.GluonGroups.chain_groups`;
+the groups before and after it (embedding, the last norm and LM head, sampling) stay the host-driven executor's.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+
+from codegen.gluon import attention, linear, qkv
+from codegen.gluon.linear import BK, BM, LOADER_REGS
+from codegen.gluon.tiles import load_tiles, ring
+from codegen.tasks import DESC_WORDS as ROW_WORDS
+
+# a group's kind in the chain's table (a row: kind, descriptor row)
+PLAIN, GATED, QKV, ATTENTION = 0, 1, 2, 3
+_GATED, _QKV, _ATTENTION = gl.constexpr(GATED), gl.constexpr(QKV), gl.constexpr(ATTENTION)
+TILES = linear.WIDE
+BN = gl.constexpr(TILES.bn)
+STAGES = gl.constexpr(TILES.stages)
+GROUP = gl.constexpr(8)
+HD = gl.constexpr(attention.HEAD_DIM)
+KEYS = gl.constexpr(attention.BLOCK)
+IDS = gl.constexpr(attention.IDS)
+MAX_SPLITS = gl.constexpr(attention.MAX_SPLITS)
+LAUNCH = linear.LAUNCH
+WORDS_A_ROW = gl.constexpr(ROW_WORDS)
+
+SIGNATURE = {"DESCS": "*i64", "W": "*bf16", "ACT": "*bf16", "F32": "*fp32", "I32": "*i32", "KV": "*bf16",
+             "kv_plane": "i64", "kv_rows": "i32", "GROUPS": "*i32", "EVENTS": "*i32", "groups": "i32",
+             "control_at": "i32", "positions_at": "i32", "slots_at": "i32", "seq_starts_at": "i32",
+             "context_lens_at": "i32", "seq_req_at": "i32", "req_pages_at": "i32"}
+
+
+@gluon.jit
+def _wait(EVENTS, g, target):
+    """Spins until EVENTS[g] reaches target (acquire: what its signals released is visible after), then orders this
+    thread's later bulk copies (the async proxy's accesses) after it."""
+    seen = gl.atomic_add(EVENTS + g, 0, sem="acquire", scope="gpu")
+    while seen < target:
+        seen = gl.atomic_add(EVENTS + g, 0, sem="acquire", scope="gpu")
+    gl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, $1;", "=r,r", [seen], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _signal(EVENTS, g):
+    """This program's share of group g done: its bulk stores written and ordered before the generic accesses that
+    follow, the staging buffer's reads before later copies into it, every consumer thread past them, then one
+    release add."""
+    gl.inline_asm_elementwise("cp.async.bulk.wait_group 0; fence.proxy.async.global; mov.u32 $0, $1;", "=r,r", [g],
+                              dtype=gl.int32, is_pure=False, pack=1)
+    fence_async_shared()
+    gl.thread_barrier()
+    gl.atomic_add(EVENTS + g, 1, sem="release", scope="gpu")
+
+
+@gluon.jit
+def _group(DESCS, GROUPS, g):
+    """Row g of the chain's table: the group's kind and its descriptor row."""
+    return gl.load(GROUPS + 2 * g), DESCS + gl.load(GROUPS + 2 * g + 1) * WORDS_A_ROW
+
+
+@gluon.jit
+def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, control_at, seq_starts_at,
+            context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, k_ring, v_ring, ready, empty,
+            PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr):
+    """Each group's operands into the ring once the group before is done."""
+    num_rows = gl.load(I32 + control_at)
+    i = 0
+    for g in range(groups):
+        kind, desc = _group(DESCS, GROUPS, g)
+        if g > 0:
+            _wait(EVENTS, g - 1, gl.num_programs(0))
+        if kind == _ATTENTION:
+            i = _load_attention(desc, KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at,
+                                seq_starts_at, context_lens_at, seq_req_at, req_pages_at, i, PAGE, PAGES_PER_SEQ,
+                                MAX_SEQS)
+        elif kind == _QKV:
+            i = _load_qkv(desc, W, ACT, num_rows, a_ring, b_ring, ready, empty, i)
+        else:
+            i = _load_linear(desc, W, ACT, num_rows, a_ring, b_ring, ready, empty, i)
+
+
+@gluon.jit
+def _load_attention(desc, KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at,
+                    context_lens_at, seq_req_at, req_pages_at, i, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr,
+                    MAX_SEQS: gl.constexpr):
+    _, _, H, HKV, layer, _, _, _, _ = attention.row(desc)
+    return attention.load_items(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at,
+                                context_lens_at, seq_req_at, req_pages_at, layer, H // HKV, HKV, 1, i, HD, BM, PAGE,
+                                PAGES_PER_SEQ, MAX_SEQS, STAGES, IDS, False)
+
+
+@gluon.jit
+def _load_qkv(desc, W, ACT, num_rows, a_ring, b_ring, ready, empty, i):
+    x_desc, w_desc = qkv.inputs(desc, W, ACT, num_rows, HD, BM, BN)
+    K, HQ, HKV, _, _, _, _, _, _, _, _, _, _, _ = qkv.row(desc)
+    return load_tiles(x_desc, w_desc, a_ring, b_ring, ready, empty, i, gl.cdiv(num_rows, BM),
+                      gl.cdiv((HQ + 2 * HKV) * HD, BN), K, STAGES, GROUP)
+
+
+@gluon.jit
+def _load_linear(desc, W, ACT, num_rows, a_ring, b_ring, ready, empty, i):
+    x_desc, w_desc = linear.inputs(desc, W, ACT, num_rows, BM, BN)
+    K, N, _, _, _, _, _ = linear.row(desc)
+    return load_tiles(x_desc, w_desc, a_ring, b_ring, ready, empty, i, gl.cdiv(num_rows, BM), gl.cdiv(N, BN), K,
+                      STAGES, GROUP)
+
+
+@gluon.jit
+def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, control_at, positions_at, slots_at,
+              seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, k_ring, v_ring, ready, empty,
+              staging, res_bar, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
+              NORM_F64: gl.constexpr):
+    """Each group's products and epilogues once the group before is done, then the group's signal."""
+    gated: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN // 2], gl.bfloat16)
+    c_gated = staging._reinterpret(gl.bfloat16, [BM, BN // 2], gated)
+    # (QKV's heads: 16-byte units swizzled by the row, `qkv.qkv_prefill`'s staging)
+    heads = staging._reinterpret(gl.bfloat16, [BM, BN], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
+    num_rows = gl.load(I32 + control_at)
+    i = 0
+    phase = 0
+    for g in range(groups):
+        kind, desc = _group(DESCS, GROUPS, g)
+        if g > 0:
+            _wait(EVENTS, g - 1, gl.num_programs(0))
+        if kind == _ATTENTION:
+            i = _attention(desc, ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at,
+                           context_lens_at, seq_req_at, req_pages_at, i, PAGE, PAGES_PER_SEQ, MAX_SEQS)
+        elif kind == _QKV:
+            i = _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, heads, num_rows, positions_at,
+                     slots_at, i, NORM_F64)
+        elif kind == _GATED:
+            i, phase = _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_gated, res_bar, num_rows, i, phase,
+                               True, NORM_F64)
+        else:
+            i, phase = _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, staging, res_bar, num_rows, i, phase,
+                               False, NORM_F64)
+        _signal(EVENTS, g)
+
+
+@gluon.jit
+def _attention(desc, ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at, context_lens_at,
+               seq_req_at, req_pages_at, i, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr):
+    q_off, out_off, H, HKV, _, scale, _, part_off, ticket_off = attention.row(desc)
+    return attention.consume_items(ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at,
+                                   context_lens_at, seq_req_at, req_pages_at, q_off, out_off, H, HKV, scale, 1,
+                                   part_off, ticket_off, i, HD, BM, PAGE, PAGES_PER_SEQ, MAX_SEQS, STAGES, False, 16,
+                                   MAX_SPLITS)
+
+
+@gluon.jit
+def _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, heads, num_rows, positions_at, slots_at,
+         i, NORM_F64: gl.constexpr):
+    K, HQ, HKV, stats_off, eps, bias_off, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, \
+        step_kv_off = qkv.row(desc)
+    return qkv.consume_tiles(W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, heads,
+                             gl.cdiv(num_rows, BM), gl.cdiv((HQ + 2 * HKV) * HD, BN), num_rows, K, stats_off, eps,
+                             bias_off, HQ, HKV, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off,
+                             has_qk_norm, step_kv_off, positions_at, slots_at, i, HD, STAGES, GROUP, NORM_F64)
+
+
+@gluon.jit
+def _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_bar, num_rows, i, phase,
+            GATED: gl.constexpr, NORM_F64: gl.constexpr):
+    K, N, stats_off, eps, res_off, bias_off, out_stats_off = linear.row(desc)
+    OUT: gl.constexpr = c_smem.type.shape[1]
+    layout: gl.constexpr = c_smem.type.layout
+    o_desc, r_desc = linear.outputs(desc, ACT, num_rows, BM, OUT, layout, GATED)
+    return linear.consume_tiles(W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar,
+                                gl.cdiv(num_rows, BM), gl.cdiv(N, BN), num_rows, N, K, stats_off, eps, res_off,
+                                bias_off, out_stats_off, i, phase, STAGES, GROUP, GATED, NORM_F64)
+
+
+@gluon.jit
+def prefill_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, control_at, positions_at,
+                  slots_at, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, PAGE: gl.constexpr,
+                  PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, NORM_F64: gl.constexpr,
+                  LOADER_REGS: gl.constexpr):
+    """The `groups` rows of GROUPS (kind, descriptor row of DESCS) over the step planned in I32 (its tokens at
+    I32[control_at], their positions and cache slots, the sequences' first tokens, contexts and requests, the requests'
+    page tables at the *_at words), one after another; EVENTS: a counter a group, zero at the launch. The cache KV:
+    kv_rows rows of a token's every KV head, a layer's keys (then values) kv_plane elements apart. One program an SM
+    (the grid must be co-resident: each program waits for all of them)."""
+    a_ring, b_ring, ready, empty = ring(BM, BN, BK, STAGES)
+    halves: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HD // 2], gl.bfloat16)
+    KV_SLOTS: gl.constexpr = STAGES * 2
+    k_ring = a_ring._reinterpret(gl.bfloat16, [KV_SLOTS, KEYS, HD // 2], halves)
+    v_ring = b_ring._reinterpret(gl.bfloat16, [2 * KV_SLOTS, KEYS, HD // 2], halves)  # (its first half)
+    staging = gl.allocate_shared_memory(gl.bfloat16, [BM, BN], gl.NVMMASharedLayout.get_default_for([BM, BN],
+                                                                                                   gl.bfloat16))
+    res_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(res_bar.index(0), count=1)
+    gl.warp_specialize([
+        (_consumer, (DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, control_at, positions_at, slots_at,
+                     seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, k_ring, v_ring, ready,
+                     empty, staging, res_bar, PAGE, PAGES_PER_SEQ, MAX_SEQS, NORM_F64)),
+        (_loader, (DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, control_at, seq_starts_at,
+                   context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, k_ring, v_ring, ready, empty, PAGE,
+                   PAGES_PER_SEQ, MAX_SEQS)),
+    ], [1], [LOADER_REGS])
+
+
+def constexprs(page_size: int, pages_per_seq: int, max_batch: int, norm_f64: bool) -> dict:
+    return dict(PAGE=page_size, PAGES_PER_SEQ=pages_per_seq, MAX_SEQS=max(32, 1 << (max_batch - 1).bit_length()),
+                NORM_F64=norm_f64, LOADER_REGS=LOADER_REGS)
