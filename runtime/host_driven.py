@@ -370,39 +370,39 @@ class GluonGroups(GluonCoverage):
                                                                       cfg.max_batch, split, cfg.block_m)
                                      for split in (False, True)}
         self.chain = chain
-        self._runs: dict[tuple[int, int], list[int]] = {}  # a step's size -> `chain_groups`
-        self._chain: tuple[list[int], torch.Tensor, torch.Tensor] | None = None  # (its groups, table, events)
+        self._chains: dict[tuple[int, int], tuple[list[int], torch.Tensor] | None] = {}  # a step's size -> ...
+        self._events = torch.zeros(len(groups), dtype=torch.int32, device=kernel.device)  # (the chain's)
 
-    def _chain_for(self, size: tuple[int, int] | None) -> tuple[list[int], torch.Tensor, torch.Tensor] | None:
-        """The chain a step of `size` launches, if it launches one: its groups (`chain_groups`: the same run in every
-        step that prefills), its table (a row a group, merges left out: kind, descriptor row) and its events."""
+    def _chain_for(self, size: tuple[int, int] | None) -> tuple[list[int], torch.Tensor] | None:
+        """The chain a step of `size` launches, if it launches one: its groups (`chain_groups`) and its table (a row a
+        group, merges left out: kind, descriptor row, whether its tiles are [128, 128], as `linear.tiles_for` picks
+        for the group kernels)."""
         if not self.chain or size is None:
             return None
-        if size not in self._runs:
-            self._runs[size] = self.chain_groups(size)
-        run = self._runs[size]
-        if not run:
-            return None
-        if self._chain is None or self._chain[0] != run:
+        if size not in self._chains:
             from codegen.gluon import chain
+            run = self.chain_groups(size)
             kinds = {Kind.QKV: chain.QKV, Kind.ATTENTION: chain.ATTENTION}
             rows = [(kinds.get(self.kinds[first], chain.GATED if self.gated.get(first) else chain.PLAIN),
-                     self.covered[first]) for first in run if first not in self.merges]
-            device = self.kernel.device
-            self._chain = (run, torch.tensor(rows, dtype=torch.int32, device=device).flatten(),
-                           torch.zeros(len(rows), dtype=torch.int32, device=device))
-        return self._chain
+                     self.covered[first],
+                     int(self.kinds[first] != Kind.ATTENTION and (self.tiles or self.linear.tiles_for(
+                         size[0], self.columns[first], self.programs)) == self.linear.NARROW))
+                    for first in run if first not in self.merges]
+            self._chains[size] = (run, torch.tensor(rows, dtype=torch.int32).flatten().to(self.kernel.device)) \
+                if run else None
+        return self._chains[size]
 
-    def _launch_chain(self, table: torch.Tensor, events: torch.Tensor) -> None:
+    def _launch_chain(self, table: torch.Tensor) -> None:
         """The chain of `table`'s groups, one program an SM, its events zeroed first."""
         from codegen.gluon import chain
         k, cfg = self.kernel, self.kernel.config
         attention = next(first for first, kind in self.kinds.items() if kind == Kind.ATTENTION)
-        events.zero_()
+        self._events.zero_()
         chain.prefill_chain[(self.programs, )](
             k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, k.kv.numel() // self.columns[attention], table,
-            events, events.numel(), self.control_at, self.positions_at, self.slots_at, *self.plan_at,
-            **chain.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch, self.norm_f64), **chain.LAUNCH)
+            self._events, table.numel() // chain.ROW, self.control_at, self.positions_at, self.slots_at,
+            *self.plan_at, **chain.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch, self.norm_f64),
+            **chain.LAUNCH)
 
     def launch(self, first: int, size: tuple[int, int] | None) -> bool:
         """Launches the group of tasks from `first` in a step of `size`, if it is the Gluon bodies' (a merge group
@@ -410,7 +410,7 @@ class GluonGroups(GluonCoverage):
         chained = self._chain_for(size)
         if chained and first in chained[0]:
             if first == chained[0][0]:
-                self._launch_chain(*chained[1:])
+                self._launch_chain(chained[1])
             return True  # (the chain's launch ran it)
         if not self.applies(first, size):
             return False

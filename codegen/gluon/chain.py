@@ -7,17 +7,21 @@ pid, pid + P, ..., or attention's items as `attention.py` hands them out), and a
 as each program finishes its share, so that the next group starts once the counter reaches the programs' count.
 
 Two partitions, as every body: a loader warp and two consumer warp groups. The loader waits on the group before's
-event, then copies the group's operands into the ring (`tiles.load_tiles`, `attention.load_items`), running ahead of
+event, then copies the group's operands into a ring (`tiles.load_tiles`, `attention.load_items`), running ahead of
 the consumers across tiles within a group; the consumers wait on the same event (their epilogues read the norms'
 sums and residuals the groups before wrote), multiply and finish each tile or item (`linear.consume_tiles`,
-`qkv.consume_tiles`, `attention.consume_items`), then drain their bulk stores and signal. One ring for every body:
-[3, 128, 64] and [3, 256, 64] slots that attention views as [6, 64, 64] key and value halves; both partitions count
-its slots from 0 across the launch, so they agree on each slot's phase whatever body filled it. One 64 KB staging
-buffer, viewed per body (a tile's outputs, a gated tile's, QKV's heads).
+`qkv.consume_tiles`, `attention.consume_items`), then drain their bulk stores and signal. One ring of 3 stages for
+every body, each viewing its 144 KB as its own: [128, 64] input and [256, 64] weight chunks for [128, 256] tiles, the
+same inputs and [128, 64] weight chunks for [128, 128] ones (the table says which a group takes, as
+`linear.tiles_for` picks; the group kernels' 4 stages for these do not fit beside the others' views), attention's
+64-key halves. Both partitions count its slots from 0 across the launch, so they agree on each slot's phase whatever
+body filled it; a slot's bytes differ from view to view, which is safe because a group starts only once every
+program has finished the group before (its loads, products and stores). One 64 KB staging buffer, viewed per body
+(a tile's outputs, a gated tile's, QKV's heads).
 
-Every projection runs [128, 256] tiles (`linear.WIDE`) and attention items of 128 rows with the step's keys whole
-(no split: a step that prefills). What the chain covers and when is `runtime.host_driven.GluonGroups.chain_groups`;
-the groups before and after it (embedding, the last norm and LM head, sampling) stay the host-driven executor's.
+Attention takes items of 128 rows with the step's keys whole (a step that prefills: no split). What the chain covers
+and when is `runtime.host_driven.GluonGroups.chain_groups`; the groups before and after it (embedding, the last norm
+and LM head, sampling) stay the host-driven executor's.
 """
 from __future__ import annotations
 
@@ -30,12 +34,14 @@ from codegen.gluon.linear import BK, BM, LOADER_REGS
 from codegen.gluon.tiles import load_tiles, ring
 from codegen.tasks import DESC_WORDS as ROW_WORDS
 
-# a group's kind in the chain's table (a row: kind, descriptor row)
+# a row of the chain's table: a group's kind, its descriptor row, and whether its tiles are [128, 128] (NARROW)
 PLAIN, GATED, QKV, ATTENTION = 0, 1, 2, 3
 _GATED, _QKV, _ATTENTION = gl.constexpr(GATED), gl.constexpr(QKV), gl.constexpr(ATTENTION)
-TILES = linear.WIDE
-BN = gl.constexpr(TILES.bn)
-STAGES = gl.constexpr(TILES.stages)
+ROW = 3  # (ints a row)
+_ROW = gl.constexpr(ROW)
+assert linear.WIDE.stages == attention.STAGES
+STAGES = gl.constexpr(linear.WIDE.stages)
+WIDE_BN, NARROW_BN = gl.constexpr(linear.WIDE.bn), gl.constexpr(linear.NARROW.bn)
 GROUP = gl.constexpr(8)
 HD = gl.constexpr(attention.HEAD_DIM)
 KEYS = gl.constexpr(attention.BLOCK)
@@ -75,87 +81,100 @@ def _signal(EVENTS, g):
 
 @gluon.jit
 def _group(DESCS, GROUPS, g):
-    """Row g of the chain's table: the group's kind and its descriptor row."""
-    return gl.load(GROUPS + 2 * g), DESCS + gl.load(GROUPS + 2 * g + 1) * WORDS_A_ROW
+    """Row g of the chain's table: the group's kind, its descriptor row, whether its tiles are narrow."""
+    return gl.load(GROUPS + _ROW * g), DESCS + gl.load(GROUPS + _ROW * g + 1) * WORDS_A_ROW, \
+        gl.load(GROUPS + _ROW * g + 2) != 0
 
 
 @gluon.jit
 def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, control_at, seq_starts_at,
-            context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, k_ring, v_ring, ready, empty,
+            context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, narrow_b, k_ring, v_ring, ready, empty,
             PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr):
     """Each group's operands into the ring once the group before is done."""
     num_rows = gl.load(I32 + control_at)
     i = 0
     for g in range(groups):
-        kind, desc = _group(DESCS, GROUPS, g)
+        kind, desc, narrow = _group(DESCS, GROUPS, g)
         if g > 0:
             _wait(EVENTS, g - 1, gl.num_programs(0))
         if kind == _ATTENTION:
-            i = _load_attention(desc, KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at,
-                                seq_starts_at, context_lens_at, seq_req_at, req_pages_at, i, PAGE, PAGES_PER_SEQ,
-                                MAX_SEQS)
-        elif kind == _QKV:
-            i = _load_qkv(desc, W, ACT, num_rows, a_ring, b_ring, ready, empty, i)
+            _, _, H, HKV, layer, _, _, _, _ = attention.row(desc)
+            i = attention.load_items(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at,
+                                     seq_starts_at, context_lens_at, seq_req_at, req_pages_at, layer, H // HKV, HKV, 1,
+                                     i, HD, BM, PAGE, PAGES_PER_SEQ, MAX_SEQS, STAGES, IDS, False)
+        elif narrow:
+            i = _load_tiles(desc, kind == _QKV, W, ACT, num_rows, a_ring, narrow_b, ready, empty, i)
         else:
-            i = _load_linear(desc, W, ACT, num_rows, a_ring, b_ring, ready, empty, i)
+            i = _load_tiles(desc, kind == _QKV, W, ACT, num_rows, a_ring, b_ring, ready, empty, i)
 
 
 @gluon.jit
-def _load_attention(desc, KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at,
-                    context_lens_at, seq_req_at, req_pages_at, i, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr,
-                    MAX_SEQS: gl.constexpr):
-    _, _, H, HKV, layer, _, _, _, _ = attention.row(desc)
-    return attention.load_items(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at,
-                                context_lens_at, seq_req_at, req_pages_at, layer, H // HKV, HKV, 1, i, HD, BM, PAGE,
-                                PAGES_PER_SEQ, MAX_SEQS, STAGES, IDS, False)
-
-
-@gluon.jit
-def _load_qkv(desc, W, ACT, num_rows, a_ring, b_ring, ready, empty, i):
-    x_desc, w_desc = qkv.inputs(desc, W, ACT, num_rows, HD, BM, BN)
-    K, HQ, HKV, _, _, _, _, _, _, _, _, _, _, _ = qkv.row(desc)
-    return load_tiles(x_desc, w_desc, a_ring, b_ring, ready, empty, i, gl.cdiv(num_rows, BM),
-                      gl.cdiv((HQ + 2 * HKV) * HD, BN), K, STAGES, GROUP)
-
-
-@gluon.jit
-def _load_linear(desc, W, ACT, num_rows, a_ring, b_ring, ready, empty, i):
-    x_desc, w_desc = linear.inputs(desc, W, ACT, num_rows, BM, BN)
-    K, N, _, _, _, _, _ = linear.row(desc)
+def _load_tiles(desc, is_qkv, W, ACT, num_rows, a_ring, b_ring, ready, empty, i):
+    """A projection's (QKV's where is_qkv) tiles into ring slots i ..; returns the slot after them."""
+    BN: gl.constexpr = b_ring.type.shape[1]
+    if is_qkv:
+        x_desc, w_desc = qkv.inputs(desc, W, ACT, num_rows, HD, BM, BN)
+        K, HQ, HKV, _, _, _, _, _, _, _, _, _, _, _ = qkv.row(desc)
+        N = (HQ + 2 * HKV) * HD
+    else:
+        x_desc, w_desc = linear.inputs(desc, W, ACT, num_rows, BM, BN)
+        K, N, _, _, _, _, _ = linear.row(desc)
     return load_tiles(x_desc, w_desc, a_ring, b_ring, ready, empty, i, gl.cdiv(num_rows, BM), gl.cdiv(N, BN), K,
                       STAGES, GROUP)
 
 
 @gluon.jit
 def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, control_at, positions_at, slots_at,
-              seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, k_ring, v_ring, ready, empty,
-              staging, res_bar, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
-              NORM_F64: gl.constexpr):
+              seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, narrow_b, k_ring, v_ring,
+              ready, empty, staging, res_bar, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr,
+              MAX_SEQS: gl.constexpr, NORM_F64: gl.constexpr):
     """Each group's products and epilogues once the group before is done, then the group's signal."""
-    gated: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN // 2], gl.bfloat16)
-    c_gated = staging._reinterpret(gl.bfloat16, [BM, BN // 2], gated)
+    wide = _outputs(staging, WIDE_BN)
+    wide_gated = _outputs(staging, WIDE_BN // 2)
+    narrow = _outputs(staging, NARROW_BN)
+    narrow_gated = _outputs(staging, NARROW_BN // 2)
     # (QKV's heads: 16-byte units swizzled by the row, `qkv.qkv_prefill`'s staging)
-    heads = staging._reinterpret(gl.bfloat16, [BM, BN], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
+    wide_heads = staging._reinterpret(gl.bfloat16, [BM, WIDE_BN], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
+    narrow_heads = staging._reinterpret(gl.bfloat16, [BM, NARROW_BN], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
     num_rows = gl.load(I32 + control_at)
     i = 0
     phase = 0
     for g in range(groups):
-        kind, desc = _group(DESCS, GROUPS, g)
+        kind, desc, is_narrow = _group(DESCS, GROUPS, g)
         if g > 0:
             _wait(EVENTS, g - 1, gl.num_programs(0))
         if kind == _ATTENTION:
             i = _attention(desc, ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at,
                            context_lens_at, seq_req_at, req_pages_at, i, PAGE, PAGES_PER_SEQ, MAX_SEQS)
         elif kind == _QKV:
-            i = _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, heads, num_rows, positions_at,
-                     slots_at, i, NORM_F64)
+            if is_narrow:
+                i = _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, narrow_b, ready, empty, narrow_heads, num_rows,
+                         positions_at, slots_at, i, NORM_F64)
+            else:
+                i = _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, wide_heads, num_rows,
+                         positions_at, slots_at, i, NORM_F64)
         elif kind == _GATED:
-            i, phase = _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_gated, res_bar, num_rows, i, phase,
-                               True, NORM_F64)
+            if is_narrow:
+                i, phase = _linear(desc, W, ACT, F32, a_ring, narrow_b, ready, empty, narrow_gated, res_bar, num_rows,
+                                   i, phase, True, NORM_F64)
+            else:
+                i, phase = _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, wide_gated, res_bar, num_rows, i,
+                                   phase, True, NORM_F64)
         else:
-            i, phase = _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, staging, res_bar, num_rows, i, phase,
-                               False, NORM_F64)
+            if is_narrow:
+                i, phase = _linear(desc, W, ACT, F32, a_ring, narrow_b, ready, empty, narrow, res_bar, num_rows, i,
+                                   phase, False, NORM_F64)
+            else:
+                i, phase = _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, wide, res_bar, num_rows, i, phase,
+                                   False, NORM_F64)
         _signal(EVENTS, g)
+
+
+@gluon.jit
+def _outputs(staging, OUT: gl.constexpr):
+    """The staging buffer as a projection tile's [BM, OUT] outputs."""
+    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, OUT], gl.bfloat16)
+    return staging._reinterpret(gl.bfloat16, [BM, OUT], layout)
 
 
 @gluon.jit
@@ -164,13 +183,14 @@ def _attention(desc, ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, se
     q_off, out_off, H, HKV, _, scale, _, part_off, ticket_off = attention.row(desc)
     return attention.consume_items(ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at,
                                    context_lens_at, seq_req_at, req_pages_at, q_off, out_off, H, HKV, scale, 1,
-                                   part_off, ticket_off, i, HD, BM, PAGE, PAGES_PER_SEQ, MAX_SEQS, STAGES, False, 16,
-                                   MAX_SPLITS)
+                                   part_off, ticket_off, i, HD, BM, PAGE, PAGES_PER_SEQ, MAX_SEQS, STAGES, False,
+                                   16, MAX_SPLITS)
 
 
 @gluon.jit
 def _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, heads, num_rows, positions_at, slots_at,
          i, NORM_F64: gl.constexpr):
+    BN: gl.constexpr = b_ring.type.shape[1]
     K, HQ, HKV, stats_off, eps, bias_off, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, \
         step_kv_off = qkv.row(desc)
     return qkv.consume_tiles(W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, heads,
@@ -182,9 +202,10 @@ def _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, hea
 @gluon.jit
 def _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_bar, num_rows, i, phase,
             GATED: gl.constexpr, NORM_F64: gl.constexpr):
-    K, N, stats_off, eps, res_off, bias_off, out_stats_off = linear.row(desc)
+    BN: gl.constexpr = b_ring.type.shape[1]
     OUT: gl.constexpr = c_smem.type.shape[1]
     layout: gl.constexpr = c_smem.type.layout
+    K, N, stats_off, eps, res_off, bias_off, out_stats_off = linear.row(desc)
     o_desc, r_desc = linear.outputs(desc, ACT, num_rows, BM, OUT, layout, GATED)
     return linear.consume_tiles(W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar,
                                 gl.cdiv(num_rows, BM), gl.cdiv(N, BN), num_rows, N, K, stats_off, eps, res_off,
@@ -196,27 +217,29 @@ def prefill_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS
                   slots_at, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, PAGE: gl.constexpr,
                   PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, NORM_F64: gl.constexpr,
                   LOADER_REGS: gl.constexpr):
-    """The `groups` rows of GROUPS (kind, descriptor row of DESCS) over the step planned in I32 (its tokens at
+    """The `groups` rows of GROUPS (kind, descriptor row of DESCS, narrow) over the step planned in I32 (its tokens at
     I32[control_at], their positions and cache slots, the sequences' first tokens, contexts and requests, the requests'
     page tables at the *_at words), one after another; EVENTS: a counter a group, zero at the launch. The cache KV:
     kv_rows rows of a token's every KV head, a layer's keys (then values) kv_plane elements apart. One program an SM
     (the grid must be co-resident: each program waits for all of them)."""
-    a_ring, b_ring, ready, empty = ring(BM, BN, BK, STAGES)
+    a_ring, b_ring, ready, empty = ring(BM, WIDE_BN, BK, STAGES)
+    # the weights' chunks of [128, 128] tiles, and attention's key and value halves (two a slot each)
+    chunks: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NARROW_BN, BK], gl.bfloat16)
+    narrow_b = b_ring._reinterpret(gl.bfloat16, [2 * STAGES, NARROW_BN, BK], chunks)  # (its first half)
     halves: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HD // 2], gl.bfloat16)
-    KV_SLOTS: gl.constexpr = STAGES * 2
-    k_ring = a_ring._reinterpret(gl.bfloat16, [KV_SLOTS, KEYS, HD // 2], halves)
-    v_ring = b_ring._reinterpret(gl.bfloat16, [2 * KV_SLOTS, KEYS, HD // 2], halves)  # (its first half)
-    staging = gl.allocate_shared_memory(gl.bfloat16, [BM, BN], gl.NVMMASharedLayout.get_default_for([BM, BN],
-                                                                                                   gl.bfloat16))
+    k_ring = a_ring._reinterpret(gl.bfloat16, [2 * STAGES, KEYS, HD // 2], halves)
+    v_ring = b_ring._reinterpret(gl.bfloat16, [4 * STAGES, KEYS, HD // 2], halves)  # (its first half)
+    staging = gl.allocate_shared_memory(gl.bfloat16, [BM, WIDE_BN], gl.NVMMASharedLayout.get_default_for(
+        [BM, WIDE_BN], gl.bfloat16))
     res_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     mbarrier.init(res_bar.index(0), count=1)
     gl.warp_specialize([
         (_consumer, (DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, control_at, positions_at, slots_at,
-                     seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, k_ring, v_ring, ready,
-                     empty, staging, res_bar, PAGE, PAGES_PER_SEQ, MAX_SEQS, NORM_F64)),
+                     seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, narrow_b, k_ring,
+                     v_ring, ready, empty, staging, res_bar, PAGE, PAGES_PER_SEQ, MAX_SEQS, NORM_F64)),
         (_loader, (DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, control_at, seq_starts_at,
-                   context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, k_ring, v_ring, ready, empty, PAGE,
-                   PAGES_PER_SEQ, MAX_SEQS)),
+                   context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, narrow_b, k_ring, v_ring, ready, empty,
+                   PAGE, PAGES_PER_SEQ, MAX_SEQS)),
     ], [1], [LOADER_REGS])
 
 

@@ -283,7 +283,7 @@ def test_gluon_prefill_in_the_host_driven_executor_on_gpu(tiles, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("chain", [False, True])
+@pytest.mark.parametrize("chain", [False, True], ids=["groups", "chain"])
 def test_gluon_attention_beside_decoding_sequences_on_gpu(chain, tmp_path):
     """Steps of 256 tokens that prefill one prompt's chunks beside another's and beside decoding sequences: the
     Gluon attention takes every sequence of such a step, the decoding ones too (a block each), and their merge group
