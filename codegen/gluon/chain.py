@@ -10,14 +10,13 @@ Two partitions, as every body: a loader warp and two consumer warp groups. The l
 event, then copies the group's operands into a ring (`tiles.load_tiles`, `attention.load_items`), running ahead of
 the consumers across tiles within a group; the consumers wait on the same event (their epilogues read the norms'
 sums and residuals the groups before wrote), multiply and finish each tile or item (`linear.consume_tiles`,
-`qkv.consume_tiles`, `attention.consume_items`), then drain their bulk stores and signal. One ring of 3 stages for
-every body, each viewing its 144 KB as its own: [128, 64] input and [256, 64] weight chunks for [128, 256] tiles, the
-same inputs and [128, 64] weight chunks for [128, 128] ones (the table says which a group takes, as
-`linear.tiles_for` picks; the group kernels' 4 stages for these do not fit beside the others' views), attention's
-64-key halves. Both partitions count its slots from 0 across the launch, so they agree on each slot's phase whatever
-body filled it; a slot's bytes differ from view to view, which is safe because a group starts only once every
-program has finished the group before (its loads, products and stores). One 64 KB staging buffer, viewed per body
-(a tile's outputs, a gated tile's, QKV's heads).
+`qkv.consume_tiles`, `attention.consume_items`), then drain their bulk stores and signal. Two rings over the same
+160 KB, each body viewing them as its own: [128, 256] tiles' [128, 64] input and [256, 64] weight chunks in 3 stages,
+attention's 64-key halves in the same 3 stages (one ring: its barriers and slot count), and [128, 128] tiles' chunks in
+4 stages (the other; the table says which tiles a group takes, as `linear.tiles_for` picks). Both partitions count
+each ring's slots from 0 across the launch, so they agree on each slot's phase whatever body filled it; the views
+overlap, which is safe because a group starts only once every program has finished the group before (its loads,
+products and stores). One 64 KB staging buffer, viewed per body (a tile's outputs, a gated tile's, QKV's heads).
 
 Attention takes items of 128 rows with the step's keys whole (a step that prefills: no split). What the chain covers
 and when is `runtime.host_driven.GluonGroups.chain_groups`; the groups before and after it (embedding, the last norm
@@ -31,7 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from codegen.gluon import attention, linear, qkv
 from codegen.gluon.linear import BK, BM, LOADER_REGS
-from codegen.gluon.tiles import load_tiles, ring
+from codegen.gluon.tiles import load_tiles
 from codegen.tasks import DESC_WORDS as ROW_WORDS
 
 # a row of the chain's table: a group's kind, its descriptor row, and whether its tiles are [128, 128] (NARROW)
@@ -40,7 +39,7 @@ _GATED, _QKV, _ATTENTION = gl.constexpr(GATED), gl.constexpr(QKV), gl.constexpr(
 ROW = 3  # (ints a row)
 _ROW = gl.constexpr(ROW)
 assert linear.WIDE.stages == attention.STAGES
-STAGES = gl.constexpr(linear.WIDE.stages)
+STAGES, NARROW_STAGES = gl.constexpr(linear.WIDE.stages), gl.constexpr(linear.NARROW.stages)
 WIDE_BN, NARROW_BN = gl.constexpr(linear.WIDE.bn), gl.constexpr(linear.NARROW.bn)
 GROUP = gl.constexpr(8)
 HD = gl.constexpr(attention.HEAD_DIM)
@@ -88,11 +87,12 @@ def _group(DESCS, GROUPS, g):
 
 @gluon.jit
 def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, control_at, seq_starts_at,
-            context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, narrow_b, k_ring, v_ring, ready, empty,
-            PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr):
-    """Each group's operands into the ring once the group before is done."""
+            context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, ready, empty, narrow_b, narrow_ready,
+            narrow_empty, k_ring, v_ring, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr):
+    """Each group's operands into its ring once the group before is done."""
     num_rows = gl.load(I32 + control_at)
-    i = 0
+    i = 0  # (the 3-stage ring's slots)
+    j = 0  # (the 4-stage ring's)
     for g in range(groups):
         kind, desc, narrow = _group(DESCS, GROUPS, g)
         if g > 0:
@@ -103,15 +103,17 @@ def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, c
                                      seq_starts_at, context_lens_at, seq_req_at, req_pages_at, layer, H // HKV, HKV, 1,
                                      i, HD, BM, PAGE, PAGES_PER_SEQ, MAX_SEQS, STAGES, IDS, False)
         elif narrow:
-            i = _load_tiles(desc, kind == _QKV, W, ACT, num_rows, a_ring, narrow_b, ready, empty, i)
+            j = _load_tiles(desc, kind == _QKV, W, ACT, num_rows, a_ring, narrow_b, narrow_ready, narrow_empty, j)
         else:
             i = _load_tiles(desc, kind == _QKV, W, ACT, num_rows, a_ring, b_ring, ready, empty, i)
 
 
 @gluon.jit
 def _load_tiles(desc, is_qkv, W, ACT, num_rows, a_ring, b_ring, ready, empty, i):
-    """A projection's (QKV's where is_qkv) tiles into ring slots i ..; returns the slot after them."""
+    """A projection's (QKV's where is_qkv) tiles into ring slots i .. (the ring's stages: its barriers'); returns the
+    slot after them."""
     BN: gl.constexpr = b_ring.type.shape[1]
+    RING: gl.constexpr = ready.type.shape[0]
     if is_qkv:
         x_desc, w_desc = qkv.inputs(desc, W, ACT, num_rows, HD, BM, BN)
         K, HQ, HKV, _, _, _, _, _, _, _, _, _, _, _ = qkv.row(desc)
@@ -120,14 +122,14 @@ def _load_tiles(desc, is_qkv, W, ACT, num_rows, a_ring, b_ring, ready, empty, i)
         x_desc, w_desc = linear.inputs(desc, W, ACT, num_rows, BM, BN)
         K, N, _, _, _, _, _ = linear.row(desc)
     return load_tiles(x_desc, w_desc, a_ring, b_ring, ready, empty, i, gl.cdiv(num_rows, BM), gl.cdiv(N, BN), K,
-                      STAGES, GROUP)
+                      RING, GROUP)
 
 
 @gluon.jit
 def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, control_at, positions_at, slots_at,
-              seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, narrow_b, k_ring, v_ring,
-              ready, empty, staging, res_bar, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr,
-              MAX_SEQS: gl.constexpr, NORM_F64: gl.constexpr):
+              seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, ready, empty, narrow_b,
+              narrow_ready, narrow_empty, k_ring, v_ring, staging, res_bar, PAGE: gl.constexpr,
+              PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, NORM_F64: gl.constexpr):
     """Each group's products and epilogues once the group before is done, then the group's signal."""
     wide = _outputs(staging, WIDE_BN)
     wide_gated = _outputs(staging, WIDE_BN // 2)
@@ -137,7 +139,8 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, con
     wide_heads = staging._reinterpret(gl.bfloat16, [BM, WIDE_BN], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
     narrow_heads = staging._reinterpret(gl.bfloat16, [BM, NARROW_BN], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
     num_rows = gl.load(I32 + control_at)
-    i = 0
+    i = 0  # (the 3-stage ring's slots)
+    j = 0  # (the 4-stage ring's)
     phase = 0
     for g in range(groups):
         kind, desc, is_narrow = _group(DESCS, GROUPS, g)
@@ -148,22 +151,22 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, con
                            context_lens_at, seq_req_at, req_pages_at, i, PAGE, PAGES_PER_SEQ, MAX_SEQS)
         elif kind == _QKV:
             if is_narrow:
-                i = _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, narrow_b, ready, empty, narrow_heads, num_rows,
-                         positions_at, slots_at, i, NORM_F64)
+                j = _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, narrow_b, narrow_ready, narrow_empty,
+                         narrow_heads, num_rows, positions_at, slots_at, j, NORM_F64)
             else:
                 i = _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, wide_heads, num_rows,
                          positions_at, slots_at, i, NORM_F64)
         elif kind == _GATED:
             if is_narrow:
-                i, phase = _linear(desc, W, ACT, F32, a_ring, narrow_b, ready, empty, narrow_gated, res_bar, num_rows,
-                                   i, phase, True, NORM_F64)
+                j, phase = _linear(desc, W, ACT, F32, a_ring, narrow_b, narrow_ready, narrow_empty, narrow_gated,
+                                   res_bar, num_rows, j, phase, True, NORM_F64)
             else:
                 i, phase = _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, wide_gated, res_bar, num_rows, i,
                                    phase, True, NORM_F64)
         else:
             if is_narrow:
-                i, phase = _linear(desc, W, ACT, F32, a_ring, narrow_b, ready, empty, narrow, res_bar, num_rows, i,
-                                   phase, False, NORM_F64)
+                j, phase = _linear(desc, W, ACT, F32, a_ring, narrow_b, narrow_ready, narrow_empty, narrow, res_bar,
+                                   num_rows, j, phase, False, NORM_F64)
             else:
                 i, phase = _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, wide, res_bar, num_rows, i, phase,
                                    False, NORM_F64)
@@ -191,25 +194,38 @@ def _attention(desc, ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, se
 def _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, heads, num_rows, positions_at, slots_at,
          i, NORM_F64: gl.constexpr):
     BN: gl.constexpr = b_ring.type.shape[1]
+    RING: gl.constexpr = ready.type.shape[0]
     K, HQ, HKV, stats_off, eps, bias_off, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, \
         step_kv_off = qkv.row(desc)
     return qkv.consume_tiles(W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, heads,
                              gl.cdiv(num_rows, BM), gl.cdiv((HQ + 2 * HKV) * HD, BN), num_rows, K, stats_off, eps,
                              bias_off, HQ, HKV, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off,
-                             has_qk_norm, step_kv_off, positions_at, slots_at, i, HD, STAGES, GROUP, NORM_F64)
+                             has_qk_norm, step_kv_off, positions_at, slots_at, i, HD, RING, GROUP, NORM_F64)
 
 
 @gluon.jit
 def _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_bar, num_rows, i, phase,
             GATED: gl.constexpr, NORM_F64: gl.constexpr):
     BN: gl.constexpr = b_ring.type.shape[1]
+    RING: gl.constexpr = ready.type.shape[0]
     OUT: gl.constexpr = c_smem.type.shape[1]
     layout: gl.constexpr = c_smem.type.layout
     K, N, stats_off, eps, res_off, bias_off, out_stats_off = linear.row(desc)
     o_desc, r_desc = linear.outputs(desc, ACT, num_rows, BM, OUT, layout, GATED)
     return linear.consume_tiles(W, F32, a_ring, b_ring, ready, empty, o_desc, r_desc, c_smem, res_bar,
                                 gl.cdiv(num_rows, BM), gl.cdiv(N, BN), num_rows, N, K, stats_off, eps, res_off,
-                                bias_off, out_stats_off, i, phase, STAGES, GROUP, GATED, NORM_F64)
+                                bias_off, out_stats_off, i, phase, RING, GROUP, GATED, NORM_F64)
+
+
+@gluon.jit
+def _barriers(STAGES: gl.constexpr):
+    """A ring's `ready` and `empty` barriers, a pair a slot."""
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    return ready, empty
 
 
 @gluon.jit
@@ -222,12 +238,19 @@ def prefill_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS
     page tables at the *_at words), one after another; EVENTS: a counter a group, zero at the launch. The cache KV:
     kv_rows rows of a token's every KV head, a layer's keys (then values) kv_plane elements apart. One program an SM
     (the grid must be co-resident: each program waits for all of them)."""
-    a_ring, b_ring, ready, empty = ring(BM, WIDE_BN, BK, STAGES)
-    # the weights' chunks of [128, 128] tiles, and attention's key and value halves (two a slot each)
-    chunks: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NARROW_BN, BK], gl.bfloat16)
-    narrow_b = b_ring._reinterpret(gl.bfloat16, [2 * STAGES, NARROW_BN, BK], chunks)  # (its first half)
+    # [128, 64] input chunks: 4 slots, of which [128, 256] tiles take 3; their [256, 64] weight chunks in 3 slots
+    a_ring = gl.allocate_shared_memory(gl.bfloat16, [NARROW_STAGES, BM, BK],
+                                       gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16))
+    b_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, WIDE_BN, BK],
+                                       gl.NVMMASharedLayout.get_default_for([WIDE_BN, BK], gl.bfloat16))
+    ready, empty = _barriers(STAGES)
+    # [128, 128] tiles' [128, 64] weight chunks in the latter's first 64 KB, 4 stages
+    narrow_b = b_ring._reinterpret(gl.bfloat16, [2 * STAGES, NARROW_BN, BK],
+                                   gl.NVMMASharedLayout.get_default_for([NARROW_BN, BK], gl.bfloat16))
+    narrow_ready, narrow_empty = _barriers(NARROW_STAGES)
+    # attention's key and value halves, two a slot each, in the 3-stage ring's slots
     halves: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HD // 2], gl.bfloat16)
-    k_ring = a_ring._reinterpret(gl.bfloat16, [2 * STAGES, KEYS, HD // 2], halves)
+    k_ring = a_ring._reinterpret(gl.bfloat16, [2 * NARROW_STAGES, KEYS, HD // 2], halves)
     v_ring = b_ring._reinterpret(gl.bfloat16, [4 * STAGES, KEYS, HD // 2], halves)  # (its first half)
     staging = gl.allocate_shared_memory(gl.bfloat16, [BM, WIDE_BN], gl.NVMMASharedLayout.get_default_for(
         [BM, WIDE_BN], gl.bfloat16))
@@ -235,11 +258,12 @@ def prefill_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS
     mbarrier.init(res_bar.index(0), count=1)
     gl.warp_specialize([
         (_consumer, (DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, control_at, positions_at, slots_at,
-                     seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, narrow_b, k_ring,
-                     v_ring, ready, empty, staging, res_bar, PAGE, PAGES_PER_SEQ, MAX_SEQS, NORM_F64)),
+                     seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, ready, empty, narrow_b,
+                     narrow_ready, narrow_empty, k_ring, v_ring, staging, res_bar, PAGE, PAGES_PER_SEQ, MAX_SEQS,
+                     NORM_F64)),
         (_loader, (DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, control_at, seq_starts_at,
-                   context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, narrow_b, k_ring, v_ring, ready, empty,
-                   PAGE, PAGES_PER_SEQ, MAX_SEQS)),
+                   context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, ready, empty, narrow_b, narrow_ready,
+                   narrow_empty, k_ring, v_ring, PAGE, PAGES_PER_SEQ, MAX_SEQS)),
     ], [1], [LOADER_REGS])
 
 
