@@ -6,8 +6,9 @@ decodes the whole batch. The step runs in the host-driven executor twice, with t
 Gluon bodies where they apply (`HostDriven(kernel, gluon=True)`; codegen/gluon). Each group's launch is timed with CUDA
 events (the best of `--repeats` steps) and each kind of group's times are summed over the layers; each covered
 group's outputs are checked against the Triton group's on the same inputs (attention's after its merge group). Beside
-them: for a prompt the two runs' logits and first tokens, the persistent megakernel's TTFT and torch's prefill of the
-same prompt, measured in the same run; for a batch the persistent kernel's TPOT.
+them: for a prompt the two runs' logits and first tokens, a third run with the layers' Gluon groups as one persistent
+launch (`HostDriven(kernel, gluon=True, chain=True)`, codegen/gluon/chain.py) against them, the persistent megakernel's
+TTFT and torch's prefill of the same prompt, measured in the same run; for a batch the persistent kernel's TPOT.
 
     python -m benchmarks.gluon_groups --prompts 2048,512 --decode 64x512     # on an H100 / H200
     python -m benchmarks.gluon_groups --prompts 2048,512 --decode 64x512 --compile-only   # here: into the cache
