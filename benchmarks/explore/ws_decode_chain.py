@@ -10,9 +10,10 @@ the row's beside them (the row once the group before is done: its event at the p
 multiply, acquire the event themselves after the first unit's products (the norm's sums and the residual that the
 epilogue reads), and signal the group's event when done. Variants: units in contiguous shares, or claimed one at a
 time from a counter a group (all of them, or a share each first and then the last eighth or quarter claimed: a
-program that ends its share early takes more), each claim asked for while the unit before streams; no waits at all
-(WAIT false: wrong outputs, what the events cost). Traced variants stamp the global timer four times a group a
-program (`report_trace`).
+program that ends its share early takes more), each claim asked for while the unit before streams; the first unit's
+first ring slots' weight boxes copied before the wait, their row's boxes after it (EARLY: the weights do not depend
+on the event, and the ring holds 96 KB of them a program); no waits at all (WAIT false: wrong outputs, what the
+events cost). Traced variants stamp the global timer four times a group a program (`report_trace`).
 
 H200, session 62 (one launch of 32 layers, a layer's 386 MB): 108.9-111.2 us a layer, 3.5 TB/s, 84-86% of the
 measured read bandwidth and 1.05-1.11x the 96 GEMV kernels; without its waits 98.8 us (94%, as fast as the weights
@@ -23,6 +24,10 @@ no better (32-row 123 us, 8-row 115). Boxes read as 16 KB contiguous (a blocked 
 Session 63: the loaders see an event 0.7 us after its last signal; polling with acquire loads instead of atomics
 (110.1 against 110.0), asking L2 for a unit's first 1 or 4 KB a row before the wait (109.9, 113.8), and waiting for
 the row a 256-column chunk at a time (110.7) gained nothing (those variants are in git history, 0a0c827).
+Session 64: 8-row shares with the last eighth claimed 108.0-108.4 (gate/up's ends 3.3 us before and 1.6 after the
+median program's, against 17.8 and 3.1 with shares alone: the spread evened, 1% gained; the rest of the claimed
+variants are in git history, ca7031a); with EARLY **105.2** (87% of the bandwidth, 1.14x the GEMV kernels; without
+waits 96.8), 32-row shares 110.7 -> 107.9: the first products come 3.8-12.7 us after the event instead of 7.7-19.0.
 
 The units, their products and epilogues are `codegen.gluon.gemv`'s; the arenas are `ws_chain.arenas` at one token.
 Checked against the three `linear_gemv` launches back to back on the same arenas (the same units and products: o_proj's
@@ -115,7 +120,7 @@ def _got(asked):
 @gluon.jit
 def _loader(DESCS, W, ACT, EVENTS, CLAIMS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready, q_empty,
             SLOTS_: gl.constexpr, WAIT: gl.constexpr, CLAIMED: gl.constexpr, TAIL: gl.constexpr,
-            TRACING: gl.constexpr):
+            TRACING: gl.constexpr, EARLY: gl.constexpr):
     """Each group's units, group after group, layer after layer: a unit's index into the queue, then its weight's
     boxes with the row's beside them into the ring; the row once the group before is done (its event at the
     programs' count); a group's end as -1 in the queue. Its share's units first, then (CLAIMED) units claimed from
@@ -133,17 +138,43 @@ def _loader(DESCS, W, ACT, EVENTS, CLAIMS, TRACE, layers, w_ring, x_ring, ready,
             asked = gl.zeros([32], gl.int32, gl.BlockedLayout([1], [32], [1], [0]))
             if u >= u1:
                 u = tail + _got(_ask(CLAIMS, event)) if CLAIMED > 0 else units
+            k_first = 0  # where the first unit's copies go on from
+            pushed = False
             if WAIT and event > 0:
-                _wait(EVENTS, event - 1, gl.num_programs(0))
-                _proxy_fence(K)  # the row's generic stores before this thread's bulk copies of it
+                if EARLY and u < units:  # the first unit's first slots' weights now, their row's boxes after the wait
+                    _push(queue, q_ready, q_empty, q, u, queue.type.shape[0])
+                    q += 1
+                    pushed = True
+                    i0 = i
+                    k_first = gl.minimum(SLOTS_ * BOXES * GK, K)
+                    for k0 in range(0, k_first, BOXES * GK):
+                        s = i % SLOTS_
+                        mbarrier.wait(empty.index(s), ((i // SLOTS_) & 1) ^ 1)
+                        mbarrier.expect(ready.index(s), BOXES * (GR + 1) * GK * 2)
+                        for b in gl.static_range(BOXES):
+                            tma.async_copy_global_to_shared(w_desc, [u * GR, k0 + b * GK], ready.index(s),
+                                                            w_ring.index(s * BOXES + b))
+                        i += 1
+                    _wait(EVENTS, event - 1, gl.num_programs(0))
+                    _proxy_fence(K)
+                    for k0 in range(0, k_first, BOXES * GK):
+                        s = (i0 + k0 // (BOXES * GK)) % SLOTS_
+                        for b in gl.static_range(BOXES):
+                            tma.async_copy_global_to_shared(x_desc, [0, k0 + b * GK], ready.index(s),
+                                                            x_ring.index(s * BOXES + b))
+                else:
+                    _wait(EVENTS, event - 1, gl.num_programs(0))
+                    _proxy_fence(K)  # the row's generic stores before this thread's bulk copies of it
             _stamp(TRACE, event, layers * GROUPS, 0, TRACING)
             while u < units:
-                _push(queue, q_ready, q_empty, q, u, queue.type.shape[0])
-                q += 1
+                if not pushed:
+                    _push(queue, q_ready, q_empty, q, u, queue.type.shape[0])
+                    q += 1
+                pushed = False
                 share_ends = u + 1 >= u1
                 if CLAIMED > 0 and share_ends:
                     asked = _ask(CLAIMS, event)
-                for k0 in range(0, K, BOXES * GK):
+                for k0 in range(k_first, K, BOXES * GK):
                     s = i % SLOTS_
                     mbarrier.wait(empty.index(s), ((i // SLOTS_) & 1) ^ 1)
                     mbarrier.expect(ready.index(s), BOXES * (GR + 1) * GK * 2)
@@ -153,6 +184,7 @@ def _loader(DESCS, W, ACT, EVENTS, CLAIMS, TRACE, layers, w_ring, x_ring, ready,
                         tma.async_copy_global_to_shared(x_desc, [0, k0 + b * GK], ready.index(s),
                                                         x_ring.index(s * BOXES + b))
                     i += 1
+                k_first = 0
                 if not share_ends:
                     u += 1
                 elif CLAIMED > 0:
@@ -210,7 +242,7 @@ def _consumer(DESCS, W, ACT, F32, EVENTS, TRACE, layers, w_ring, x_ring, ready, 
 @gluon.jit
 def decode_chain(DESCS, W, ACT, F32, EVENTS, CLAIMS, TRACE, layers, GR: gl.constexpr, SLOTS_: gl.constexpr,
                  NORM_F64: gl.constexpr, LOADER_REGS: gl.constexpr, WAIT: gl.constexpr, CLAIMED: gl.constexpr,
-                 TAIL: gl.constexpr, TRACING: gl.constexpr):
+                 TAIL: gl.constexpr, TRACING: gl.constexpr, EARLY: gl.constexpr):
     """Descriptor rows 0, 1, 2 of DESCS (o_proj, gate/up, down: LINEAR_FIELDS) over one row, `layers` times over
     (the same weights: a layer's 386 MB do not stay in L2); EVENTS and CLAIMS: a counter a group a layer, zero at the
     launch. CLAIMED: a program's units, past its contiguous share, claimed one at a time from the group's counter
@@ -235,7 +267,7 @@ def decode_chain(DESCS, W, ACT, F32, EVENTS, CLAIMS, TRACE, layers, GR: gl.const
         (_consumer, (DESCS, W, ACT, F32, EVENTS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready,
                      q_empty, SLOTS_, NORM_F64, WAIT, TRACING)),
         (_loader, (DESCS, W, ACT, EVENTS, CLAIMS, TRACE, layers, w_ring, x_ring, ready, empty, queue, q_ready,
-                   q_empty, SLOTS_, WAIT, CLAIMED, TAIL, TRACING)),
+                   q_empty, SLOTS_, WAIT, CLAIMED, TAIL, TRACING, EARLY)),
     ], [1], [LOADER_REGS])
 
 
@@ -243,19 +275,19 @@ SIGNATURE = {"DESCS": "*i64", "W": "*bf16", "ACT": "*bf16", "F32": "*fp32", "EVE
              "TRACE": "*i64", "layers": "i32"}
 
 
-def options(rows: int, claimed: int = 0, tail: int = 8, tracing: bool = False, wait: bool = True) -> dict:
+def options(rows: int, claimed: int = 0, tail: int = 8, tracing: bool = False, wait: bool = True,
+            early: bool = False) -> dict:
     return dict(GR=rows, SLOTS_=gemv.SLOTS, NORM_F64=True, LOADER_REGS=gemv.LOADER_REGS, WAIT=wait, CLAIMED=claimed,
-                TAIL=tail, TRACING=tracing, **gemv.LAUNCH)
+                TAIL=tail, TRACING=tracing, EARLY=early, **gemv.LAUNCH)
 
 
 # (label, options, traced): each checked at one layer and timed at LAYERS
-VARIANTS = (("32-row units", dict(rows=32), True),
-            ("8-row units", dict(rows=8), True),
-            ("8-row units, all claimed", dict(rows=8, claimed=1), False),
-            ("8-row units, the last eighth claimed", dict(rows=8, claimed=2), True),
-            ("8-row units, the last quarter claimed", dict(rows=8, claimed=2, tail=4), False),
-            ("16-row units, the last eighth claimed", dict(rows=16, claimed=2), False),
-            ("32-row units, the last eighth claimed", dict(rows=32, claimed=2), False))
+VARIANTS = (("32-row units", dict(rows=32), False),
+            ("32-row units, weights before the wait", dict(rows=32, early=True), True),
+            ("8-row units, the last eighth claimed", dict(rows=8, claimed=2), False),
+            ("8-row units, the last eighth claimed, weights before the wait", dict(rows=8, claimed=2, early=True),
+             True),
+            ("16-row units, weights before the wait", dict(rows=16, early=True), False))
 LAYERS = 32  # a whole model's worth of the chain (Llama-3-8B's layers), in one launch against 3 x 32 launches
 
 
