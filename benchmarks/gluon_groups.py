@@ -241,18 +241,26 @@ def decode_row(model, batch: int, context: int, args) -> None:
                             temperature=0, ignore_eos=True)
     step = steps_until_all_decode(triton, batch, kernel.prepare(prompts, params))
     worst = check_groups(triton, gluon, step)
-    best: dict[str, dict[int, float]] = {"triton": {}, "gluon": {}}
-    for _ in range(args.repeats):  # the two ways on alternate steps (a context a token longer each)
-        for name, driver in (("triton", triton), ("gluon", gluon)):
+    chained = HostDriven(kernel, gluon=True, chain=True)
+    chained.gluon.gemv_rows = gluon.gluon.gemv_rows
+    best: dict[str, dict[int, float]] = {"triton": {}, "gluon": {}, "chain": {}}
+    for _ in range(args.repeats):  # the three ways on alternate steps (a context a token longer each)
+        for name, driver in (("triton", triton), ("gluon", gluon), ("chain", chained)):
             step += 1
             times = timed_step(driver, step)
             best[name] = {g: min(t, best[name].get(g, t)) for g, t in times.items()}
             if kernel.last_step_size() != (batch, batch):
                 raise RuntimeError(f"step {step} did not decode all {batch} sequences")
-    total_t, total_g = sum(best["triton"].values()), sum(best["gluon"].values())
+    total_t, total_g, total_c = (sum(best[name].values()) for name in ("triton", "gluon", "chain"))
+    run = chained.gluon.chain_groups((batch, batch))
+    in_groups, in_chain = (sum(best[name][first] for first in run) for name in ("gluon", "chain"))
     print(f"\nbatch {batch}, context {context}: host-driven decode step (launches, not a graph), Triton groups "
           f"{total_t:.2f} ms, with the Gluon bodies {total_g:.2f} ms ({total_t / total_g:.2f}x); persistent "
           f"megakernel TPOT {persistent:.2f} ms")
+    if run:
+        print(f"  the Gluon bodies' {len(run)} groups as one persistent launch (codegen/gluon/chain.py): "
+              f"{in_chain * 1e3:.0f} us against their {in_groups * 1e3:.0f} as group kernels "
+              f"({in_groups / max(in_chain, 1e-9):.2f}x); the step {total_c:.2f} ms")
     print("\n".join(report(triton, best, worst)), flush=True)
 
 

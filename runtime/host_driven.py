@@ -304,17 +304,22 @@ class GluonCoverage:
     def chain_groups(self, size: tuple[int, int] | None) -> list[int]:
         """The first tasks of the groups `codegen.gluon.chain` takes in a step of `size` (tokens, sequences): the
         longest run of consecutive groups the prefill bodies take (the projections' tiles, QKV's, attention's items of
-        128 rows; a covered attention's merge group within it, as it has nothing to do), in a step that prefills;
-        empty in any other step or where the run would be a group or none."""
-        if size is None or size[0] <= size[1] or size[0] < self.min_rows:
+        128 rows; a covered attention's merge group within it, as it has nothing to do), in a step that prefills; in
+        a step of one row, the longest run the GEMV and split decode attention take (`chain.decode_chain`); empty in
+        any other step or where the run would be a group or none."""
+        one_row = size is not None and size == (1, 1)
+        if size is None or not one_row and (size[0] <= size[1] or size[0] < self.min_rows):
             return []
 
         def takes(first: int) -> bool:
             if first in self.merges:
                 return takes(self.merges[first])
-            kind = self.kinds.get(first)
+            kind = self.kinds.get(first, Kind.LINEAR if first in self.one_row else None)
             if kind == Kind.ATTENTION:
-                return self.attention_launch(first, size) == (self.attention.LAUNCH, False)
+                return self.attention_launch(first, size) == ((self.attention.DECODE_LAUNCH, True) if one_row else
+                                                              (self.attention.LAUNCH, False))
+            if one_row:  # (the LM head's row is the sequence's: a group of its own after the layers' run)
+                return first in self.one_row and self.rows_kind[first] == 0
             return kind in (Kind.LINEAR, Kind.QKV) and not self.takes_streamk(first, size) \
                 and not self.takes_one_row(first, size)
 
@@ -382,27 +387,36 @@ class GluonGroups(GluonCoverage):
         if size not in self._chains:
             from codegen.gluon import chain
             run = self.chain_groups(size)
-            kinds = {Kind.QKV: chain.QKV, Kind.ATTENTION: chain.ATTENTION}
-            rows = [(kinds.get(self.kinds[first], chain.GATED if self.gated.get(first) else chain.PLAIN),
-                     self.covered[first],
-                     int(self.kinds[first] != Kind.ATTENTION and (self.tiles or self.linear.tiles_for(
+            codes = {Kind.QKV: chain.QKV, Kind.ATTENTION: chain.ATTENTION}
+            # (a group the GEMV takes in one-row steps is a projection's where it is not QKV's)
+            kinds = {first: self.kinds.get(first, Kind.LINEAR if first in self.out_kind else Kind.QKV) for first in run}
+            rows = [(codes.get(kinds[first], chain.GATED if self.gated.get(first) else chain.PLAIN),
+                     self.descriptor(first),
+                     int(size[0] > 1 and kinds[first] != Kind.ATTENTION and (self.tiles or self.linear.tiles_for(
                          size[0], self.columns[first], self.programs)) == self.linear.NARROW))
                     for first in run if first not in self.merges]
             self._chains[size] = (run, torch.tensor(rows, dtype=torch.int32).flatten().to(self.kernel.device)) \
                 if run else None
         return self._chains[size]
 
-    def _launch_chain(self, table: torch.Tensor) -> None:
-        """The chain of `table`'s groups, one program an SM, its events zeroed first."""
+    def _launch_chain(self, table: torch.Tensor, one_row: bool) -> None:
+        """The chain of `table`'s groups, its events zeroed first: a step that prefills one program an SM, a step of
+        one row two (`chain.decode_chain`, units of `gemv_rows` weight rows, 32 if None)."""
         from codegen.gluon import chain
         k, cfg = self.kernel, self.kernel.config
         attention = next(first for first, kind in self.kinds.items() if kind == Kind.ATTENTION)
         self._events.zero_()
-        chain.prefill_chain[(self.programs, )](
-            k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, k.kv.numel() // self.columns[attention], table,
-            self._events, table.numel() // chain.ROW, self.control_at, self.positions_at, self.slots_at,
-            *self.plan_at, **chain.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch, self.norm_f64),
-            **chain.LAUNCH)
+        args = (k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, k.kv.numel() // self.columns[attention],
+                table, self._events, table.numel() // chain.ROW, self.control_at, self.positions_at, self.slots_at,
+                *self.plan_at)
+        if one_row:
+            chain.decode_chain[(self.gemv.PER_SM * self.programs, )](
+                *args, **chain.decode_constexprs(self.gemv_rows or 32, cfg.page_size, cfg.max_pages_per_seq,
+                                                 cfg.max_batch, self.norm_f64, cfg.block_m), **chain.DECODE_LAUNCH)
+        else:
+            chain.prefill_chain[(self.programs, )](
+                *args, **chain.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch, self.norm_f64),
+                **chain.LAUNCH)
 
     def launch(self, first: int, size: tuple[int, int] | None) -> bool:
         """Launches the group of tasks from `first` in a step of `size`, if it is the Gluon bodies' (a merge group
@@ -410,7 +424,7 @@ class GluonGroups(GluonCoverage):
         chained = self._chain_for(size)
         if chained and first in chained[0]:
             if first == chained[0][0]:
-                self._launch_chain(chained[1])
+                self._launch_chain(chained[1], size == (1, 1))
             return True  # (the chain's launch ran it)
         if not self.applies(first, size):
             return False

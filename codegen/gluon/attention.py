@@ -175,9 +175,10 @@ def _loader(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at
 def load_items(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at, context_lens_at,
                seq_req_at, req_pages_at, layer, REP, HKV, splits, i, HD: gl.constexpr, BM: gl.constexpr,
                PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, STAGES_: gl.constexpr,
-               IDS_: gl.constexpr, SPLIT: gl.constexpr):
+               IDS_: gl.constexpr, SPLIT: gl.constexpr, KS: gl.constexpr = 2, V_OFF: gl.constexpr = 0):
     """Every item's keys and values into ring slots i .., a slot of BLOCK keys at a time (each page's two column
-    halves of each); returns the slot after them."""
+    halves of each); returns the slot after them. Slot s's halves: k_ring's KS s, KS s + 1 and v_ring's KS s + V_OFF,
+    KS s + V_OFF + 1 (KS 4, V_OFF 2: both in one array)."""
     BLOCK_: gl.constexpr = k_ring.type.shape[1]
     HW: gl.constexpr = HD // 2
     PER: gl.constexpr = BLOCK_ // PAGE  # pages a slot
@@ -206,10 +207,11 @@ def load_items(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control
                         row = gl.sum(gl.where(pw == p0 + q, ids, 0), axis=0) * PAGE
                         for h in gl.static_range(2):
                             tma.async_copy_global_to_shared(pool, [k_row0 + row, g * HD + h * HW], ready.index(s),
-                                                            k_ring.index(2 * s + h).slice(q * PAGE, PAGE, dim=0))
+                                                            k_ring.index(KS * s + h).slice(q * PAGE, PAGE, dim=0))
                             tma.async_copy_global_to_shared(pool, [k_row0 + plane_rows + row, g * HD + h * HW],
                                                             ready.index(s),
-                                                            v_ring.index(2 * s + h).slice(q * PAGE, PAGE, dim=0))
+                                                            v_ring.index(KS * s + V_OFF + h).slice(q * PAGE, PAGE,
+                                                                                                   dim=0))
                     i += 1
     return i
 
@@ -229,9 +231,10 @@ def _consumer(ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_start
 def consume_items(ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at, context_lens_at, seq_req_at,
                   req_pages_at, q_off, out_off, H, HKV, scale, splits, part_off, ticket_off, i, HD: gl.constexpr,
                   BM: gl.constexpr, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
-                  STAGES_: gl.constexpr, SPLIT: gl.constexpr, PART_ROWS: gl.constexpr, MAX_SPLITS: gl.constexpr):
+                  STAGES_: gl.constexpr, SPLIT: gl.constexpr, PART_ROWS: gl.constexpr, MAX_SPLITS: gl.constexpr,
+                  KS: gl.constexpr = 2, V_OFF: gl.constexpr = 0):
     """Every item's online softmax over its keys from ring slot i on, then its outputs (or its split's partial and,
-    last to arrive, the merge); returns the slot after them."""
+    last to arrive, the merge); returns the slot after them. KS, V_OFF: where a slot's halves are (`load_items`)."""
     BLOCK_: gl.constexpr = k_ring.type.shape[1]
     HW: gl.constexpr = HD // 2
     REP = H // HKV
@@ -272,9 +275,9 @@ def consume_items(ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_s
             for j in range(first_key, last, BLOCK_):
                 s = i % STAGES_
                 mbarrier.wait(ready.index(s), (i // STAGES_) & 1)
-                sc = warpgroup_mma(q0, k_ring.index(2 * s).permute((1, 0)),
+                sc = warpgroup_mma(q0, k_ring.index(KS * s).permute((1, 0)),
                                    gl.zeros([BM, BLOCK_], gl.float32, s_layout), is_async=True)
-                sc = warpgroup_mma(q1, k_ring.index(2 * s + 1).permute((1, 0)), sc, is_async=True)
+                sc = warpgroup_mma(q1, k_ring.index(KS * s + 1).permute((1, 0)), sc, is_async=True)
                 sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
                 if (j + BLOCK_ - 1 > first) | (j + BLOCK_ > last):
                     key = j + keys
@@ -286,8 +289,8 @@ def consume_items(ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_s
                 m = m_new
                 a = gl.convert_layout(alpha, rows_o)[:, None]
                 pb = gl.convert_layout(p.to(gl.bfloat16), p_dot)
-                o0 = warpgroup_mma(pb, v_ring.index(2 * s), o0 * a, is_async=True)
-                o1 = warpgroup_mma(pb, v_ring.index(2 * s + 1), o1 * a, is_async=True)
+                o0 = warpgroup_mma(pb, v_ring.index(KS * s + V_OFF), o0 * a, is_async=True)
+                o1 = warpgroup_mma(pb, v_ring.index(KS * s + V_OFF + 1), o1 * a, is_async=True)
                 o0, o1 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1))
                 fence_async_shared()  # the slot's reads before the loader's next copies into it
                 mbarrier.arrive(empty.index(s), count=1)

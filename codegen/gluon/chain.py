@@ -32,9 +32,9 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from codegen.gluon import attention, linear, qkv
+from codegen.gluon import attention, gemv, linear, qkv
 from codegen.gluon.linear import BK, BM, LOADER_REGS
 from codegen.gluon.tiles import load_tiles
 from codegen.tasks import DESC_WORDS as ROW_WORDS
@@ -276,3 +276,217 @@ def prefill_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS
 def constexprs(page_size: int, pages_per_seq: int, max_batch: int, norm_f64: bool) -> dict:
     return dict(PAGE=page_size, PAGES_PER_SEQ=pages_per_seq, MAX_SEQS=max(32, 1 << (max_batch - 1).bit_length()),
                 NORM_F64=norm_f64, LOADER_REGS=LOADER_REGS)
+
+
+# -- a one-row step's layers (batch-1 decode) ------------------------------------------------------------------------
+# The GEMV's units (`gemv.py`: GR weight rows over all of K, contiguous shares, two programs an SM, one consumer warp
+# group) and split decode attention (`attention.py`: 64-row items on that warp group, a pair's keys in splits merged by
+# the last to finish). 96 KB of shared memory a program, two rings over it: the GEMV's weight boxes in SLOTS slots, and
+# attention's key and value halves interleaved in 3 (a slot's k halves then its v halves, `attention.load_items`' KS 4,
+# V_OFF 2), each ring with its own barriers and slot count. The loader copies a group's first units' weights before the
+# group before is done (they do not depend on it) and their row's boxes after (`benchmarks/explore/ws_decode_chain.py`,
+# EARLY: 105.2 against 108.4 us a layer for o_proj -> gate/up -> down), but after attention only once its own
+# consumers have released attention's slots (the rings' views overlap).
+
+DECODE_LAUNCH = gemv.LAUNCH
+GK_ = gl.constexpr(gemv.GK.value)
+SLOT_ROWS_ = gl.constexpr(gemv.SLOT_ROWS.value)
+GR_ITEM = gl.constexpr(16 * gemv.CONSUMER_WARPS)  # attention's item rows: 16 a consumer warp
+
+
+@gluon.jit
+def _gemv_operands(desc, is_qkv, W, ACT, GR: gl.constexpr):
+    """A one-row projection's descriptor words: its row's and weight's offsets, K and the weight's rows."""
+    if is_qkv:
+        x_off, K, w_off = gl.load(desc + gemv.QKV_WORDS[0]), gl.load(desc + gemv.QKV_WORDS[1]).to(gl.int32), \
+            gl.load(desc + gemv.QKV_WORDS[2])
+        N = (gl.load(desc + gemv.QKV_WORDS[3]).to(gl.int32) + 2 * gl.load(desc + gemv.QKV_WORDS[4]).to(gl.int32)) * HD
+    else:
+        x_off, K, w_off = gl.load(desc + gemv.WORDS[0]), gl.load(desc + gemv.WORDS[1]).to(gl.int32), \
+            gl.load(desc + gemv.WORDS[2])
+        N = gl.load(desc + gemv.WORDS[3]).to(gl.int32)
+    return x_off, K, w_off, N
+
+
+@gluon.jit
+def _stream_descs(W, w_off, N, ACT, x_off, K, GR: gl.constexpr):
+    plain: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+    w_desc = tma.make_tensor_descriptor(W + w_off, [N, K], [K.to(gl.int64), 1], [GR, GK_], plain)
+    x_desc = tma.make_tensor_descriptor(ACT + x_off, [1, K], [K.to(gl.int64), 1], [1, GK_], plain)
+    return w_desc, x_desc
+
+
+@gluon.jit
+def _released(empty, i, before, SLOTS_: gl.constexpr):
+    """Waits until the consumers have released every ring slot use below `before` among the last SLOTS_ of the i
+    issued (the older ones were released before their slots were copied into again)."""
+    for k in gl.static_range(SLOTS_):
+        j = i - SLOTS_ + k
+        if (j >= 0) & (j < before):
+            mbarrier.wait(empty.index(j % SLOTS_), (j // SLOTS_) & 1)
+
+
+@gluon.jit
+def _decode_loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, control_at, seq_starts_at,
+                   context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv, ready, empty, kv_ready, kv_empty,
+                   GR: gl.constexpr, SLOTS_: gl.constexpr, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr,
+                   MAX_SEQS: gl.constexpr):
+    """Each group's boxes into the ring: a projection's first slots' weights before the group before is done, the
+    rest after it; attention's keys and values after it."""
+    BOXES: gl.constexpr = SLOT_ROWS_ // GR
+    i = 0  # (the GEMV ring's slots)
+    j = 0  # (attention's)
+    ends = 0  # the slots issued by the end of the group before, and of the one before that
+    ends_before = 0
+    for g in range(groups):
+        kind, desc, wide_ = _group(DESCS, GROUPS, g)
+        if kind == _ATTENTION:
+            if g > 0:
+                _wait(EVENTS, g - 1, gl.num_programs(0))
+            _, _, H, HKV, layer, _, splits, _, _ = attention.row(desc)
+            j = attention.load_items(KV, kv_plane, kv_rows, I32, kv, kv, kv_ready, kv_empty, control_at, seq_starts_at,
+                                     context_lens_at, seq_req_at, req_pages_at, layer, H // HKV, HKV, splits, j, HD,
+                                     GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS, STAGES, IDS, True, 4, 2)
+        else:
+            x_off, K, w_off, N = _gemv_operands(desc, kind == _QKV, W, ACT, GR)
+            _released(kv_empty, j, j, STAGES)  # (attention's slots, over the same bytes, read)
+            # this group's tensor descriptors are written where the one two groups back had its own: its copies done
+            _released(empty, i, ends_before, SLOTS_)
+            if g % 2 == 0:
+                w_desc, x_desc = _stream_descs(W, w_off, N, ACT, x_off, K, GR)
+            else:
+                w_desc, x_desc = _stream_descs(W, w_off, N, ACT, x_off, K, GR)
+            u0, u1 = gemv._units(gl.cdiv(N, GR))
+            # the first unit's first slots' weights, then (the group before done) their row's boxes
+            first = gl.where(u1 > u0, gl.minimum(SLOTS_ * BOXES * GK_, K), 0)
+            i0 = i
+            for k0 in range(0, first, BOXES * GK_):
+                s = i % SLOTS_
+                mbarrier.wait(empty.index(s), ((i // SLOTS_) & 1) ^ 1)
+                mbarrier.expect(ready.index(s), BOXES * (GR + 1) * GK_ * 2)
+                for b in gl.static_range(BOXES):
+                    tma.async_copy_global_to_shared(w_desc, [u0 * GR, k0 + b * GK_], ready.index(s),
+                                                    w_ring.index(s * BOXES + b))
+                i += 1
+            if g > 0:
+                _wait(EVENTS, g - 1, gl.num_programs(0))
+            for k0 in range(0, first, BOXES * GK_):
+                s = (i0 + k0 // (BOXES * GK_)) % SLOTS_
+                for b in gl.static_range(BOXES):
+                    tma.async_copy_global_to_shared(x_desc, [0, k0 + b * GK_], ready.index(s),
+                                                    x_ring.index(s * BOXES + b))
+            k_first = first
+            for u in range(u0, u1):
+                for k0 in range(k_first, K, BOXES * GK_):
+                    s = i % SLOTS_
+                    mbarrier.wait(empty.index(s), ((i // SLOTS_) & 1) ^ 1)
+                    mbarrier.expect(ready.index(s), BOXES * (GR + 1) * GK_ * 2)
+                    for b in gl.static_range(BOXES):
+                        tma.async_copy_global_to_shared(w_desc, [u * GR, k0 + b * GK_], ready.index(s),
+                                                        w_ring.index(s * BOXES + b))
+                        tma.async_copy_global_to_shared(x_desc, [0, k0 + b * GK_], ready.index(s),
+                                                        x_ring.index(s * BOXES + b))
+                    i += 1
+                k_first = 0
+        ends_before = ends
+        ends = i
+
+
+@gluon.jit
+def _decode_consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, control_at, positions_at, slots_at,
+                     seq_starts_at, context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv, ready, empty,
+                     kv_ready, kv_empty, GR: gl.constexpr, SLOTS_: gl.constexpr, PAGE: gl.constexpr,
+                     PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, NORM_F64: gl.constexpr,
+                     PART_ROWS: gl.constexpr):
+    """Each group's units or items, the waits where their epilogues read what the group before wrote, then the
+    group's signal."""
+    i = 0  # (the GEMV ring's slots)
+    j = 0  # (attention's)
+    for g in range(groups):
+        kind, desc, wide_ = _group(DESCS, GROUPS, g)
+        if kind == _ATTENTION:
+            if g > 0:
+                _wait(EVENTS, g - 1, gl.num_programs(0))
+            q_off, out_off, H, HKV, _, scale, splits, part_off, ticket_off = attention.row(desc)
+            j = attention.consume_items(ACT, F32, I32, kv, kv, kv_ready, kv_empty, control_at, seq_starts_at,
+                                        context_lens_at, seq_req_at, req_pages_at, q_off, out_off, H, HKV, scale,
+                                        splits, part_off, ticket_off, j, HD, GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS,
+                                        STAGES, True, PART_ROWS, MAX_SPLITS, 4, 2)
+        elif kind == _QKV:
+            i = _decode_qkv(desc, W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, positions_at, slots_at,
+                            i, EVENTS, g, SLOTS_, NORM_F64)
+        elif kind == _GATED:
+            i = _decode_linear(desc, W, ACT, F32, w_ring, x_ring, ready, empty, i, EVENTS, g, SLOTS_, True, NORM_F64)
+        else:
+            i = _decode_linear(desc, W, ACT, F32, w_ring, x_ring, ready, empty, i, EVENTS, g, SLOTS_, False, NORM_F64)
+        _signal(EVENTS, g)
+
+
+@gluon.jit
+def _decode_linear(desc, W, ACT, F32, w_ring, x_ring, ready, empty, i, EVENTS, g, SLOTS_: gl.constexpr,
+                   GATED: gl.constexpr, NORM_F64: gl.constexpr):
+    GR: gl.constexpr = w_ring.type.shape[1]
+    K, N = gl.load(desc + gemv.WORDS[1]).to(gl.int32), gl.load(desc + gemv.WORDS[3]).to(gl.int32)
+    out_off, stats_off = gl.load(desc + gemv.WORDS[4]), gl.load(desc + gemv.WORDS[6])
+    eps = gl.load(desc + gemv.WORDS[7]).to(gl.float64, bitcast=True).to(gl.float32)
+    res_off, bias_off, out_stats_off = gl.load(desc + gemv.WORDS[8]), gl.load(desc + gemv.WORDS[9]), \
+        gl.load(desc + gemv.WORDS[10])
+    u0, u1 = gemv._units(gl.cdiv(N, GR))
+    return gemv.linear_units(W, ACT, F32, w_ring, x_ring, ready, empty, u0, u1, i, K, N, out_off, stats_off, eps,
+                             res_off, bias_off, out_stats_off, SLOTS_, GATED, 0, NORM_F64, EVENTS, g)
+
+
+@gluon.jit
+def _decode_qkv(desc, W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, positions_at, slots_at, i, EVENTS,
+                g, SLOTS_: gl.constexpr, NORM_F64: gl.constexpr):
+    GR: gl.constexpr = w_ring.type.shape[1]
+    K = gl.load(desc + gemv.QKV_WORDS[1]).to(gl.int32)
+    HQ, HKV = gl.load(desc + gemv.QKV_WORDS[3]).to(gl.int32), gl.load(desc + gemv.QKV_WORDS[4]).to(gl.int32)
+    stats_off = gl.load(desc + gemv.QKV_WORDS[5])
+    eps = gl.load(desc + gemv.QKV_WORDS[6]).to(gl.float64, bitcast=True).to(gl.float32)
+    bias_off, q_norm_off, k_norm_off = gl.load(desc + gemv.QKV_WORDS[7]), gl.load(desc + gemv.QKV_WORDS[8]), \
+        gl.load(desc + gemv.QKV_WORDS[9])
+    qk_eps = gl.load(desc + gemv.QKV_WORDS[10]).to(gl.float64, bitcast=True).to(gl.float32)
+    q_out_off, layer, rope_off = gl.load(desc + gemv.QKV_WORDS[11]), gl.load(desc + gemv.QKV_WORDS[12]), \
+        gl.load(desc + gemv.QKV_WORDS[13])
+    has_qk_norm, step_kv_off = gl.load(desc + gemv.QKV_WORDS[14]), gl.load(desc + gemv.QKV_WORDS[15])
+    part_off, ticket_off = gl.load(desc + gemv.QKV_WORDS[16]), gl.load(desc + gemv.QKV_WORDS[17])
+    u0, u1 = gemv._units(gl.cdiv((HQ + 2 * HKV) * HD, GR))
+    return gemv.qkv_units(W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, u0, u1, i, K, stats_off, eps,
+                          bias_off, HQ, HKV, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm,
+                          step_kv_off, part_off, ticket_off, positions_at, slots_at, SLOTS_, HD, NORM_F64, EVENTS, g)
+
+
+@gluon.jit
+def decode_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, control_at, positions_at,
+                 slots_at, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, GR: gl.constexpr,
+                 SLOTS_: gl.constexpr, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
+                 NORM_F64: gl.constexpr, PART_ROWS: gl.constexpr, LOADER_REGS: gl.constexpr):
+    """`prefill_chain`'s for a step of one row: the table's projections (the GEMV, GR-row units) and attention (its
+    keys in splits). Two programs an SM, each waiting for all of them."""
+    BOXES: gl.constexpr = SLOT_ROWS_ // GR
+    plain: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+    w_ring = gl.allocate_shared_memory(gl.bfloat16, [SLOTS_ * BOXES, GR, GK_], plain)
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [SLOTS_ * BOXES, 1, GK_], plain)
+    halves: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HD // 2], gl.bfloat16)
+    kv = w_ring._reinterpret(gl.bfloat16, [4 * STAGES, KEYS, HD // 2], halves)  # (its first 96 KB: all of it)
+    ready, empty = _barriers(SLOTS_)
+    kv_ready, kv_empty = _barriers(STAGES)
+    gl.warp_specialize([
+        (_decode_consumer, (DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, control_at, positions_at,
+                            slots_at, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv,
+                            ready, empty, kv_ready, kv_empty, GR, SLOTS_, PAGE, PAGES_PER_SEQ, MAX_SEQS, NORM_F64,
+                            PART_ROWS)),
+        (_decode_loader, (DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, control_at, seq_starts_at,
+                          context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv, ready, empty, kv_ready,
+                          kv_empty, GR, SLOTS_, PAGE, PAGES_PER_SEQ, MAX_SEQS)),
+    ], [1], [LOADER_REGS])
+
+
+def decode_constexprs(rows: int, page_size: int, pages_per_seq: int, max_batch: int, norm_f64: bool,
+                      part_rows: int) -> dict:
+    """`decode_chain`'s constexprs: units of `rows` weight rows, the step's paging, the sums' type, a split's partial
+    rows (`CompileConfig.block_m`)."""
+    return dict(GR=rows, SLOTS_=gemv.SLOTS, PAGE=page_size, PAGES_PER_SEQ=pages_per_seq,
+                MAX_SEQS=max(32, 1 << (max_batch - 1).bit_length()), NORM_F64=norm_f64, PART_ROWS=part_rows,
+                LOADER_REGS=gemv.LOADER_REGS)

@@ -136,17 +136,43 @@ def _epilogue(y, u, inv, W, ACT, F32, N, out_off, res_off, bias_off, GATED: gl.c
 def _consumer(W, ACT, F32, w_ring, x_ring, ready, empty, units, K, N, out_off, stats_off, eps, res_off, bias_off,
               out_stats_off, SLOTS_: gl.constexpr, GATED: gl.constexpr, OUT_KIND: gl.constexpr,
               NORM_F64: gl.constexpr):
-    vec: gl.constexpr = gl.BlockedLayout([2], [32], [gl.num_warps()], [0])
-    inv = _inv_rms(F32, stats_off, K, eps, NORM_F64)
-    sq = gl.to_tensor(0.0)  # the stored row's sum of squares, this program's share
     u0, u1 = _units(units)
     i = 0
+    linear_units(W, ACT, F32, w_ring, x_ring, ready, empty, u0, u1, i, K, N, out_off, stats_off, eps, res_off, bias_off,
+                 out_stats_off, SLOTS_, GATED, OUT_KIND, NORM_F64)
+
+
+@gluon.jit
+def linear_units(W, ACT, F32, w_ring, x_ring, ready, empty, u0, u1, i, K, N, out_off, stats_off, eps, res_off,
+                 bias_off, out_stats_off, SLOTS_: gl.constexpr, GATED: gl.constexpr, OUT_KIND: gl.constexpr,
+                 NORM_F64: gl.constexpr, EVENTS=None, event=0):
+    """Units u0 .. u1 of a projection from ring slot i on: their products, epilogues and the stored row's sum of
+    squares added into the norm's; returns the slot after them. EVENTS: the 1/rms and the epilogues wait for
+    EVENTS[event - 1] to reach the programs' count first, after the first unit's products (a persistent kernel's
+    group, whose loader may have copied weights before the group before was done: `codegen/gluon/chain.py`)."""
+    vec: gl.constexpr = gl.BlockedLayout([2], [32], [gl.num_warps()], [0])
+    sq = gl.to_tensor(0.0)  # the stored row's sum of squares, this program's share
+    inv = gl.to_tensor(1.0)
     for u in range(u0, u1):
         y, i = _unit(w_ring, x_ring, ready, empty, i, K, SLOTS_, vec)
+        if u == u0:
+            if EVENTS is not None:
+                _wait(EVENTS, event - 1, gl.num_programs(0))
+            inv = _inv_rms(F32, stats_off, K, eps, NORM_F64)
         sq += _epilogue(y, u, inv, W, ACT, F32, N, out_off, res_off, bias_off, GATED, OUT_KIND)
-    if out_stats_off >= 0:
+    if (out_stats_off >= 0) & (u1 > u0):
         out_sums = _norm_sums(F32, out_stats_off, NORM_F64)
         gl.atomic_add(out_sums, sq.to(out_sums.dtype.element_ty))
+    return i
+
+
+@gluon.jit
+def _wait(EVENTS, g, target):
+    """Spins until EVENTS[g] reaches target (acquire: what its signals released is visible after); g < 0: none."""
+    if g >= 0:
+        seen = gl.atomic_add(EVENTS + g, 0, sem="acquire", scope="gpu")
+        while seen < target:
+            seen = gl.atomic_add(EVENTS + g, 0, sem="acquire", scope="gpu")
 
 
 @gluon.jit
@@ -202,17 +228,32 @@ def _qkv_consumer(W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, 
     """Each unit's GR products times 1/rms into the head's fp32 row at `part_off`, then the head's ticket; the unit
     that completes a head (the last of its HD / GR to arrive) runs `head_epilogue` for it: the bias, a rounding, then
     `qkv._store_head` (q/k norm, rotary at the row's position, the store to q or the cache), as the prefill body."""
+    u0, u1 = _units(units)
+    i = 0
+    qkv_units(W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, u0, u1, i, K, stats_off, eps, bias_off, HQ,
+              HKV, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, step_kv_off, part_off,
+              ticket_off, positions_at, slots_at, SLOTS_, HD, NORM_F64)
+
+
+@gluon.jit
+def qkv_units(W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, u0, u1, i, K, stats_off, eps, bias_off, HQ,
+              HKV, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, step_kv_off, part_off,
+              ticket_off, positions_at, slots_at, SLOTS_: gl.constexpr, HD: gl.constexpr, NORM_F64: gl.constexpr,
+              EVENTS=None, event=0):
+    """`_qkv_consumer`'s units u0 .. u1 from ring slot i on; returns the slot after them. EVENTS: as `linear_units`."""
     GR: gl.constexpr = w_ring.type.shape[1]
     PER_HEAD: gl.constexpr = HD // GR
     HALF: gl.constexpr = HD // 2
     vec: gl.constexpr = gl.BlockedLayout([2], [32], [gl.num_warps()], [0])
     row: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [1, gl.num_warps()], [1, 0])  # a [1, HALF] half of a head
-    inv = _inv_rms(F32, stats_off, K, eps, NORM_F64)
     parts = F32 + _region(part_off)
-    u0, u1 = _units(units)
-    i = 0
+    inv = gl.to_tensor(1.0)
     for u in range(u0, u1):
         y, i = _unit(w_ring, x_ring, ready, empty, i, K, SLOTS_, vec)
+        if u == u0:
+            if EVENTS is not None:
+                _wait(EVENTS, event - 1, gl.num_programs(0))
+            inv = _inv_rms(F32, stats_off, K, eps, NORM_F64)
         gl.store(parts + u * GR + gl.arange(0, GR, layout=vec), y * inv)
         head = u // PER_HEAD
         gl.thread_barrier()  # every thread's values stored before the ticket publishes them (`arrives_last`)
@@ -236,6 +277,7 @@ def _qkv_consumer(W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, 
             _store_head(_round(lo), _round(hi), head, rows, j, mask, _round(gl.load(angles)),
                         _round(gl.load(angles + HALF)), W, ACT, KV, kv_plane, HQ, HKV, q_norm_off, k_norm_off, qk_eps,
                         q_out_off, layer, has_qk_norm, step_kv_off, slot, HD)
+    return i
 
 
 @gluon.jit

@@ -324,13 +324,17 @@ def test_gluon_decode_attention_for_64_sequences_on_gpu(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_gluon_gemv_for_one_sequence_on_gpu(tmp_path):
+@pytest.mark.parametrize("chain", [False, True], ids=["groups", "chain"])
+def test_gluon_gemv_for_one_sequence_on_gpu(chain, tmp_path):
     """One prompt of 200 tokens, then decode steps of its one row: every projection and the LM head in the GEMV
     (`gemv.linear_gemv`, units of 8, 16 or 32 weight rows, two programs an SM), QKV too (`gemv.qkv_gemv`: the unit
     that completes a head runs its rotary and cache write), the LM head's fp32 logits in the prefill step too (one
-    sequence's last row), and attention with each KV head's keys in splits that the last to finish merges; every
-    step's logits checked (as `check_every_step`)."""
-    driver, model = gluon_driver(tmp_path, case_config(1))
+    sequence's last row), and attention with each KV head's keys in splits that the last to finish merges (with
+    `chain`, the prefill step's layers and each decode step's in one persistent launch each); every step's logits
+    checked (as `check_every_step`)."""
+    driver, model = gluon_driver(tmp_path, case_config(1), chain)
+    if chain:
+        assert len(driver.gluon.chain_groups((1, 1))) == 6 * 32
     assert len(driver.gluon.one_row) == 4 * 32 + 1 and not driver.gluon.one_row_skipped
     prompt = torch.randint(0, model.config.vocab_size, (200,), generator=torch.Generator().manual_seed(1)).tolist()
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
