@@ -243,6 +243,7 @@ def decode_row(model, batch: int, context: int, args) -> None:
     worst = check_groups(triton, gluon, step)
     chained = HostDriven(kernel, gluon=True, chain=True)
     chained.gluon.gemv_rows = gluon.gluon.gemv_rows
+    chained.gluon.one_row_chain = {"off": False, "on": True, "gemv": "gemv"}[args.one_row_chain]
     best: dict[str, dict[int, float]] = {"triton": {}, "gluon": {}, "chain": {}}
     for _ in range(args.repeats):  # the three ways on alternate steps (a context a token longer each)
         for name, driver in (("triton", triton), ("gluon", gluon), ("chain", chained)):
@@ -274,6 +275,9 @@ def main() -> None:
                         help="the Gluon projections' tiles: [128, 256], [128, 128], or as `linear.tiles_for` picks")
     parser.add_argument("--gemv-rows", choices=["auto"] + [str(r) for r in gemv.UNIT_ROWS], default="auto",
                         help="the one-row GEMV's units of weight rows (auto: as `gemv.rows_for` picks)")
+    parser.add_argument("--one-row-chain", choices=["off", "on", "gemv"], default="off",
+                        help="a one-row step's layers as one persistent launch too (`chain.decode_chain`, which hung "
+                             "at its first run: run it under a timeout), or its projections' runs alone")
     parser.add_argument("--compile-only", action="store_true", help="compile the kernels into the cache and stop")
     args = parser.parse_args()
     lengths = [int(n) for n in args.prompts.split(",") if n]

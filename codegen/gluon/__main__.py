@@ -52,6 +52,8 @@ def variants():
         yield f"qkv_gemv {rows}-row units", gemv.qkv_gemv, gemv.QKV_SIGNATURE, gemv.qkv_constexprs(rows, True), \
             gemv.LAUNCH
     yield "prefill_chain", chain.prefill_chain, chain.SIGNATURE, chain.constexprs(16, 128, 64, True), chain.LAUNCH
+    yield "decode_chain 32-row units", chain.decode_chain, chain.SIGNATURE, \
+        chain.decode_constexprs(32, 16, 128, 1, True, 16), chain.DECODE_LAUNCH
 
 
 def main() -> None:
