@@ -299,21 +299,19 @@ GR_ITEM = gl.constexpr(16 * gemv.CONSUMER_WARPS)  # attention's item rows: 16 a 
 
 
 @gluon.jit
-def _gemv_operands(desc, is_qkv, W, ACT, GR: gl.constexpr):
+def _gemv_operands(desc, is_qkv):
     """A one-row projection's descriptor words: its row's and weight's offsets, K and the weight's rows."""
     if is_qkv:
-        x_off, K, w_off = gl.load(desc + gemv.QKV_WORDS[0]), gl.load(desc + gemv.QKV_WORDS[1]).to(gl.int32), \
-            gl.load(desc + gemv.QKV_WORDS[2])
-        N = (gl.load(desc + gemv.QKV_WORDS[3]).to(gl.int32) + 2 * gl.load(desc + gemv.QKV_WORDS[4]).to(gl.int32)) * HD
+        x_off, K, w_off, HQ, HKV, _, _, _, _, _, _, _, _, _, _, _, _, _ = gemv.qkv_row(desc)
+        N = (HQ + 2 * HKV) * HD
     else:
-        x_off, K, w_off = gl.load(desc + gemv.WORDS[0]), gl.load(desc + gemv.WORDS[1]).to(gl.int32), \
-            gl.load(desc + gemv.WORDS[2])
-        N = gl.load(desc + gemv.WORDS[3]).to(gl.int32)
+        x_off, K, w_off, N, _, _, _, _, _, _ = gemv.linear_row(desc)
     return x_off, K, w_off, N
 
 
 @gluon.jit
 def _stream_descs(W, w_off, N, ACT, x_off, K, GR: gl.constexpr):
+    """The weight's [N, K] rows and the row's [1, K] as tensor descriptors of [GR, GK] and [1, GK] boxes."""
     plain: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     w_desc = tma.make_tensor_descriptor(W + w_off, [N, K], [K.to(gl.int64), 1], [GR, GK_], plain)
     x_desc = tma.make_tensor_descriptor(ACT + x_off, [1, K], [K.to(gl.int64), 1], [1, GK_], plain)
@@ -343,7 +341,7 @@ def _decode_loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, gr
     ends = 0  # the slots issued by the end of the group before, and of the one before that
     ends_before = 0
     for g in range(groups):
-        kind, desc, wide_ = _group(DESCS, GROUPS, g)
+        kind, desc, unused = _group(DESCS, GROUPS, g)
         if kind == _ATTENTION:
             if g > 0:
                 _wait(EVENTS, g - 1, gl.num_programs(0))
@@ -352,7 +350,7 @@ def _decode_loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, gr
                                      context_lens_at, seq_req_at, req_pages_at, layer, H // HKV, HKV, splits, j, HD,
                                      GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS, STAGES, IDS, True, 4, 2)
         else:
-            x_off, K, w_off, N = _gemv_operands(desc, kind == _QKV, W, ACT, GR)
+            x_off, K, w_off, N = _gemv_operands(desc, kind == _QKV)
             _released(kv_empty, j, j, STAGES)  # (attention's slots, over the same bytes, read)
             # this group's tensor descriptors are written where the one two groups back had its own: its copies done
             _released(empty, i, ends_before, SLOTS_)
@@ -407,7 +405,7 @@ def _decode_consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, grou
     i = 0  # (the GEMV ring's slots)
     j = 0  # (attention's)
     for g in range(groups):
-        kind, desc, wide_ = _group(DESCS, GROUPS, g)
+        kind, desc, unused = _group(DESCS, GROUPS, g)
         if kind == _ATTENTION:
             if g > 0:
                 _wait(EVENTS, g - 1, gl.num_programs(0))
@@ -430,11 +428,7 @@ def _decode_consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, grou
 def _decode_linear(desc, W, ACT, F32, w_ring, x_ring, ready, empty, i, EVENTS, g, SLOTS_: gl.constexpr,
                    GATED: gl.constexpr, NORM_F64: gl.constexpr):
     GR: gl.constexpr = w_ring.type.shape[1]
-    K, N = gl.load(desc + gemv.WORDS[1]).to(gl.int32), gl.load(desc + gemv.WORDS[3]).to(gl.int32)
-    out_off, stats_off = gl.load(desc + gemv.WORDS[4]), gl.load(desc + gemv.WORDS[6])
-    eps = gl.load(desc + gemv.WORDS[7]).to(gl.float64, bitcast=True).to(gl.float32)
-    res_off, bias_off, out_stats_off = gl.load(desc + gemv.WORDS[8]), gl.load(desc + gemv.WORDS[9]), \
-        gl.load(desc + gemv.WORDS[10])
+    _, K, _, N, out_off, stats_off, eps, res_off, bias_off, out_stats_off = gemv.linear_row(desc)
     u0, u1 = gemv._units(gl.cdiv(N, GR))
     return gemv.linear_units(W, ACT, F32, w_ring, x_ring, ready, empty, u0, u1, i, K, N, out_off, stats_off, eps,
                              res_off, bias_off, out_stats_off, SLOTS_, GATED, 0, NORM_F64, EVENTS, g)
@@ -444,17 +438,8 @@ def _decode_linear(desc, W, ACT, F32, w_ring, x_ring, ready, empty, i, EVENTS, g
 def _decode_qkv(desc, W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, positions_at, slots_at, i, EVENTS,
                 g, SLOTS_: gl.constexpr, NORM_F64: gl.constexpr):
     GR: gl.constexpr = w_ring.type.shape[1]
-    K = gl.load(desc + gemv.QKV_WORDS[1]).to(gl.int32)
-    HQ, HKV = gl.load(desc + gemv.QKV_WORDS[3]).to(gl.int32), gl.load(desc + gemv.QKV_WORDS[4]).to(gl.int32)
-    stats_off = gl.load(desc + gemv.QKV_WORDS[5])
-    eps = gl.load(desc + gemv.QKV_WORDS[6]).to(gl.float64, bitcast=True).to(gl.float32)
-    bias_off, q_norm_off, k_norm_off = gl.load(desc + gemv.QKV_WORDS[7]), gl.load(desc + gemv.QKV_WORDS[8]), \
-        gl.load(desc + gemv.QKV_WORDS[9])
-    qk_eps = gl.load(desc + gemv.QKV_WORDS[10]).to(gl.float64, bitcast=True).to(gl.float32)
-    q_out_off, layer, rope_off = gl.load(desc + gemv.QKV_WORDS[11]), gl.load(desc + gemv.QKV_WORDS[12]), \
-        gl.load(desc + gemv.QKV_WORDS[13])
-    has_qk_norm, step_kv_off = gl.load(desc + gemv.QKV_WORDS[14]), gl.load(desc + gemv.QKV_WORDS[15])
-    part_off, ticket_off = gl.load(desc + gemv.QKV_WORDS[16]), gl.load(desc + gemv.QKV_WORDS[17])
+    _, K, _, HQ, HKV, stats_off, eps, bias_off, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, \
+        has_qk_norm, step_kv_off, part_off, ticket_off = gemv.qkv_row(desc)
     u0, u1 = gemv._units(gl.cdiv((HQ + 2 * HKV) * HD, GR))
     return gemv.qkv_units(W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, u0, u1, i, K, stats_off, eps,
                           bias_off, HQ, HKV, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm,

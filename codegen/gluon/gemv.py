@@ -194,16 +194,22 @@ def _stream(Wt, N, X, K, GR: gl.constexpr, SLOTS_: gl.constexpr):
 
 
 @gluon.jit
+def linear_row(desc):
+    """A LINEAR descriptor row's words: x_off, K, w_off, N, out_off, stats_off, eps, res_off, bias_off,
+    out_stats_off."""
+    K, N = gl.load(desc + WORDS[1]).to(gl.int32), gl.load(desc + WORDS[3]).to(gl.int32)
+    eps = gl.load(desc + WORDS[7]).to(gl.float64, bitcast=True).to(gl.float32)
+    return gl.load(desc + WORDS[0]), K, gl.load(desc + WORDS[2]), N, gl.load(desc + WORDS[4]), \
+        gl.load(desc + WORDS[6]), eps, gl.load(desc + WORDS[8]), gl.load(desc + WORDS[9]), gl.load(desc + WORDS[10])
+
+
+@gluon.jit
 def linear_gemv(DESCS, W, ACT, F32, desc_index, units, GR: gl.constexpr, SLOTS_: gl.constexpr, GATED: gl.constexpr,
                 OUT_KIND: gl.constexpr, NORM_F64: gl.constexpr, DESC_WORDS: gl.constexpr, LOADER_REGS: gl.constexpr):
     """Row desc_index of DESCS (a LINEAR group's descriptor) over a step's one row, in `units` units of GR weight
     rows. GATED, OUT_KIND: the descriptor's `gated` and `out_kind` words; NORM_F64: the norms' sums are fp64."""
-    desc = DESCS + desc_index * DESC_WORDS
-    x_off, K, w_off = gl.load(desc + WORDS[0]), gl.load(desc + WORDS[1]).to(gl.int32), gl.load(desc + WORDS[2])
-    N, out_off = gl.load(desc + WORDS[3]).to(gl.int32), gl.load(desc + WORDS[4])
-    stats_off = gl.load(desc + WORDS[6])
-    eps = gl.load(desc + WORDS[7]).to(gl.float64, bitcast=True).to(gl.float32)
-    res_off, bias_off, out_stats_off = gl.load(desc + WORDS[8]), gl.load(desc + WORDS[9]), gl.load(desc + WORDS[10])
+    x_off, K, w_off, N, out_off, stats_off, eps, res_off, bias_off, out_stats_off = \
+        linear_row(DESCS + desc_index * DESC_WORDS)
     w_desc, x_desc, w_ring, x_ring, ready, empty = _stream(W + w_off, N, ACT + x_off, K, GR, SLOTS_)
     gl.warp_specialize([
         (_consumer, (W, ACT, F32, w_ring, x_ring, ready, empty, units, K, N, out_off, stats_off, eps, res_off,
@@ -281,24 +287,27 @@ def qkv_units(W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, u0, 
 
 
 @gluon.jit
+def qkv_row(desc):
+    """A QKV descriptor row's words, as QKV_USED names them (HQ, HKV for the heads' counts)."""
+    K = gl.load(desc + QKV_WORDS[1]).to(gl.int32)
+    HQ, HKV = gl.load(desc + QKV_WORDS[3]).to(gl.int32), gl.load(desc + QKV_WORDS[4]).to(gl.int32)
+    eps = gl.load(desc + QKV_WORDS[6]).to(gl.float64, bitcast=True).to(gl.float32)
+    qk_eps = gl.load(desc + QKV_WORDS[10]).to(gl.float64, bitcast=True).to(gl.float32)
+    return gl.load(desc + QKV_WORDS[0]), K, gl.load(desc + QKV_WORDS[2]), HQ, HKV, gl.load(desc + QKV_WORDS[5]), eps, \
+        gl.load(desc + QKV_WORDS[7]), gl.load(desc + QKV_WORDS[8]), gl.load(desc + QKV_WORDS[9]), qk_eps, \
+        gl.load(desc + QKV_WORDS[11]), gl.load(desc + QKV_WORDS[12]), gl.load(desc + QKV_WORDS[13]), \
+        gl.load(desc + QKV_WORDS[14]), gl.load(desc + QKV_WORDS[15]), gl.load(desc + QKV_WORDS[16]), \
+        gl.load(desc + QKV_WORDS[17])
+
+
+@gluon.jit
 def qkv_gemv(DESCS, W, ACT, F32, I32, KV, kv_plane, desc_index, units, positions_at, slots_at, GR: gl.constexpr,
              SLOTS_: gl.constexpr, HD: gl.constexpr, NORM_F64: gl.constexpr, DESC_WORDS: gl.constexpr,
              LOADER_REGS: gl.constexpr):
     """Row desc_index of DESCS (a QKV group's descriptor) over a step's one row, in `units` units of GR weight rows
     (HD / GR a head), the row's position and cache slot at I32[positions_at] and I32[slots_at]."""
-    desc = DESCS + desc_index * DESC_WORDS
-    x_off, K, w_off = gl.load(desc + QKV_WORDS[0]), gl.load(desc + QKV_WORDS[1]).to(gl.int32), \
-        gl.load(desc + QKV_WORDS[2])
-    HQ, HKV = gl.load(desc + QKV_WORDS[3]).to(gl.int32), gl.load(desc + QKV_WORDS[4]).to(gl.int32)
-    stats_off = gl.load(desc + QKV_WORDS[5])
-    eps = gl.load(desc + QKV_WORDS[6]).to(gl.float64, bitcast=True).to(gl.float32)
-    bias_off, q_norm_off, k_norm_off = gl.load(desc + QKV_WORDS[7]), gl.load(desc + QKV_WORDS[8]), \
-        gl.load(desc + QKV_WORDS[9])
-    qk_eps = gl.load(desc + QKV_WORDS[10]).to(gl.float64, bitcast=True).to(gl.float32)
-    q_out_off, layer, rope_off = gl.load(desc + QKV_WORDS[11]), gl.load(desc + QKV_WORDS[12]), \
-        gl.load(desc + QKV_WORDS[13])
-    has_qk_norm, step_kv_off = gl.load(desc + QKV_WORDS[14]), gl.load(desc + QKV_WORDS[15])
-    part_off, ticket_off = gl.load(desc + QKV_WORDS[16]), gl.load(desc + QKV_WORDS[17])
+    x_off, K, w_off, HQ, HKV, stats_off, eps, bias_off, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, \
+        has_qk_norm, step_kv_off, part_off, ticket_off = qkv_row(DESCS + desc_index * DESC_WORDS)
     w_desc, x_desc, w_ring, x_ring, ready, empty = _stream(W + w_off, (HQ + 2 * HKV) * HD, ACT + x_off, K, GR, SLOTS_)
     gl.warp_specialize([
         (_qkv_consumer, (W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, units, K, stats_off, eps,
