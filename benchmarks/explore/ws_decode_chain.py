@@ -48,7 +48,7 @@ from benchmarks.explore.gluon_probe import compile_sm90, graph_ms, launches_agai
 from benchmarks.explore.ws_chain import _wait, arenas
 from benchmarks.explore.ws_prefill import _pop, _push
 from codegen.gluon import gemv
-from codegen.gluon.gemv import GK, SLOT_ROWS, _epilogue, _inv_rms, _units, _unit
+from codegen.gluon.gemv import GK, SLOT_ROWS, _epilogue, _inv_rms, _units, _unit, copy_row, fill_slot
 from codegen.gluon.linear import WORDS as LINEAR_WORDS, _norm_sums
 from codegen.tasks import DESC_WORDS
 
@@ -148,20 +148,11 @@ def _loader(DESCS, W, ACT, EVENTS, CLAIMS, TRACE, layers, w_ring, x_ring, ready,
                     i0 = i
                     k_first = gl.minimum(SLOTS_ * BOXES * GK, K)
                     for k0 in range(0, k_first, BOXES * GK):
-                        s = i % SLOTS_
-                        mbarrier.wait(empty.index(s), ((i // SLOTS_) & 1) ^ 1)
-                        mbarrier.expect(ready.index(s), BOXES * (GR + 1) * GK * 2)
-                        for b in gl.static_range(BOXES):
-                            tma.async_copy_global_to_shared(w_desc, [u * GR, k0 + b * GK], ready.index(s),
-                                                            w_ring.index(s * BOXES + b))
-                        i += 1
+                        i = fill_slot(w_desc, x_desc, w_ring, x_ring, ready, empty, i, u, k0, SLOTS_, False)
                     _wait(EVENTS, event - 1, gl.num_programs(0))
                     _proxy_fence(K)
                     for k0 in range(0, k_first, BOXES * GK):
-                        s = (i0 + k0 // (BOXES * GK)) % SLOTS_
-                        for b in gl.static_range(BOXES):
-                            tma.async_copy_global_to_shared(x_desc, [0, k0 + b * GK], ready.index(s),
-                                                            x_ring.index(s * BOXES + b))
+                        copy_row(x_desc, x_ring, ready, i0 + k0 // (BOXES * GK), k0, SLOTS_)
                 else:
                     _wait(EVENTS, event - 1, gl.num_programs(0))
                     _proxy_fence(K)  # the row's generic stores before this thread's bulk copies of it
@@ -175,15 +166,7 @@ def _loader(DESCS, W, ACT, EVENTS, CLAIMS, TRACE, layers, w_ring, x_ring, ready,
                 if CLAIMED > 0 and share_ends:
                     asked = _ask(CLAIMS, event)
                 for k0 in range(k_first, K, BOXES * GK):
-                    s = i % SLOTS_
-                    mbarrier.wait(empty.index(s), ((i // SLOTS_) & 1) ^ 1)
-                    mbarrier.expect(ready.index(s), BOXES * (GR + 1) * GK * 2)
-                    for b in gl.static_range(BOXES):
-                        tma.async_copy_global_to_shared(w_desc, [u * GR, k0 + b * GK], ready.index(s),
-                                                        w_ring.index(s * BOXES + b))
-                        tma.async_copy_global_to_shared(x_desc, [0, k0 + b * GK], ready.index(s),
-                                                        x_ring.index(s * BOXES + b))
-                    i += 1
+                    i = fill_slot(w_desc, x_desc, w_ring, x_ring, ready, empty, i, u, k0, SLOTS_, True)
                 k_first = 0
                 if not share_ends:
                     u += 1

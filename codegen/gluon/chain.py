@@ -363,32 +363,15 @@ def _decode_loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, gr
             first = gl.where(u1 > u0, gl.minimum(SLOTS_ * BOXES * GK_, K), 0)
             i0 = i
             for k0 in range(0, first, BOXES * GK_):
-                s = i % SLOTS_
-                mbarrier.wait(empty.index(s), ((i // SLOTS_) & 1) ^ 1)
-                mbarrier.expect(ready.index(s), BOXES * (GR + 1) * GK_ * 2)
-                for b in gl.static_range(BOXES):
-                    tma.async_copy_global_to_shared(w_desc, [u0 * GR, k0 + b * GK_], ready.index(s),
-                                                    w_ring.index(s * BOXES + b))
-                i += 1
+                i = gemv.fill_slot(w_desc, x_desc, w_ring, x_ring, ready, empty, i, u0, k0, SLOTS_, False)
             if g > 0:
                 _wait(EVENTS, g - 1, gl.num_programs(0))
             for k0 in range(0, first, BOXES * GK_):
-                s = (i0 + k0 // (BOXES * GK_)) % SLOTS_
-                for b in gl.static_range(BOXES):
-                    tma.async_copy_global_to_shared(x_desc, [0, k0 + b * GK_], ready.index(s),
-                                                    x_ring.index(s * BOXES + b))
+                gemv.copy_row(x_desc, x_ring, ready, i0 + k0 // (BOXES * GK_), k0, SLOTS_)
             k_first = first
             for u in range(u0, u1):
                 for k0 in range(k_first, K, BOXES * GK_):
-                    s = i % SLOTS_
-                    mbarrier.wait(empty.index(s), ((i // SLOTS_) & 1) ^ 1)
-                    mbarrier.expect(ready.index(s), BOXES * (GR + 1) * GK_ * 2)
-                    for b in gl.static_range(BOXES):
-                        tma.async_copy_global_to_shared(w_desc, [u * GR, k0 + b * GK_], ready.index(s),
-                                                        w_ring.index(s * BOXES + b))
-                        tma.async_copy_global_to_shared(x_desc, [0, k0 + b * GK_], ready.index(s),
-                                                        x_ring.index(s * BOXES + b))
-                    i += 1
+                    i = gemv.fill_slot(w_desc, x_desc, w_ring, x_ring, ready, empty, i, u, k0, SLOTS_, True)
                 k_first = 0
         ends_before = ends
         ends = i

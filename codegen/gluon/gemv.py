@@ -61,22 +61,42 @@ def _units(units):
 @gluon.jit
 def _loader(w_desc, x_desc, w_ring, x_ring, ready, empty, units, K, SLOTS_: gl.constexpr):
     """Every box of this program's units into the ring: a slot's BOXES weight boxes and the row's boxes beside them."""
-    GR: gl.constexpr = w_ring.type.shape[1]
     GK_: gl.constexpr = w_ring.type.shape[2]
     BOXES: gl.constexpr = w_ring.type.shape[0] // SLOTS_
     u0, u1 = _units(units)
     i = 0
     for u in range(u0, u1):
         for k0 in range(0, K, BOXES * GK_):
-            s = i % SLOTS_
-            mbarrier.wait(empty.index(s), ((i // SLOTS_) & 1) ^ 1)  # (a barrier starts as if its phase 1 were done)
-            # every box of the slot (a constant byte count): past K, TMA's zeros
-            mbarrier.expect(ready.index(s), BOXES * (GR + 1) * GK_ * 2)
-            for b in gl.static_range(BOXES):
-                tma.async_copy_global_to_shared(w_desc, [u * GR, k0 + b * GK_], ready.index(s),
-                                                w_ring.index(s * BOXES + b))
-                tma.async_copy_global_to_shared(x_desc, [0, k0 + b * GK_], ready.index(s), x_ring.index(s * BOXES + b))
-            i += 1
+            i = fill_slot(w_desc, x_desc, w_ring, x_ring, ready, empty, i, u, k0, SLOTS_, True)
+
+
+@gluon.jit
+def fill_slot(w_desc, x_desc, w_ring, x_ring, ready, empty, i, u, k0, SLOTS_: gl.constexpr, ROW: gl.constexpr):
+    """Ring slot use i: unit u's BOXES weight boxes from column k0, and (ROW) the row's boxes beside them, once the
+    consumers have released the slot's use before; returns i + 1. Without ROW the slot still expects the row's bytes
+    (`copy_row` sends them later)."""
+    GR: gl.constexpr = w_ring.type.shape[1]
+    GK_: gl.constexpr = w_ring.type.shape[2]
+    BOXES: gl.constexpr = w_ring.type.shape[0] // SLOTS_
+    s = i % SLOTS_
+    mbarrier.wait(empty.index(s), ((i // SLOTS_) & 1) ^ 1)  # (a barrier starts as if its phase 1 were done)
+    # every box of the slot (a constant byte count): past K, TMA's zeros
+    mbarrier.expect(ready.index(s), BOXES * (GR + 1) * GK_ * 2)
+    for b in gl.static_range(BOXES):
+        tma.async_copy_global_to_shared(w_desc, [u * GR, k0 + b * GK_], ready.index(s), w_ring.index(s * BOXES + b))
+        if ROW:
+            tma.async_copy_global_to_shared(x_desc, [0, k0 + b * GK_], ready.index(s), x_ring.index(s * BOXES + b))
+    return i + 1
+
+
+@gluon.jit
+def copy_row(x_desc, x_ring, ready, i, k0, SLOTS_: gl.constexpr):
+    """The row's boxes from column k0 into ring slot use i, which `fill_slot` filled without them."""
+    GK_: gl.constexpr = x_ring.type.shape[2]
+    BOXES: gl.constexpr = x_ring.type.shape[0] // SLOTS_
+    s = i % SLOTS_
+    for b in gl.static_range(BOXES):
+        tma.async_copy_global_to_shared(x_desc, [0, k0 + b * GK_], ready.index(s), x_ring.index(s * BOXES + b))
 
 
 @gluon.jit
