@@ -380,16 +380,17 @@ class GluonGroups(GluonCoverage):
                                                                       cfg.max_batch, split, cfg.block_m)
                                      for split in (False, True)}
         self.chain = chain
-        self._chains: dict[tuple[int, int], tuple[list[int], torch.Tensor] | None] = {}  # a step's size -> ...
+        self._chains: dict[tuple, tuple[set[int], int, torch.Tensor] | None] = {}  # `_chain_for`'s, by what decides it
         self._events = torch.zeros(len(groups), dtype=torch.int32, device=kernel.device)  # (the chain's)
 
-    def _chain_for(self, size: tuple[int, int] | None) -> tuple[list[int], torch.Tensor] | None:
-        """The chain a step of `size` launches, if it launches one: its groups (`chain_groups`) and its table (a row a
-        group, merges left out: kind, descriptor row, whether its tiles are [128, 128], as `linear.tiles_for` picks
-        for the group kernels)."""
+    def _chain_for(self, size: tuple[int, int] | None) -> tuple[set[int], int, torch.Tensor] | None:
+        """The chain a step of `size` launches, if it launches one: its groups (`chain_groups`), the first of them,
+        and its table (a row a group, merges left out: kind, descriptor row, whether its tiles are [128, 128], as
+        `linear.tiles_for` picks for the group kernels)."""
         if not self.chain or size is None:
             return None
-        if size not in self._chains:
+        key = (size, self.one_row_chain, self.tiles)
+        if key not in self._chains:
             from codegen.gluon import chain
             run = self.chain_groups(size)
             codes = {Kind.QKV: chain.QKV, Kind.ATTENTION: chain.ATTENTION}
@@ -400,9 +401,9 @@ class GluonGroups(GluonCoverage):
                      int(size[0] > 1 and kinds[first] != Kind.ATTENTION and (self.tiles or self.linear.tiles_for(
                          size[0], self.columns[first], self.programs)) == self.linear.NARROW))
                     for first in run if first not in self.merges]
-            self._chains[size] = (run, torch.tensor(rows, dtype=torch.int32).flatten().to(self.kernel.device)) \
-                if run else None
-        return self._chains[size]
+            table = torch.tensor(rows, dtype=torch.int32).flatten().to(self.kernel.device) if run else None
+            self._chains[key] = (set(run), run[0], table) if run else None
+        return self._chains[key]
 
     def _launch_chain(self, table: torch.Tensor, one_row: bool) -> None:
         """The chain of `table`'s groups, its events zeroed first: a step that prefills one program an SM, a step of
@@ -428,8 +429,8 @@ class GluonGroups(GluonCoverage):
         whose attention group they took: takes it too, launching nothing)."""
         chained = self._chain_for(size)
         if chained and first in chained[0]:
-            if first == chained[0][0]:
-                self._launch_chain(chained[1], size == (1, 1))
+            if first == chained[1]:
+                self._launch_chain(chained[2], size == (1, 1))
             return True  # (the chain's launch ran it)
         if not self.applies(first, size):
             return False
