@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|gluon-tests|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|gluon-tests|all]
 set -uo pipefail
 # BLINK_CACHE_DIR: kernels compiled on the CPU machine and carried here (benchmarks/megakernel_tpot.py, --compile-only)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=${BLINK_CACHE_DIR:-/tmp/blink-cache}
@@ -82,6 +82,11 @@ if [[ $mode == chain ]]; then  # a prefill step's Gluon groups as one persistent
   # tests first (a wrong phase hangs: their timeout ends it), then the prompts' rows with it beside the group kernels
   step "${TEST_LIMIT:-300}" python -m pytest -q -x -s -m gpu tests/gpu -k chain -p no:cacheprovider &&
     step "${GLUON_LIMIT:-300}" python -m benchmarks.gluon_groups --prompts "${PROMPTS-2048,512}" --decode ""
+fi
+if [[ $mode == chain-decode ]]; then  # the one-row chain (`chain.decode_chain`), which hung in session 64: its
+  # projections' runs alone first (no attention, no ring switch), then the whole run, each under a short timeout
+  step "${CHAIN_LIMIT:-120}" python -m benchmarks.gluon_groups --prompts "" --decode 1x512 --one-row-chain gemv
+  step "${CHAIN_LIMIT:-120}" python -m benchmarks.gluon_groups --prompts "" --decode 1x512 --one-row-chain on
 fi
 if [[ $mode == gluon-tests ]]; then  # ... and through the host-driven executor against the reference (a call of its own)
   step "${TEST_LIMIT:-560}" python -m pytest -q -s -m gpu tests/gpu -k "${CASES:-gluon}" -p no:cacheprovider
