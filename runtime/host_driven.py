@@ -381,7 +381,10 @@ class GluonGroups(GluonCoverage):
                                      for split in (False, True)}
         self.chain = chain
         self._chains: dict[tuple, tuple[set[int], int, torch.Tensor] | None] = {}  # `_chain_for`'s, by what decides it
-        self._events = torch.zeros(len(groups), dtype=torch.int32, device=kernel.device)  # (the chain's)
+        self.tracing = False  # the one-row chain's programs stamp where they are after its counters (`chain._stamp`)
+        # the chain's counters, a group each, and room for the stamps
+        self._events = torch.zeros(len(groups) + 8 * self.gemv.PER_SM * self.programs, dtype=torch.int32,
+                                   device=kernel.device)
 
     def _chain_for(self, size: tuple[int, int] | None) -> tuple[set[int], int, torch.Tensor] | None:
         """The chain a step of `size` launches, if it launches one: its groups (`chain_groups`), the first of them,
@@ -418,7 +421,8 @@ class GluonGroups(GluonCoverage):
         if one_row:
             chain.decode_chain[(self.gemv.PER_SM * self.programs, )](
                 *args, **chain.decode_constexprs(self.gemv_rows or 32, cfg.page_size, cfg.max_pages_per_seq,
-                                                 cfg.max_batch, self.norm_f64, cfg.block_m), **chain.DECODE_LAUNCH)
+                                                 cfg.max_batch, self.norm_f64, cfg.block_m), TRACING=self.tracing,
+                **chain.DECODE_LAUNCH)
         else:
             chain.prefill_chain[(self.programs, )](
                 *args, **chain.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch, self.norm_f64),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|gluon-tests|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-probe|gluon-tests|all]
 set -uo pipefail
 # BLINK_CACHE_DIR: kernels compiled on the CPU machine and carried here (benchmarks/megakernel_tpot.py, --compile-only)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=${BLINK_CACHE_DIR:-/tmp/blink-cache}
@@ -83,10 +83,15 @@ if [[ $mode == chain ]]; then  # a prefill step's Gluon groups as one persistent
   step "${TEST_LIMIT:-300}" python -m pytest -q -x -s -m gpu tests/gpu -k chain -p no:cacheprovider &&
     step "${GLUON_LIMIT:-300}" python -m benchmarks.gluon_groups --prompts "${PROMPTS-2048,512}" --decode ""
 fi
-if [[ $mode == chain-decode ]]; then  # the one-row chain (`chain.decode_chain`), which hung in session 64: its
-  # projections' runs alone first (no attention, no ring switch), then the whole run, each under a short timeout
-  step "${CHAIN_LIMIT:-120}" python -m benchmarks.gluon_groups --prompts "" --decode 1x512 --one-row-chain gemv
-  step "${CHAIN_LIMIT:-120}" python -m benchmarks.gluon_groups --prompts "" --decode 1x512 --one-row-chain on
+if [[ $mode == chain-decode ]]; then  # the one-row chain (`chain.decode_chain`): where its programs are if it stops,
+  # then its decode row (a step's layers through it against the group kernels) and its GPU tests
+  step "${CHAIN_LIMIT:-100}" python -m benchmarks.explore.chain_probe --mode on
+  step "${BENCH_LIMIT:-200}" python -m benchmarks.gluon_groups --prompts "" --decode 1x512 --one-row-chain on
+  step "${TEST_LIMIT:-300}" python -m pytest -q -s -m gpu tests/gpu -k gemv_for_one_sequence -p no:cacheprovider
+fi
+if [[ $mode == chain-probe ]]; then  # ... read back where its programs stop (`benchmarks/explore/chain_probe.py`)
+  step "${CHAIN_LIMIT:-100}" python -m benchmarks.explore.chain_probe --mode gemv ${PROBE_ARGS:-}
+  step "${CHAIN_LIMIT:-100}" python -m benchmarks.explore.chain_probe --mode on ${PROBE_ARGS:-}
 fi
 if [[ $mode == gluon-tests ]]; then  # ... and through the host-driven executor against the reference (a call of its own)
   step "${TEST_LIMIT:-560}" python -m pytest -q -s -m gpu tests/gpu -k "${CASES:-gluon}" -p no:cacheprovider

@@ -319,6 +319,14 @@ def _stream_descs(W, w_off, N, ACT, x_off, K, GR: gl.constexpr):
 
 
 @gluon.jit
+def _stamp(EVENTS, groups, word: gl.constexpr, value, TRACING: gl.constexpr):
+    """(TRACING) word `word` of this program's 8 after the chain's counters: where its partitions are (words 0-2 the
+    loader's group, stage and slot count, 4-7 the consumers'), for a host that reads them while the chain runs."""
+    if TRACING:
+        gl.store(EVENTS + groups + gl.program_id(0) * 8 + word, value)
+
+
+@gluon.jit
 def _released(empty, i, before, SLOTS_: gl.constexpr):
     """Waits until the consumers have released every ring slot use below `before` among the last SLOTS_ of the i
     issued (the older ones were released before their slots were copied into again)."""
@@ -332,7 +340,7 @@ def _released(empty, i, before, SLOTS_: gl.constexpr):
 def _decode_loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, control_at, seq_starts_at,
                    context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv, ready, empty, kv_ready, kv_empty,
                    GR: gl.constexpr, SLOTS_: gl.constexpr, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr,
-                   MAX_SEQS: gl.constexpr):
+                   MAX_SEQS: gl.constexpr, TRACING: gl.constexpr):
     """Each group's boxes into the ring: a projection's first slots' weights before the group before is done, the
     rest after it; attention's keys and values after it."""
     BOXES: gl.constexpr = SLOT_ROWS_ // GR
@@ -342,9 +350,13 @@ def _decode_loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, gr
     ends_before = 0
     for g in range(groups):
         kind, desc, unused = _group(DESCS, GROUPS, g)
+        _stamp(EVENTS, groups, 0, g + 1, TRACING)
+        _stamp(EVENTS, groups, 1, 0, TRACING)
+        _stamp(EVENTS, groups, 2, i, TRACING)
         if kind == _ATTENTION:
             if g > 0:
                 _wait(EVENTS, g - 1, gl.num_programs(0))
+            _stamp(EVENTS, groups, 1, 4, TRACING)
             _, _, H, HKV, layer, _, splits, _, _ = attention.row(desc)
             j = attention.load_items(KV, kv_plane, kv_rows, I32, kv, kv, kv_ready, kv_empty, control_at, seq_starts_at,
                                      context_lens_at, seq_req_at, req_pages_at, layer, H // HKV, HKV, splits, j, HD,
@@ -354,25 +366,31 @@ def _decode_loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, gr
             _released(kv_empty, j, j, STAGES)  # (attention's slots, over the same bytes, read)
             # this group's tensor descriptors are written where the one two groups back had its own: its copies done
             _released(empty, i, ends_before, SLOTS_)
+            _stamp(EVENTS, groups, 1, 1, TRACING)
             if g % 2 == 0:
                 w_desc, x_desc = _stream_descs(W, w_off, N, ACT, x_off, K, GR)
             else:
                 w_desc, x_desc = _stream_descs(W, w_off, N, ACT, x_off, K, GR)
+            _stamp(EVENTS, groups, 1, 2, TRACING)
             u0, u1 = gemv._units(gl.cdiv(N, GR))
             # the first unit's first slots' weights, then (the group before done) their row's boxes
             first = gl.where(u1 > u0, gl.minimum(SLOTS_ * BOXES * GK_, K), 0)
             i0 = i
             for k0 in range(0, first, BOXES * GK_):
                 i = gemv.fill_slot(w_desc, x_desc, w_ring, x_ring, ready, empty, i, u0, k0, SLOTS_, False)
+            _stamp(EVENTS, groups, 1, 3, TRACING)
             if g > 0:
                 _wait(EVENTS, g - 1, gl.num_programs(0))
+            _stamp(EVENTS, groups, 1, 4, TRACING)
             for k0 in range(0, first, BOXES * GK_):
                 gemv.copy_row(x_desc, x_ring, ready, i0 + k0 // (BOXES * GK_), k0, SLOTS_)
-            k_first = first
             for u in range(u0, u1):
-                for k0 in range(k_first, K, BOXES * GK_):
+                # (the start as a tensor each unit: a tensor name set to a Python int in the loop is not carried, and
+                # every unit went on from `first`, short of the slots the consumers wait for: session 65's hang)
+                for k0 in range(gl.where(u == u0, first, 0), K, BOXES * GK_):
                     i = gemv.fill_slot(w_desc, x_desc, w_ring, x_ring, ready, empty, i, u, k0, SLOTS_, True)
-                k_first = 0
+        _stamp(EVENTS, groups, 1, 6, TRACING)
+        _stamp(EVENTS, groups, 2, i, TRACING)
         ends_before = ends
         ends = i
 
@@ -382,13 +400,16 @@ def _decode_consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, grou
                      seq_starts_at, context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv, ready, empty,
                      kv_ready, kv_empty, GR: gl.constexpr, SLOTS_: gl.constexpr, PAGE: gl.constexpr,
                      PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, NORM_F64: gl.constexpr,
-                     PART_ROWS: gl.constexpr):
+                     PART_ROWS: gl.constexpr, TRACING: gl.constexpr):
     """Each group's units or items, the waits where their epilogues read what the group before wrote, then the
     group's signal."""
     i = 0  # (the GEMV ring's slots)
     j = 0  # (attention's)
     for g in range(groups):
         kind, desc, unused = _group(DESCS, GROUPS, g)
+        _stamp(EVENTS, groups, 4, g + 1, TRACING)
+        _stamp(EVENTS, groups, 5, 1, TRACING)
+        _stamp(EVENTS, groups, 6, i, TRACING)
         if kind == _ATTENTION:
             if g > 0:
                 _wait(EVENTS, g - 1, gl.num_programs(0))
@@ -404,7 +425,10 @@ def _decode_consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, grou
             i = _decode_linear(desc, W, ACT, F32, w_ring, x_ring, ready, empty, i, EVENTS, g, SLOTS_, True, NORM_F64)
         else:
             i = _decode_linear(desc, W, ACT, F32, w_ring, x_ring, ready, empty, i, EVENTS, g, SLOTS_, False, NORM_F64)
+        _stamp(EVENTS, groups, 5, 2, TRACING)
+        _stamp(EVENTS, groups, 6, i, TRACING)
         _signal(EVENTS, g)
+        _stamp(EVENTS, groups, 5, 3, TRACING)
 
 
 @gluon.jit
@@ -433,9 +457,11 @@ def _decode_qkv(desc, W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, emp
 def decode_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, control_at, positions_at,
                  slots_at, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, GR: gl.constexpr,
                  SLOTS_: gl.constexpr, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
-                 NORM_F64: gl.constexpr, PART_ROWS: gl.constexpr, LOADER_REGS: gl.constexpr):
+                 NORM_F64: gl.constexpr, PART_ROWS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                 TRACING: gl.constexpr = False):
     """`prefill_chain`'s for a step of one row: the table's projections (the GEMV, GR-row units) and attention (its
-    keys in splits). Two programs an SM, each waiting for all of them."""
+    keys in splits). Two programs an SM, each waiting for all of them. TRACING: each program's partitions stamp
+    where they are after the counters (`_stamp`; EVENTS then holds `groups` + 8 words a program)."""
     BOXES: gl.constexpr = SLOT_ROWS_ // GR
     plain: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     # allocated as attention's swizzled halves, which want their 1,024-byte alignment, and viewed as the GEMV's boxes
@@ -449,10 +475,10 @@ def decode_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS,
         (_decode_consumer, (DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, control_at, positions_at,
                             slots_at, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv,
                             ready, empty, kv_ready, kv_empty, GR, SLOTS_, PAGE, PAGES_PER_SEQ, MAX_SEQS, NORM_F64,
-                            PART_ROWS)),
+                            PART_ROWS, TRACING)),
         (_decode_loader, (DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, control_at, seq_starts_at,
                           context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv, ready, empty, kv_ready,
-                          kv_empty, GR, SLOTS_, PAGE, PAGES_PER_SEQ, MAX_SEQS)),
+                          kv_empty, GR, SLOTS_, PAGE, PAGES_PER_SEQ, MAX_SEQS, TRACING)),
     ], [1], [LOADER_REGS])
 
 

@@ -324,9 +324,7 @@ def test_gluon_decode_attention_for_64_sequences_on_gpu(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("chain", [False, pytest.param(True, marks=pytest.mark.skip(
-    reason="chain.decode_chain hangs at its first decode step (H200, session 64; cause not yet found)"))],
-    ids=["groups", "chain"])
+@pytest.mark.parametrize("chain", [False, True], ids=["groups", "chain"])
 def test_gluon_gemv_for_one_sequence_on_gpu(chain, tmp_path):
     """One prompt of 200 tokens, then decode steps of its one row: every projection and the LM head in the GEMV
     (`gemv.linear_gemv`, units of 8, 16 or 32 weight rows, two programs an SM), QKV too (`gemv.qkv_gemv`: the unit

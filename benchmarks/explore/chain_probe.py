@@ -1,0 +1,125 @@
+"""Where the one-row chain (`codegen/gluon/chain.py`, `decode_chain`) stops: a decode step of one row through it with
+its programs stamping where they are (`chain._stamp`), read back while it runs.
+
+The decode benchmark's kernel (`megakernel_tpot.decode_config(1, context)`) prefills a prompt with the Triton group
+kernels, then launches one decode step's groups up to the chain and the chain (`--mode gemv`: its projections' runs alone, `on`: with split
+attention). If the step has not finished after `--wait` seconds, the chain's counters and stamps are copied out on a
+second stream (a copy engine reads them while the SMs spin) and summarised: how many programs signalled each group,
+and where the others' loader and consumers are (group, stage, ring slots issued or consumed). The process then exits
+without waiting for the GPU.
+
+    python -m benchmarks.explore.chain_probe --mode gemv      # on an H100 / H200, under a timeout
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import time
+from collections import Counter
+
+import torch
+
+from benchmarks.decode import steps_until_all_decode
+from benchmarks.gluon_groups import DECODE_STEPS
+from benchmarks.megakernel_tpot import artifact_path, decode_config, decode_tokens
+from blinkc.compile_model import WeightsSource, compile_many, compile_model
+from codegen.gluon import chain
+from models.registry import resolve_model
+from runtime.host_driven import HostDriven
+from runtime.megakernel import Megakernel
+from runtime.sampling import SamplingParams
+
+LOADER_STAGES = {0: "started", 1: "past _released", 2: "descriptors made", 3: "early weights issued",
+                 4: "past the event", 6: "every slot issued"}
+CONSUMER_STAGES = {1: "started", 2: "units done", 3: "signalled"}
+
+
+def occupancy(kernel) -> str:
+    """The compiled chain's registers, shared memory and how many of its programs an SM holds (the driver's
+    `cuOccupancyMaxActiveBlocksPerMultiprocessor`)."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+    blocks = ctypes.c_int(0)
+    threads = kernel.metadata.num_warps * 32
+    rc = cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(blocks), ctypes.c_void_p(kernel.function),
+                                                          threads, ctypes.c_size_t(kernel.metadata.shared))
+    return (f"{kernel.n_regs} registers, {kernel.n_spills} spills, {kernel.metadata.shared} B shared, "
+            f"{kernel.metadata.num_warps} warps; {blocks.value if rc == 0 else f'(cuda error {rc})'} programs an SM")
+
+
+def summary(words: torch.Tensor, groups: int, programs: int) -> None:
+    """The counters and the stamps (`chain._stamp`) of a chain of `groups` groups on `programs` programs."""
+    print("  signalled, by group:", words[:groups].tolist())
+    stamps = words[groups:groups + 8 * programs].view(programs, 8)
+    loader = Counter((int(g) - 1, LOADER_STAGES.get(int(s), s)) for g, s in stamps[:, :2].tolist())
+    consumer = Counter((int(g) - 1, CONSUMER_STAGES.get(int(s), s)) for g, s in stamps[:, 4:6].tolist())
+    print("  loaders (group, stage): programs:", dict(sorted(loader.items(), key=str)))
+    print("  consumers (group, stage): programs:", dict(sorted(consumer.items(), key=str)))
+    behind = [p for p in range(programs) if stamps[p, 5] != 3 or stamps[p, 4] != groups]
+    for p in behind[:12]:
+        s = stamps[p].tolist()
+        print(f"  program {p} (SM pair {p % (programs // 2)}): loader group {s[0] - 1} stage {s[1]} slots {s[2]}; "
+              f"consumers group {s[4] - 1} stage {s[5]} slots {s[6]}")
+    print(f"  {len(behind)} of {programs} programs not done", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="llama3-8b")
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--mode", choices=["gemv", "on"], default="gemv")
+    parser.add_argument("--rows", type=int, default=None, help="the GEMV's unit rows (32 if not given)")
+    parser.add_argument("--wait", type=float, default=15.0, help="seconds before the step counts as stuck")
+    args = parser.parse_args()
+    model = resolve_model(args.preset)
+    config = decode_config(1, args.context, DECODE_STEPS)
+    compile_many([(args.preset, config)], host_driven=[config])  # (the cache's, with its host-driven kernels)
+    kernel = Megakernel.load(compile_model(model, config, artifact_path("decode"), WeightsSource(seed=0)).path,
+                             device="cuda", timeout_s=300)
+    triton = HostDriven(kernel)
+    prompt = torch.randint(0, 1000, (args.context,), generator=torch.Generator().manual_seed(0)).tolist()
+    params = SamplingParams(max_tokens=decode_tokens(1, args.context, config.max_tokens_per_step, DECODE_STEPS),
+                            temperature=0, ignore_eos=True)
+    step = steps_until_all_decode(triton, 1, kernel.prepare([prompt], params))
+    chained = HostDriven(kernel, gluon=True, chain=True)
+    g = chained.gluon
+    g.one_row_chain, g.gemv_rows, g.tracing = {"gemv": "gemv", "on": True}[args.mode], args.rows, True
+    run = g.chain_groups((1, 1))
+    table = g._chain_for((1, 1))[2]
+    groups, programs = table.numel() // chain.ROW, g.gemv.PER_SM * g.programs
+    print(f"device {torch.cuda.get_device_name()}; {args.preset}, one row at context {args.context}; the chain "
+          f"({args.mode}): {groups} groups, kinds {table.view(-1, chain.ROW)[:, 0].tolist()}, {programs} programs",
+          flush=True)
+    side = torch.cuda.Stream()  # (made before the chain runs: a host call that waits for the GPU would hang here)
+    host = torch.empty(g._events.numel(), dtype=torch.int32, pin_memory=True)
+    torch.cuda.synchronize()
+    step += 1
+    size = chained.plan_step(step) or kernel.last_step_size()
+    for first, count in chained.groups:  # the step's groups up to the chain's launch, and no further
+        chained.launch_group(first, count, step, size)
+        if first == run[0]:
+            break
+        if first == chained.groups[0][0]:
+            print("  the step's first group launched", flush=True)
+    done = torch.cuda.Event()
+    done.record()
+    compiled = [k for cache in chain.decode_chain.device_caches.values() for k in cache[0].values()]
+    for k in compiled:
+        print("  compiled:", occupancy(k), flush=True)
+    start = time.time()
+    while not done.query() and time.time() - start < args.wait:
+        time.sleep(0.1)
+    if done.query():
+        print(f"  the chain finished within {time.time() - start:.2f} s of waiting", flush=True)
+        summary(g._events.cpu(), groups, programs)
+        return
+    print(f"  the chain has not finished after {args.wait:.0f} s; its stamps:", flush=True)
+    with torch.cuda.stream(side):
+        host.copy_(g._events, non_blocking=True)
+    side.synchronize()
+    summary(host, groups, programs)
+    os._exit(3)
+
+
+if __name__ == "__main__":
+    main()
