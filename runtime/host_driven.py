@@ -381,10 +381,10 @@ class GluonGroups(GluonCoverage):
                                      for split in (False, True)}
         self.chain = chain
         self._chains: dict[tuple, tuple[set[int], int, torch.Tensor] | None] = {}  # `_chain_for`'s, by what decides it
-        self.tracing = False  # the one-row chain's programs stamp where they are after its counters (`chain._stamp`)
-        # the chain's counters, a group each, and room for the stamps
-        self._events = torch.zeros(len(groups) + 8 * self.gemv.PER_SM * self.programs, dtype=torch.int32,
-                                   device=kernel.device)
+        # the one-row chain's programs stamp where they are and when each group's event came and their signal went
+        # after its counters (`chain._stamp`, `chain._clock`: `benchmarks/explore/chain_probe.py` reads them)
+        self.tracing = False
+        self._events = torch.zeros(len(groups), dtype=torch.int32, device=kernel.device)  # (the chain's; grown)
 
     def _chain_for(self, size: tuple[int, int] | None) -> tuple[set[int], int, torch.Tensor] | None:
         """The chain a step of `size` launches, if it launches one: its groups (`chain_groups`), the first of them,
@@ -410,17 +410,22 @@ class GluonGroups(GluonCoverage):
 
     def _launch_chain(self, table: torch.Tensor, one_row: bool) -> None:
         """The chain of `table`'s groups, its events zeroed first: a step that prefills one program an SM, a step of
-        one row two (`chain.decode_chain`, units of `gemv_rows` weight rows, 32 if None)."""
+        one row two (`chain.decode_chain`, units of `gemv_rows` weight rows, 16 if None: session 65's H200 figures
+        at context 512 were 3,856 us a step's layers against 3,951 in units of 32 and 3,887 of 8)."""
         from codegen.gluon import chain
         k, cfg = self.kernel, self.kernel.config
         attention = next(first for first, kind in self.kinds.items() if kind == Kind.ATTENTION)
+        rows, programs = table.numel() // chain.ROW, self.gemv.PER_SM * self.programs
+        words = rows + (8 * programs + 2 * programs * rows if self.tracing and one_row else 0)
+        if self._events.numel() < words:
+            self._events = torch.zeros(words, dtype=torch.int32, device=self.kernel.device)
         self._events.zero_()
         args = (k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, k.kv.numel() // self.columns[attention],
-                table, self._events, table.numel() // chain.ROW, self.control_at, self.positions_at, self.slots_at,
+                table, self._events, rows, self.control_at, self.positions_at, self.slots_at,
                 *self.plan_at)
         if one_row:
             chain.decode_chain[(self.gemv.PER_SM * self.programs, )](
-                *args, **chain.decode_constexprs(self.gemv_rows or 32, cfg.page_size, cfg.max_pages_per_seq,
+                *args, **chain.decode_constexprs(self.gemv_rows or 16, cfg.page_size, cfg.max_pages_per_seq,
                                                  cfg.max_batch, self.norm_f64, cfg.block_m), TRACING=self.tracing,
                 **chain.DECODE_LAUNCH)
         else:

@@ -87,7 +87,7 @@ if [[ $mode == chain-decode ]]; then  # the one-row chain (`chain.decode_chain`)
   # then its decode row (a step's layers through it against the group kernels) and its GPU tests
   step "${CHAIN_LIMIT:-100}" python -m benchmarks.explore.chain_probe --mode on
   step "${BENCH_LIMIT:-200}" python -m benchmarks.gluon_groups --prompts "" --decode 1x512 --one-row-chain on
-  step "${TEST_LIMIT:-300}" python -m pytest -q -s -m gpu tests/gpu -k gemv_for_one_sequence -p no:cacheprovider
+  step "${TEST_LIMIT:-330}" python -m pytest -q -s -m gpu tests/gpu -k "${CASES:-gemv_for_one_sequence or chain or decode_attention}" -p no:cacheprovider
 fi
 if [[ $mode == chain-probe ]]; then  # ... read back where its programs stop (`benchmarks/explore/chain_probe.py`)
   step "${CHAIN_LIMIT:-100}" python -m benchmarks.explore.chain_probe --mode gemv ${PROBE_ARGS:-}

@@ -63,13 +63,66 @@ def summary(words: torch.Tensor, groups: int, programs: int) -> None:
     print(f"  {len(behind)} of {programs} programs not done", flush=True)
 
 
+def names(kinds: list[int]) -> list[str]:
+    """The table's groups by what they are: a plain projection after attention is o_proj, else down."""
+    code = {chain.QKV: "qkv", chain.ATTENTION: "attention", chain.GATED: "gate/up"}
+    return [code.get(k, "o_proj" if g and kinds[g - 1] == chain.ATTENTION else "down") for g, k in enumerate(kinds)]
+
+
+def timeline(words: torch.Tensor, kinds: list[int], programs: int) -> None:
+    """Where a traced chain's time went (`chain._clock`'s times, us): each kind of group from the event before it to
+    its own (the last program's signal), summed over the chain; how long the loaders took to see the event before,
+    and how far the last program's signal came after the median one's (attention's loaders stamp their start: their
+    items' older keys go in before the event)."""
+    groups = len(kinds)
+    raw = words[groups + 8 * programs:].view(programs, groups, 2).long()
+    # (the timer's low 32 bits: ns, wrapping every 4.3 s; signed from program 0's first stamp)
+    t = (((raw - raw[0, 0, 0] + (1 << 31)) % (1 << 32)) - (1 << 31)).double() / 1e3
+    done = t[:, :, 1].max(dim=0).values
+    start = t[:, 0, 0].min()
+    ran: dict[str, list[float]] = {}
+    seen: dict[str, list[float]] = {}
+    late: dict[str, list[float]] = {}
+    for g, name in enumerate(names(kinds)):
+        before = done[g - 1] if g else start
+        ran.setdefault(name, []).append((done[g] - before).item())
+        seen.setdefault(name, []).append((t[:, g, 0] - before).median().item() if g else 0.0)
+        late.setdefault(name, []).append((done[g] - t[:, g, 1].median()).item())
+    print(f"  the chain's timeline ({groups} groups, {done[-1] - start:.0f} us from the first loader to the last "
+          f"signal; us, summed over the chain, and medians a group):")
+    for name in ran:
+        r, s_, l_ = (torch.tensor(v) for v in (ran[name], seen[name], late[name]))
+        print(f"    {name:9s} {r.sum():7.0f} us, {r.median():6.1f} a group; the loaders past the event before "
+              f"{s_.median():5.2f}; the last signal past the median {l_.median():5.1f}", flush=True)
+
+
+def timed(chained: HostDriven, table: torch.Tensor, repeats: int) -> None:
+    """The chain alone, launched again on the step's arenas (its outputs rewritten: only the time matters here),
+    traced and not, each the best of `repeats` by CUDA events."""
+    g = chained.gluon
+    best = {}
+    for tracing in (False, True):
+        g.tracing = tracing
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(50_000_000)  # (the launch queued before the GPU gets to it)
+            start.record()
+            g._launch_chain(table, True)
+            end.record()
+            end.synchronize()
+            best[tracing] = min(best.get(tracing, 1e9), start.elapsed_time(end))
+    print(f"  the chain alone: {best[False] * 1e3:.0f} us, traced {best[True] * 1e3:.0f} (best of {repeats})",
+          flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="llama3-8b")
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--mode", choices=["gemv", "on"], default="gemv")
-    parser.add_argument("--rows", type=int, default=None, help="the GEMV's unit rows (32 if not given)")
+    parser.add_argument("--rows", type=int, default=None, help="the GEMV's unit rows (the executor's if not given)")
     parser.add_argument("--wait", type=float, default=15.0, help="seconds before the step counts as stuck")
+    parser.add_argument("--repeats", type=int, default=10, help="the chain's launches timed each way (best kept)")
     args = parser.parse_args()
     model = resolve_model(args.preset)
     config = decode_config(1, args.context, DECODE_STEPS)
@@ -91,7 +144,8 @@ def main() -> None:
           f"({args.mode}): {groups} groups, kinds {table.view(-1, chain.ROW)[:, 0].tolist()}, {programs} programs",
           flush=True)
     side = torch.cuda.Stream()  # (made before the chain runs: a host call that waits for the GPU would hang here)
-    host = torch.empty(g._events.numel(), dtype=torch.int32, pin_memory=True)
+    words = groups + 8 * programs + 2 * programs * groups  # (`chain._stamp`'s, `chain._clock`'s)
+    host = torch.empty(words, dtype=torch.int32, pin_memory=True)
     torch.cuda.synchronize()
     step += 1
     size = chained.plan_step(step) or kernel.last_step_size()
@@ -111,11 +165,13 @@ def main() -> None:
         time.sleep(0.1)
     if done.query():
         print(f"  the chain finished within {time.time() - start:.2f} s of waiting", flush=True)
-        summary(g._events.cpu(), groups, programs)
+        summary(g._events[:words].cpu(), groups, programs)
+        timeline(g._events[:words].cpu(), table.view(-1, chain.ROW)[:, 0].tolist(), programs)
+        timed(chained, table, args.repeats)
         return
     print(f"  the chain has not finished after {args.wait:.0f} s; its stamps:", flush=True)
     with torch.cuda.stream(side):
-        host.copy_(g._events, non_blocking=True)
+        host.copy_(g._events[:words], non_blocking=True)
     side.synchronize()
     summary(host, groups, programs)
     os._exit(3)

@@ -33,6 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from codegen.bodies.attention import ATTENTION_FIELDS
+from codegen.gluon.events import wait
 from codegen.gluon.linear import ALIGN, LAUNCH, LOADER_REGS, _region
 from codegen.tasks import DESC_WORDS
 
@@ -59,13 +60,18 @@ def _add(a, b):
 
 
 @gluon.jit
-def _splits(I32, control_at, HKV, splits, SPLIT: gl.constexpr):
+def _splits(I32, control_at, context_lens_at, HKV, splits, BLOCK_: gl.constexpr, MAX_SEQS: gl.constexpr,
+            SPLIT: gl.constexpr, layout: gl.constexpr):
     """Each (sequence, KV head)'s splits of its context in this step: with SPLIT (a step that only decodes, whose
     pairs are fewer than the programs) as many as give every program one at most, no more than the descriptor's
-    `splits` (its scratch holds those); else 1."""
+    `splits` (its scratch holds those), nor than the longest context's slots of BLOCK keys (a split of fewer keys
+    still takes a slot, and only adds a partial to merge); else 1."""
     if SPLIT:
-        pairs = gl.maximum(gl.load(I32 + control_at + 1) * HKV, 1)
-        return gl.maximum(gl.minimum(splits, gl.num_programs(0) // pairs), 1)
+        num_seqs = gl.load(I32 + control_at + 1)
+        pairs = gl.maximum(num_seqs * HKV, 1)
+        lanes = gl.arange(0, MAX_SEQS, layout=layout)
+        longest = gl.max(gl.load(I32 + context_lens_at + lanes, mask=lanes < num_seqs, other=0), axis=0)
+        return gl.maximum(gl.minimum(gl.minimum(splits, gl.num_programs(0) // pairs), gl.cdiv(longest, BLOCK_)), 1)
     else:
         return gl.to_tensor(1)
 
@@ -175,10 +181,13 @@ def _loader(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at
 def load_items(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at, context_lens_at,
                seq_req_at, req_pages_at, layer, REP, HKV, splits, i, HD: gl.constexpr, BM: gl.constexpr,
                PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, STAGES_: gl.constexpr,
-               IDS_: gl.constexpr, SPLIT: gl.constexpr, KS: gl.constexpr = 2, V_OFF: gl.constexpr = 0):
+               IDS_: gl.constexpr, SPLIT: gl.constexpr, KS: gl.constexpr = 2, V_OFF: gl.constexpr = 0, EVENTS=None,
+               event=0):
     """Every item's keys and values into ring slots i .., a slot of BLOCK keys at a time (each page's two column
     halves of each); returns the slot after them. Slot s's halves: k_ring's KS s, KS s + 1 and v_ring's KS s + V_OFF,
-    KS s + V_OFF + 1 (KS 4, V_OFF 2: both in one array)."""
+    KS s + V_OFF + 1 (KS 4, V_OFF 2: both in one array). EVENTS: a persistent kernel's group (`chain.py`), whose
+    keys before the step's own are in the cache already: an item waits for EVENTS[event - 1] to reach the programs'
+    count only where it reads keys the step writes (the group before's QKV)."""
     BLOCK_: gl.constexpr = k_ring.type.shape[1]
     HW: gl.constexpr = HD // 2
     PER: gl.constexpr = BLOCK_ // PAGE  # pages a slot
@@ -187,13 +196,17 @@ def load_items(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control
     pool = tma.make_tensor_descriptor(KV, [kv_rows, HKV * HD], [HKV * HD, 1], [PAGE, HW], k_ring.type.layout)
     plane_rows = (kv_plane // (HKV * HD)).to(gl.int32)
     k_row0 = layer * 2 * plane_rows
-    S = _splits(I32, control_at, HKV, splits, SPLIT)
+    S = _splits(I32, control_at, context_lens_at, HKV, splits, BLOCK_, MAX_SEQS, SPLIT, one)
     seqs, items, ends, total = _step_items(I32, control_at, seq_starts_at, REP, BM, HKV, S, MAX_SEQS, one)
     for r in range(gl.cdiv(total, gl.num_programs(0))):
-        valid, _, _, _, _, pages, g, _, _, first_key, last = _item(r, seqs, items, ends, total, I32, seq_starts_at,
-                                                                   context_lens_at, seq_req_at, req_pages_at, REP,
-                                                                   HKV, S, BM, PAGE, PAGES_PER_SEQ)
+        valid, _, _, q_len, ctx, pages, g, _, _, first_key, last = _item(r, seqs, items, ends, total, I32,
+                                                                         seq_starts_at, context_lens_at, seq_req_at,
+                                                                         req_pages_at, REP, HKV, S, BM, PAGE,
+                                                                         PAGES_PER_SEQ)
         if valid:
+            if EVENTS is not None:
+                if last > ctx - q_len:  # (pages past `last` are read too, but masked)
+                    wait(EVENTS, event - 1, gl.num_programs(0))
             num_pages = gl.cdiv(last, PAGE)
             for w0 in range(first_key // PAGE, num_pages, IDS_):  # IDS page ids in one load, then their copies
                 pw = w0 + gl.arange(0, IDS_, layout=one)
@@ -232,9 +245,10 @@ def consume_items(ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_s
                   req_pages_at, q_off, out_off, H, HKV, scale, splits, part_off, ticket_off, i, HD: gl.constexpr,
                   BM: gl.constexpr, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
                   STAGES_: gl.constexpr, SPLIT: gl.constexpr, PART_ROWS: gl.constexpr, MAX_SPLITS: gl.constexpr,
-                  KS: gl.constexpr = 2, V_OFF: gl.constexpr = 0):
+                  KS: gl.constexpr = 2, V_OFF: gl.constexpr = 0, EVENTS=None, event=0):
     """Every item's online softmax over its keys from ring slot i on, then its outputs (or its split's partial and,
-    last to arrive, the merge); returns the slot after them. KS, V_OFF: where a slot's halves are (`load_items`)."""
+    last to arrive, the merge); returns the slot after them. KS, V_OFF: where a slot's halves are (`load_items`).
+    EVENTS: an item's queries are read once EVENTS[event - 1] reaches the programs' count (as `load_items`)."""
     BLOCK_: gl.constexpr = k_ring.type.shape[1]
     HW: gl.constexpr = HD // 2
     REP = H // HKV
@@ -253,13 +267,15 @@ def consume_items(ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_s
     sr = gl.arange(0, BM, layout=rows_s)
     orow = gl.arange(0, BM, layout=rows_o)
     c = scale * LOG2E  # exp(scale (s - m)) as 2^(s c - m c), as the Triton body's
-    S = _splits(I32, control_at, HKV, splits, SPLIT)
+    S = _splits(I32, control_at, context_lens_at, HKV, splits, BLOCK_, MAX_SEQS, SPLIT, lanes)
     seqs, items, ends, total = _step_items(I32, control_at, seq_starts_at, REP, BM, HKV, S, MAX_SEQS, lanes)
     for r in range(gl.cdiv(total, gl.num_programs(0))):
         valid, seq, start, q_len, ctx, _, g, split, m0, first_key, last = _item(
             r, seqs, items, ends, total, I32, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, REP, HKV, S,
             BM, PAGE, PAGES_PER_SEQ)
         if valid:
+            if EVENTS is not None:
+                wait(EVENTS, event - 1, gl.num_programs(0))
             rows = m0 + qr
             q_rows = ACT + _region(q_off) + ((start + rows // REP).to(gl.int64) * H)[:, None] * HD + \
                 ((g * REP + rows % REP) * HD)[:, None] + qd[None, :]

@@ -35,6 +35,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from codegen.gluon import attention, gemv, linear, qkv
+from codegen.gluon.events import wait
 from codegen.gluon.linear import BK, BM, LOADER_REGS
 from codegen.gluon.tiles import load_tiles
 from codegen.tasks import DESC_WORDS as ROW_WORDS
@@ -59,17 +60,6 @@ SIGNATURE = {"DESCS": "*i64", "W": "*bf16", "ACT": "*bf16", "F32": "*fp32", "I32
              "kv_plane": "i64", "kv_rows": "i32", "GROUPS": "*i32", "EVENTS": "*i32", "groups": "i32",
              "control_at": "i32", "positions_at": "i32", "slots_at": "i32", "seq_starts_at": "i32",
              "context_lens_at": "i32", "seq_req_at": "i32", "req_pages_at": "i32"}
-
-
-@gluon.jit
-def _wait(EVENTS, g, target):
-    """Spins until EVENTS[g] reaches target (acquire: what its signals released is visible after), then orders this
-    thread's later bulk copies (the async proxy's accesses) after it."""
-    seen = gl.atomic_add(EVENTS + g, 0, sem="acquire", scope="gpu")
-    while seen < target:
-        seen = gl.atomic_add(EVENTS + g, 0, sem="acquire", scope="gpu")
-    gl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, $1;", "=r,r", [seen], dtype=gl.int32,
-                              is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -102,7 +92,7 @@ def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, c
     for g in range(groups):
         kind, desc, narrow = _group(DESCS, GROUPS, g)
         if g > 0:
-            _wait(EVENTS, g - 1, gl.num_programs(0))
+            wait(EVENTS, g - 1, gl.num_programs(0))
         if kind == _ATTENTION:
             _, _, H, HKV, layer, _, _, _, _ = attention.row(desc)
             i = attention.load_items(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control_at,
@@ -151,7 +141,7 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, con
     for g in range(groups):
         kind, desc, is_narrow = _group(DESCS, GROUPS, g)
         if g > 0:
-            _wait(EVENTS, g - 1, gl.num_programs(0))
+            wait(EVENTS, g - 1, gl.num_programs(0))
         if kind == _ATTENTION:
             i = _attention(desc, ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_starts_at,
                            context_lens_at, seq_req_at, req_pages_at, i, PAGE, PAGES_PER_SEQ, MAX_SEQS)
@@ -321,9 +311,19 @@ def _stream_descs(W, w_off, N, ACT, x_off, K, GR: gl.constexpr):
 @gluon.jit
 def _stamp(EVENTS, groups, word: gl.constexpr, value, TRACING: gl.constexpr):
     """(TRACING) word `word` of this program's 8 after the chain's counters: where its partitions are (words 0-2 the
-    loader's group, stage and slot count, 4-7 the consumers'), for a host that reads them while the chain runs."""
+    loader's group, stage and slot count, 4-6 the consumers'), for a host that reads them while the chain runs."""
     if TRACING:
         gl.store(EVENTS + groups + gl.program_id(0) * 8 + word, value)
+
+
+@gluon.jit
+def _clock(EVENTS, groups, g, word: gl.constexpr, TRACING: gl.constexpr):
+    """(TRACING) the global timer's low 32 bits (ns) as word `word` of group g's 2 for this program, after the
+    stamps: 0 the loader past the group before's event, 1 the consumers' signal."""
+    if TRACING:
+        now = gl.inline_asm_elementwise("mov.u32 $0, %globaltimer_lo;", "=r,r", [g], dtype=gl.int32, is_pure=False,
+                                        pack=1)
+        gl.store(EVENTS + groups + gl.num_programs(0) * 8 + (gl.program_id(0) * groups + g) * 2 + word, now)
 
 
 @gluon.jit
@@ -354,13 +354,15 @@ def _decode_loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, gr
         _stamp(EVENTS, groups, 1, 0, TRACING)
         _stamp(EVENTS, groups, 2, i, TRACING)
         if kind == _ATTENTION:
-            if g > 0:
-                _wait(EVENTS, g - 1, gl.num_programs(0))
-            _stamp(EVENTS, groups, 1, 4, TRACING)
+            # its items' keys before the step's own go in before the group before is done (their slots' bytes are
+            # the GEMV ring's: once read); an item with the step's keys waits for it (`attention.load_items`)
+            _released(empty, i, i, SLOTS_)
+            _stamp(EVENTS, groups, 1, 1, TRACING)
+            _clock(EVENTS, groups, g, 0, TRACING)
             _, _, H, HKV, layer, _, splits, _, _ = attention.row(desc)
             j = attention.load_items(KV, kv_plane, kv_rows, I32, kv, kv, kv_ready, kv_empty, control_at, seq_starts_at,
                                      context_lens_at, seq_req_at, req_pages_at, layer, H // HKV, HKV, splits, j, HD,
-                                     GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS, STAGES, IDS, True, 4, 2)
+                                     GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS, STAGES, IDS, True, 4, 2, EVENTS, g)
         else:
             x_off, K, w_off, N = _gemv_operands(desc, kind == _QKV)
             _released(kv_empty, j, j, STAGES)  # (attention's slots, over the same bytes, read)
@@ -380,8 +382,9 @@ def _decode_loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, gr
                 i = gemv.fill_slot(w_desc, x_desc, w_ring, x_ring, ready, empty, i, u0, k0, SLOTS_, False)
             _stamp(EVENTS, groups, 1, 3, TRACING)
             if g > 0:
-                _wait(EVENTS, g - 1, gl.num_programs(0))
+                wait(EVENTS, g - 1, gl.num_programs(0))
             _stamp(EVENTS, groups, 1, 4, TRACING)
+            _clock(EVENTS, groups, g, 0, TRACING)
             for k0 in range(0, first, BOXES * GK_):
                 gemv.copy_row(x_desc, x_ring, ready, i0 + k0 // (BOXES * GK_), k0, SLOTS_)
             for u in range(u0, u1):
@@ -410,14 +413,12 @@ def _decode_consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, grou
         _stamp(EVENTS, groups, 4, g + 1, TRACING)
         _stamp(EVENTS, groups, 5, 1, TRACING)
         _stamp(EVENTS, groups, 6, i, TRACING)
-        if kind == _ATTENTION:
-            if g > 0:
-                _wait(EVENTS, g - 1, gl.num_programs(0))
+        if kind == _ATTENTION:  # (an item's queries once the group before is done: `attention.consume_items`)
             q_off, out_off, H, HKV, _, scale, splits, part_off, ticket_off = attention.row(desc)
             j = attention.consume_items(ACT, F32, I32, kv, kv, kv_ready, kv_empty, control_at, seq_starts_at,
                                         context_lens_at, seq_req_at, req_pages_at, q_off, out_off, H, HKV, scale,
                                         splits, part_off, ticket_off, j, HD, GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS,
-                                        STAGES, True, PART_ROWS, MAX_SPLITS, 4, 2)
+                                        STAGES, True, PART_ROWS, MAX_SPLITS, 4, 2, EVENTS, g)
         elif kind == _QKV:
             i = _decode_qkv(desc, W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, positions_at, slots_at,
                             i, EVENTS, g, SLOTS_, NORM_F64)
@@ -428,6 +429,7 @@ def _decode_consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, grou
         _stamp(EVENTS, groups, 5, 2, TRACING)
         _stamp(EVENTS, groups, 6, i, TRACING)
         _signal(EVENTS, g)
+        _clock(EVENTS, groups, g, 1, TRACING)
         _stamp(EVENTS, groups, 5, 3, TRACING)
 
 
@@ -461,7 +463,8 @@ def decode_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS,
                  TRACING: gl.constexpr = False):
     """`prefill_chain`'s for a step of one row: the table's projections (the GEMV, GR-row units) and attention (its
     keys in splits). Two programs an SM, each waiting for all of them. TRACING: each program's partitions stamp
-    where they are after the counters (`_stamp`; EVENTS then holds `groups` + 8 words a program)."""
+    where they are after the counters (`_stamp`), and the times of each group's event and signal after those
+    (`_clock`; EVENTS then holds `groups` + 8 words a program + 2 a program a group)."""
     BOXES: gl.constexpr = SLOT_ROWS_ // GR
     plain: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     # allocated as attention's swizzled halves, which want their 1,024-byte alignment, and viewed as the GEMV's boxes

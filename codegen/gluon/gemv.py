@@ -33,6 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from codegen.bodies.linear import LINEAR_FIELDS, OUT_ALIGNED, OUT_F32
 from codegen.bodies.qkv import QKV_FIELDS
 from codegen.gluon import qkv
+from codegen.gluon.events import wait
 from codegen.gluon.linear import _norm_sums, _region, _round
 from codegen.gluon.qkv import HEAD_DIM, _store_head
 from codegen.tasks import DESC_WORDS
@@ -177,22 +178,13 @@ def linear_units(W, ACT, F32, w_ring, x_ring, ready, empty, u0, u1, i, K, N, out
         y, i = _unit(w_ring, x_ring, ready, empty, i, K, SLOTS_, vec)
         if u == u0:
             if EVENTS is not None:
-                _wait(EVENTS, event - 1, gl.num_programs(0))
+                wait(EVENTS, event - 1, gl.num_programs(0))
             inv = _inv_rms(F32, stats_off, K, eps, NORM_F64)
         sq += _epilogue(y, u, inv, W, ACT, F32, N, out_off, res_off, bias_off, GATED, OUT_KIND)
     if (out_stats_off >= 0) & (u1 > u0):
         out_sums = _norm_sums(F32, out_stats_off, NORM_F64)
         gl.atomic_add(out_sums, sq.to(out_sums.dtype.element_ty))
     return i
-
-
-@gluon.jit
-def _wait(EVENTS, g, target):
-    """Spins until EVENTS[g] reaches target (acquire: what its signals released is visible after); g < 0: none."""
-    if g >= 0:
-        seen = gl.atomic_add(EVENTS + g, 0, sem="acquire", scope="gpu")
-        while seen < target:
-            seen = gl.atomic_add(EVENTS + g, 0, sem="acquire", scope="gpu")
 
 
 @gluon.jit
@@ -278,7 +270,7 @@ def qkv_units(W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, u0, 
         y, i = _unit(w_ring, x_ring, ready, empty, i, K, SLOTS_, vec)
         if u == u0:
             if EVENTS is not None:
-                _wait(EVENTS, event - 1, gl.num_programs(0))
+                wait(EVENTS, event - 1, gl.num_programs(0))
             inv = _inv_rms(F32, stats_off, K, eps, NORM_F64)
         gl.store(parts + u * GR + gl.arange(0, GR, layout=vec), y * inv)
         head = u // PER_HEAD
