@@ -152,18 +152,29 @@ def _merge_parts(part, S, num_rows, out, REP, H, PART_ROWS: gl.constexpr, HD: gl
     group, out its first), merged as the Triton body's `_merge_row`: sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M),
     M the largest m_s. Read past L1: other programs wrote them."""
     tile: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [gl.num_warps(), 1], [1, 0])
-    size = PART_ROWS * (HD + 2)
     sp = gl.arange(0, MAX_SPLITS, layout=gl.SliceLayout(1, tile))
     d = gl.arange(0, HD, layout=gl.SliceLayout(0, tile))
-    s_ok = sp < S
+    # a row's loads go out before the row before is stored (the compiler may not move them past the stores): one
+    # trip to L2 for the rows rather than one a row (the merge was most of a one-row step's attention, session 65)
+    m_s, l_s, acc_s = _part_row(part, 0, S, sp, d, PART_ROWS, HD)
     for r in range(0, num_rows):
-        m_s = gl.load(part + sp * size + r, mask=s_ok, other=NEG, cache_modifier=".cg")
-        l_s = gl.load(part + sp * size + PART_ROWS + r, mask=s_ok, other=0.0, cache_modifier=".cg")
-        acc_s = gl.load(part + (sp * size + 2 * PART_ROWS + r * HD)[:, None] + d[None, :], mask=s_ok[:, None],
-                        other=0.0, cache_modifier=".cg")
+        m_next, l_next, acc_next = _part_row(part, r + 1, gl.where(r + 1 < num_rows, S, 0), sp, d, PART_ROWS, HD)
         weight = gl.exp(m_s - gl.max(m_s, axis=0))
         row = gl.sum(acc_s * weight[:, None], axis=0) / gl.sum(l_s * weight, axis=0)
         gl.store(out + ((r // REP).to(gl.int64) * H) * HD + (r % REP) * HD + d, row.to(gl.bfloat16))
+        m_s, l_s, acc_s = m_next, l_next, acc_next
+
+
+@gluon.jit
+def _part_row(part, r, S, sp, d, PART_ROWS: gl.constexpr, HD: gl.constexpr):
+    """Row r of the S splits' partials at `part` (none where S is 0): their maxima, sums and unnormalised rows."""
+    size = PART_ROWS * (HD + 2)
+    s_ok = sp < S
+    m_s = gl.load(part + sp * size + r, mask=s_ok, other=NEG, cache_modifier=".cg")
+    l_s = gl.load(part + sp * size + PART_ROWS + r, mask=s_ok, other=0.0, cache_modifier=".cg")
+    acc_s = gl.load(part + (sp * size + 2 * PART_ROWS + r * HD)[:, None] + d[None, :], mask=s_ok[:, None], other=0.0,
+                    cache_modifier=".cg")
+    return m_s, l_s, acc_s
 
 
 @gluon.jit
