@@ -275,9 +275,9 @@ def main() -> None:
                         help="the Gluon projections' tiles: [128, 256], [128, 128], or as `linear.tiles_for` picks")
     parser.add_argument("--gemv-rows", choices=["auto"] + [str(r) for r in gemv.UNIT_ROWS], default="auto",
                         help="the one-row GEMV's units of weight rows (auto: as `gemv.rows_for` picks)")
-    parser.add_argument("--one-row-chain", choices=["off", "on", "gemv"], default="off",
-                        help="a one-row step's layers as one persistent launch too (`chain.decode_chain`, which hung "
-                             "at its first run: run it under a timeout), or its projections' runs alone")
+    parser.add_argument("--one-row-chain", choices=["off", "on", "gemv"], default="on",
+                        help="a one-row step's layers as one persistent launch too (`chain.decode_chain`), or its "
+                             "projections' runs alone")
     parser.add_argument("--compile-only", action="store_true", help="compile the kernels into the cache and stop")
     args = parser.parse_args()
     lengths = [int(n) for n in args.prompts.split(",") if n]

@@ -203,7 +203,8 @@ class GluonCoverage:
         self.linear, self.qkv, self.attention, self.gemv = linear, qkv, attention, gemv
         self.programs = programs
         self.order = [first for first, _ in groups]
-        self.one_row_chain: bool | str = False  # (`chain_groups`; "gemv": its projections' runs only)
+        # a one-row step's layers in the chain too (`chain_groups`; False: not; "gemv": its projections' runs only)
+        self.one_row_chain: bool | str = True
         self.min_rows = (cfg.wide_m or (32 if cfg.max_batch <= 32 else 64)) + 1  # (`CompileConfig.wide_rows`)
         self.covered: dict[int, int] = {}  # first task of a group -> its descriptor's row
         self.kinds: dict[int, Kind] = {}
@@ -307,9 +308,8 @@ class GluonCoverage:
         longest run of consecutive groups the prefill bodies take (the projections' tiles, QKV's, attention's items of
         128 rows; a covered attention's merge group within it, as it has nothing to do), in a step that prefills; in
         a step of one row, with `one_row_chain`, the longest run the GEMV and split decode attention take (with
-        "gemv", the GEMV alone: a layer's o_proj to the next one's QKV) (`chain.decode_chain`: it hangs at its first
-        step on an H200, session 64, cause not yet found, so it is off by default); empty in any other step or where
-        the run would be a group or none."""
+        "gemv", the GEMV alone: a layer's o_proj to the next one's QKV; `chain.decode_chain`); empty in any other step
+        or where the run would be a group or none."""
         one_row = size is not None and size == (1, 1)
         if size is None or (not self.one_row_chain if one_row else size[0] <= size[1] or size[0] < self.min_rows):
             return []

@@ -275,12 +275,18 @@ def constexprs(page_size: int, pages_per_seq: int, max_batch: int, norm_f64: boo
 # attention's key and value halves interleaved in 3 (a slot's k halves then its v halves, `attention.load_items`' KS 4,
 # V_OFF 2), each ring with its own barriers and slot count. The loader copies a group's first units' weights before the
 # group before is done (they do not depend on it) and their row's boxes after (`benchmarks/explore/ws_decode_chain.py`,
-# EARLY: 105.2 against 108.4 us a layer for o_proj -> gate/up -> down), but after attention only once its own
-# consumers have released attention's slots (the rings' views overlap).
-# NOT YET RIGHT: on an H200 (session 64) it hung at its first decode step, twice (the second time with its buffer
-# allocated in the swizzled layout, in case the views' alignment was the cause); the host-driven executor takes it only
-# where asked (`GluonCoverage.one_row_chain`). Next: `benchmarks/gluon_groups.py --decode 1x512 --one-row-chain gemv`
-# under a timeout (the projections alone, no attention in the run), to halve the suspects.
+# EARLY: 105.2 against 108.4 us a layer for o_proj -> gate/up -> down), and attention's keys before the step's own
+# likewise (only an item that reads the step's keys waits: `attention.load_items`); a ring's first copies wait until
+# the consumers have released the other ring's slots (the views overlap).
+# H200, Llama-3-8B's batch-1 decode step at context 512 (session 65, `benchmarks/gluon_groups.py --decode 1x512
+# --one-row-chain on`): the 192 groups of the 32 layers in 3,969 us against 4,826 as Gluon group kernels (1.22x), the
+# step 4.24 ms against the persistent Triton megakernel's TPOT of 4.57; the chain alone 3,738 us launched again and
+# again (`benchmarks/explore/chain_probe.py`, which also says where a stuck chain's programs are). A layer, traced:
+# QKV 12.6 us, attention 10.0, o_proj 11.3, gate/up 54.2, down 28.9 (medians, from the event before to its own).
+# The host-driven executor takes it where asked (`GluonCoverage.one_row_chain`).
+# Its first version hung (session 64): every unit after a program's first went on from the first's early slots, since
+# `k_first = 0` in the loop did not reset a name that held a tensor before it (Gluon carried the tensor), and the
+# consumers waited for slots never filled. Start values are computed in the loop now (`gl.where`).
 
 DECODE_LAUNCH = gemv.LAUNCH
 GK_ = gl.constexpr(gemv.GK.value)

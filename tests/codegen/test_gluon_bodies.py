@@ -190,13 +190,13 @@ def test_gluon_coverage_by_step(coverage_64, size, streamk, attention, lm_head):
 ])
 def test_the_persistent_chain_takes_a_steps_layers_whole(fixture, size, groups, request):
     coverage, lw = request.getfixturevalue(fixture)
-    assert coverage.chain_groups(size) == [] or size != (1, 1)  # (a one-row step's chain is off by default)
-    coverage.one_row_chain = True
-    try:
-        run = coverage.chain_groups(size)
-    finally:
-        coverage.one_row_chain = False
+    run = coverage.chain_groups(size)
     assert len(run) == groups
+    coverage.one_row_chain = False  # (a one-row step's chain can be turned off: its steps then launch the groups)
+    try:
+        assert coverage.chain_groups(size) == [] or size != (1, 1)
+    finally:
+        coverage.one_row_chain = True
     if len(run) >= 5 * 32:  # layer 0's QKV to layer 31's down, every group between them in order
         names = [lw.tasks.event_names[lw.tasks.tasks[first].signal] for first in run]
         assert names[0] == "qkv.0" and names[-1] == "model.layers.31.mlp.down_proj.weight"

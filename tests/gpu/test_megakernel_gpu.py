@@ -334,7 +334,6 @@ def test_gluon_gemv_for_one_sequence_on_gpu(chain, tmp_path):
     checked (as `check_every_step`)."""
     driver, model = gluon_driver(tmp_path, case_config(1), chain)
     if chain:
-        driver.gluon.one_row_chain = True
         assert len(driver.gluon.chain_groups((1, 1))) == 6 * 32
     assert len(driver.gluon.one_row) == 4 * 32 + 1 and not driver.gluon.one_row_skipped
     prompt = torch.randint(0, model.config.vocab_size, (200,), generator=torch.Generator().manual_seed(1)).tolist()
