@@ -384,6 +384,7 @@ class GluonGroups(GluonCoverage):
         # the one-row chain's programs stamp where they are and when each group's event came and their signal went
         # after its counters (`chain._stamp`, `chain._clock`: `benchmarks/explore/chain_probe.py` reads them)
         self.tracing = False
+        self.split_slots = 1  # the one-row chain's attention: a split's slots of keys at least (`attention._splits`)
         self._events = torch.zeros(len(groups), dtype=torch.int32, device=kernel.device)  # (the chain's; grown)
 
     def _chain_for(self, size: tuple[int, int] | None) -> tuple[set[int], int, torch.Tensor] | None:
@@ -426,7 +427,8 @@ class GluonGroups(GluonCoverage):
         if one_row:
             chain.decode_chain[(self.gemv.PER_SM * self.programs, )](
                 *args, **chain.decode_constexprs(self.gemv_rows or 16, cfg.page_size, cfg.max_pages_per_seq,
-                                                 cfg.max_batch, self.norm_f64, cfg.block_m), TRACING=self.tracing,
+                                                 cfg.max_batch, self.norm_f64, cfg.block_m, self.split_slots),
+                TRACING=self.tracing,
                 **chain.DECODE_LAUNCH)
         else:
             chain.prefill_chain[(self.programs, )](

@@ -121,6 +121,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--mode", choices=["gemv", "on"], default="gemv")
     parser.add_argument("--rows", type=int, default=None, help="the GEMV's unit rows (the executor's if not given)")
+    parser.add_argument("--split-slots", default="", help="attention's least slots of keys a split, e.g. 1,4,8: the "
+                        "chain timed with each after the first (the executor's)")
     parser.add_argument("--wait", type=float, default=15.0, help="seconds before the step counts as stuck")
     parser.add_argument("--repeats", type=int, default=10, help="the chain's launches timed each way (best kept)")
     args = parser.parse_args()
@@ -168,6 +170,14 @@ def main() -> None:
         summary(g._events[:words].cpu(), groups, programs)
         timeline(g._events[:words].cpu(), table.view(-1, chain.ROW)[:, 0].tolist(), programs)
         timed(chained, table, args.repeats)
+        for slots in [int(v) for v in args.split_slots.split(",") if v]:
+            g.split_slots = slots
+            print(f"  attention's splits of {slots} slots of keys at least:", flush=True)
+            g.tracing = True
+            g._launch_chain(table, True)
+            torch.cuda.synchronize()
+            timeline(g._events[:words].cpu(), table.view(-1, chain.ROW)[:, 0].tolist(), programs)
+            timed(chained, table, args.repeats)
         return
     print(f"  the chain has not finished after {args.wait:.0f} s; its stamps:", flush=True)
     with torch.cuda.stream(side):

@@ -64,14 +64,15 @@ def _splits(I32, control_at, context_lens_at, HKV, splits, BLOCK_: gl.constexpr,
             SPLIT: gl.constexpr, layout: gl.constexpr):
     """Each (sequence, KV head)'s splits of its context in this step: with SPLIT (a step that only decodes, whose
     pairs are fewer than the programs) as many as give every program one at most, no more than the descriptor's
-    `splits` (its scratch holds those), nor than the longest context's slots of BLOCK keys (a split of fewer keys
-    still takes a slot, and only adds a partial to merge); else 1."""
+    `splits` (its scratch holds those), nor than give a split of the longest context fewer than SPLIT slots of BLOCK
+    keys (a split of fewer keys still takes a slot, and each split adds a partial to merge); else 1."""
     if SPLIT:
         num_seqs = gl.load(I32 + control_at + 1)
         pairs = gl.maximum(num_seqs * HKV, 1)
         lanes = gl.arange(0, MAX_SEQS, layout=layout)
         longest = gl.max(gl.load(I32 + context_lens_at + lanes, mask=lanes < num_seqs, other=0), axis=0)
-        return gl.maximum(gl.minimum(gl.minimum(splits, gl.num_programs(0) // pairs), gl.cdiv(longest, BLOCK_)), 1)
+        return gl.maximum(gl.minimum(gl.minimum(splits, gl.num_programs(0) // pairs),
+                                     gl.cdiv(longest, BLOCK_ * SPLIT)), 1)
     else:
         return gl.to_tensor(1)
 
@@ -198,7 +199,7 @@ def load_items(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control
     halves of each); returns the slot after them. Slot s's halves: k_ring's KS s, KS s + 1 and v_ring's KS s + V_OFF,
     KS s + V_OFF + 1 (KS 4, V_OFF 2: both in one array). EVENTS: a persistent kernel's group (`chain.py`), whose
     keys before the step's own are in the cache already: an item waits for EVENTS[event - 1] to reach the programs'
-    count only where it reads keys the step writes (the group before's QKV)."""
+    count only before the slots that hold keys the step writes (the group before's QKV)."""
     BLOCK_: gl.constexpr = k_ring.type.shape[1]
     HW: gl.constexpr = HD // 2
     PER: gl.constexpr = BLOCK_ // PAGE  # pages a slot
@@ -215,14 +216,14 @@ def load_items(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control
                                                                          req_pages_at, REP, HKV, S, BM, PAGE,
                                                                          PAGES_PER_SEQ)
         if valid:
-            if EVENTS is not None:
-                if last > ctx - q_len:  # (pages past `last` are read too, but masked)
-                    wait(EVENTS, event - 1, gl.num_programs(0))
             num_pages = gl.cdiv(last, PAGE)
             for w0 in range(first_key // PAGE, num_pages, IDS_):  # IDS page ids in one load, then their copies
                 pw = w0 + gl.arange(0, IDS_, layout=one)
                 ids = gl.load(pages + pw, mask=pw < num_pages, other=0)
                 for p0 in range(w0, gl.minimum(w0 + IDS_, num_pages), PER):
+                    if EVENTS is not None:  # (pages past `last` are read too, but masked)
+                        if (p0 + PER) * PAGE > ctx - q_len:
+                            wait(EVENTS, event - 1, gl.num_programs(0))
                     s = i % STAGES_
                     mbarrier.wait(empty.index(s), ((i // STAGES_) & 1) ^ 1)
                     # every page of a slot (a constant byte count): past the last, page 0's keys, masked

@@ -346,7 +346,7 @@ def _released(empty, i, before, SLOTS_: gl.constexpr):
 def _decode_loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, control_at, seq_starts_at,
                    context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv, ready, empty, kv_ready, kv_empty,
                    GR: gl.constexpr, SLOTS_: gl.constexpr, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr,
-                   MAX_SEQS: gl.constexpr, TRACING: gl.constexpr):
+                   MAX_SEQS: gl.constexpr, SPLIT_SLOTS: gl.constexpr, TRACING: gl.constexpr):
     """Each group's boxes into the ring: a projection's first slots' weights before the group before is done, the
     rest after it; attention's keys and values after it."""
     BOXES: gl.constexpr = SLOT_ROWS_ // GR
@@ -368,7 +368,8 @@ def _decode_loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, gr
             _, _, H, HKV, layer, _, splits, _, _ = attention.row(desc)
             j = attention.load_items(KV, kv_plane, kv_rows, I32, kv, kv, kv_ready, kv_empty, control_at, seq_starts_at,
                                      context_lens_at, seq_req_at, req_pages_at, layer, H // HKV, HKV, splits, j, HD,
-                                     GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS, STAGES, IDS, True, 4, 2, EVENTS, g)
+                                     GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS, STAGES, IDS, SPLIT_SLOTS, 4, 2, EVENTS,
+                                     g)
         else:
             x_off, K, w_off, N = _gemv_operands(desc, kind == _QKV)
             _released(kv_empty, j, j, STAGES)  # (attention's slots, over the same bytes, read)
@@ -409,7 +410,7 @@ def _decode_consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, grou
                      seq_starts_at, context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv, ready, empty,
                      kv_ready, kv_empty, GR: gl.constexpr, SLOTS_: gl.constexpr, PAGE: gl.constexpr,
                      PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, NORM_F64: gl.constexpr,
-                     PART_ROWS: gl.constexpr, TRACING: gl.constexpr):
+                     PART_ROWS: gl.constexpr, SPLIT_SLOTS: gl.constexpr, TRACING: gl.constexpr):
     """Each group's units or items, the waits where their epilogues read what the group before wrote, then the
     group's signal."""
     i = 0  # (the GEMV ring's slots)
@@ -424,7 +425,7 @@ def _decode_consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, grou
             j = attention.consume_items(ACT, F32, I32, kv, kv, kv_ready, kv_empty, control_at, seq_starts_at,
                                         context_lens_at, seq_req_at, req_pages_at, q_off, out_off, H, HKV, scale,
                                         splits, part_off, ticket_off, j, HD, GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS,
-                                        STAGES, True, PART_ROWS, MAX_SPLITS, 4, 2, EVENTS, g)
+                                        STAGES, SPLIT_SLOTS, PART_ROWS, MAX_SPLITS, 4, 2, EVENTS, g)
         elif kind == _QKV:
             i = _decode_qkv(desc, W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, positions_at, slots_at,
                             i, EVENTS, g, SLOTS_, NORM_F64)
@@ -466,9 +467,10 @@ def decode_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS,
                  slots_at, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, GR: gl.constexpr,
                  SLOTS_: gl.constexpr, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
                  NORM_F64: gl.constexpr, PART_ROWS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                 TRACING: gl.constexpr = False):
+                 SPLIT_SLOTS: gl.constexpr = 1, TRACING: gl.constexpr = False):
     """`prefill_chain`'s for a step of one row: the table's projections (the GEMV, GR-row units) and attention (its
-    keys in splits). Two programs an SM, each waiting for all of them. TRACING: each program's partitions stamp
+    keys in splits of SPLIT_SLOTS slots of keys at least: `attention._splits`). Two programs an SM, each waiting for
+    all of them. TRACING: each program's partitions stamp
     where they are after the counters (`_stamp`), and the times of each group's event and signal after those
     (`_clock`; EVENTS then holds `groups` + 8 words a program + 2 a program a group)."""
     BOXES: gl.constexpr = SLOT_ROWS_ // GR
@@ -484,17 +486,17 @@ def decode_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS,
         (_decode_consumer, (DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, control_at, positions_at,
                             slots_at, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv,
                             ready, empty, kv_ready, kv_empty, GR, SLOTS_, PAGE, PAGES_PER_SEQ, MAX_SEQS, NORM_F64,
-                            PART_ROWS, TRACING)),
+                            PART_ROWS, SPLIT_SLOTS, TRACING)),
         (_decode_loader, (DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, control_at, seq_starts_at,
                           context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv, ready, empty, kv_ready,
-                          kv_empty, GR, SLOTS_, PAGE, PAGES_PER_SEQ, MAX_SEQS, TRACING)),
+                          kv_empty, GR, SLOTS_, PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, TRACING)),
     ], [1], [LOADER_REGS])
 
 
 def decode_constexprs(rows: int, page_size: int, pages_per_seq: int, max_batch: int, norm_f64: bool,
-                      part_rows: int) -> dict:
+                      part_rows: int, split_slots: int = 1) -> dict:
     """`decode_chain`'s constexprs: units of `rows` weight rows, the step's paging, the sums' type, a split's partial
-    rows (`CompileConfig.block_m`)."""
+    rows (`CompileConfig.block_m`), a split's slots of keys at least."""
     return dict(GR=rows, SLOTS_=gemv.SLOTS, PAGE=page_size, PAGES_PER_SEQ=pages_per_seq,
                 MAX_SEQS=max(32, 1 << (max_batch - 1).bit_length()), NORM_F64=norm_f64, PART_ROWS=part_rows,
-                LOADER_REGS=gemv.LOADER_REGS)
+                LOADER_REGS=gemv.LOADER_REGS, SPLIT_SLOTS=split_slots)
