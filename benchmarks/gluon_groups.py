@@ -8,7 +8,8 @@ events (the best of `--repeats` steps) and each kind of group's times are summed
 group's outputs are checked against the Triton group's on the same inputs (attention's after its merge group). Beside
 them: for a prompt the two runs' logits and first tokens, a third run with the layers' Gluon groups as one persistent
 launch (`HostDriven(kernel, gluon=True, chain=True)`, codegen/gluon/chain.py) against them, the persistent megakernel's
-TTFT and torch's prefill of the same prompt, measured in the same run; for a batch the persistent kernel's TPOT.
+TTFT and torch's prefill of the same prompt, measured in the same run; for a batch the persistent kernel's TPOT and
+the step's launches replayed from one CUDA graph, with the Triton groups and with the Gluon bodies and the chain.
 
     python -m benchmarks.gluon_groups --prompts 2048,512 --decode 64x512     # on an H100 / H200
     python -m benchmarks.gluon_groups --prompts 2048,512 --decode 64x512 --compile-only   # here: into the cache
@@ -32,13 +33,14 @@ from codegen.bodies.qkv import QKV_FIELDS
 from codegen.gluon import gemv, linear
 from codegen.tasks import Kind
 from models.registry import resolve_model
-from runtime.host_driven import HostDriven
+from runtime.host_driven import HostDriven, capture_step
 from runtime.megakernel import Megakernel
 from runtime.sampling import SamplingParams
 
 
 HOLD_CYCLES = 200_000_000  # ~0.1 s at the H200's 1.98 GHz: the step's ~230 launches take the host ~20 ms
 DECODE_STEPS = 24  # steps a decode row's kernel has room for once the whole batch decodes
+GRAPH_REPLAYS = 10  # a decode row's step from a CUDA graph: replays timed (each decodes a token more)
 
 
 def group_kind(event: str) -> str:
@@ -255,6 +257,8 @@ def decode_row(model, batch: int, context: int, args) -> None:
     total_t, total_g, total_c = (sum(best[name].values()) for name in ("triton", "gluon", "chain"))
     run = chained.gluon.chain_groups((batch, batch))
     in_groups, in_chain = (sum(best[name][first] for first in run) for name in ("gluon", "chain"))
+    graphs = {name: graph_step_ms(driver, prompts, batch, context) for name, driver in (("triton", triton),
+                                                                                         ("chain", chained))}
     print(f"\nbatch {batch}, context {context}: host-driven decode step (launches, not a graph), Triton groups "
           f"{total_t:.2f} ms, with the Gluon bodies {total_g:.2f} ms ({total_t / total_g:.2f}x); persistent "
           f"megakernel TPOT {persistent:.2f} ms")
@@ -262,7 +266,32 @@ def decode_row(model, batch: int, context: int, args) -> None:
         print(f"  the Gluon bodies' {len(run)} groups as one persistent launch (codegen/gluon/chain.py): "
               f"{in_chain * 1e3:.0f} us against their {in_groups * 1e3:.0f} as group kernels "
               f"({in_groups / max(in_chain, 1e-9):.2f}x); the step {total_c:.2f} ms")
+    print(f"  the step's launches from one CUDA graph, replayed (median of {GRAPH_REPLAYS}): Triton groups "
+          f"{graphs['triton']:.2f} ms, Gluon bodies{' with the chain' if run else ''} {graphs['chain']:.2f} ms "
+          f"({persistent / graphs['chain']:.2f}x the persistent megakernel's TPOT)")
     print("\n".join(report(triton, best, worst)), flush=True)
+
+
+def graph_step_ms(driver: HostDriven, prompts: list[list[int]], batch: int, context: int) -> float:
+    """The prompts prepared again and stepped until the whole batch decodes, then the next step's launches captured
+    in one CUDA graph (`capture_step`, as the decode benchmark's baseline (c)) and replayed: the median ms. Each replay
+    decodes a token more (the plan reads the requests' state on the GPU)."""
+    kernel = driver.kernel
+    params = SamplingParams(max_tokens=decode_tokens(batch, context, kernel.config.max_tokens_per_step,
+                                                     GRAPH_REPLAYS + 2), temperature=0, ignore_eos=True)
+    graph = capture_step(driver, steps_until_all_decode(driver, batch, kernel.prepare(prompts, params)),
+                         size=(batch, batch))
+    times = []
+    for _ in range(GRAPH_REPLAYS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    if kernel.last_step_size() != (batch, batch):
+        raise RuntimeError(f"a sequence finished before the last of {GRAPH_REPLAYS} replays")
+    return sorted(times)[len(times) // 2]
 
 
 def main() -> None:
