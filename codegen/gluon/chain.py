@@ -276,14 +276,14 @@ def constexprs(page_size: int, pages_per_seq: int, max_batch: int, norm_f64: boo
 # V_OFF 2), each ring with its own barriers and slot count. The loader copies a group's first units' weights before the
 # group before is done (they do not depend on it) and their row's boxes after (`benchmarks/explore/ws_decode_chain.py`,
 # EARLY: 105.2 against 108.4 us a layer for o_proj -> gate/up -> down), and attention's keys before the step's own
-# likewise (only an item that reads the step's keys waits: `attention.load_items`); a ring's first copies wait until
+# likewise (only a slot that holds the step's keys waits: `attention.load_items`); a ring's first copies wait until
 # the consumers have released the other ring's slots (the views overlap).
-# H200, Llama-3-8B's batch-1 decode step at context 512 (session 65, `benchmarks/gluon_groups.py --decode 1x512
-# --one-row-chain on`): the 192 groups of the 32 layers in 3,969 us against 4,826 as Gluon group kernels (1.22x), the
-# step 4.24 ms against the persistent Triton megakernel's TPOT of 4.57; the chain alone 3,738 us launched again and
-# again (`benchmarks/explore/chain_probe.py`, which also says where a stuck chain's programs are). A layer, traced:
-# QKV 12.6 us, attention 10.0, o_proj 11.3, gate/up 54.2, down 28.9 (medians, from the event before to its own).
-# The host-driven executor takes it where asked (`GluonCoverage.one_row_chain`).
+# H200, Llama-3-8B's batch-1 decode step at context 512 (session 65, `benchmarks/gluon_groups.py --decode 1x512`):
+# the 192 groups of the 32 layers in 3,928 us against 4,782 as Gluon group kernels (1.22x); the step's launches from
+# one CUDA graph 3.96 ms against the persistent Triton megakernel's TPOT of 4.51; the chain alone 3,721 us launched
+# again and again (`benchmarks/explore/chain_probe.py`, which also says where a stuck chain's programs are). A layer,
+# traced: QKV 12.6 us, attention 9.6, o_proj 11.5, gate/up 54.6, down 29.2 (medians, from the event before to its
+# own). The host-driven executor takes it with `chain` (`GluonCoverage.one_row_chain`).
 # Its first version hung (session 64): every unit after a program's first went on from the first's early slots, since
 # `k_first = 0` in the loop did not reset a name that held a tensor before it (Gluon carried the tensor), and the
 # consumers waited for slots never filled. Start values are computed in the loop now (`gl.where`).
@@ -348,7 +348,7 @@ def _decode_loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, gr
                    GR: gl.constexpr, SLOTS_: gl.constexpr, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr,
                    MAX_SEQS: gl.constexpr, SPLIT_SLOTS: gl.constexpr, TRACING: gl.constexpr):
     """Each group's boxes into the ring: a projection's first slots' weights before the group before is done, the
-    rest after it; attention's keys and values after it."""
+    rest after it; attention's keys and values before it, but for the slots that hold the step's own keys."""
     BOXES: gl.constexpr = SLOT_ROWS_ // GR
     i = 0  # (the GEMV ring's slots)
     j = 0  # (attention's)
@@ -470,9 +470,9 @@ def decode_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS,
                  SPLIT_SLOTS: gl.constexpr = 1, TRACING: gl.constexpr = False):
     """`prefill_chain`'s for a step of one row: the table's projections (the GEMV, GR-row units) and attention (its
     keys in splits of SPLIT_SLOTS slots of keys at least: `attention._splits`). Two programs an SM, each waiting for
-    all of them. TRACING: each program's partitions stamp
-    where they are after the counters (`_stamp`), and the times of each group's event and signal after those
-    (`_clock`; EVENTS then holds `groups` + 8 words a program + 2 a program a group)."""
+    all of them. TRACING: each program's partitions stamp where they are after the counters (`_stamp`), and the times
+    of each group's event and signal after those (`_clock`; EVENTS then holds `groups` + 8 words a program + 2 a
+    program a group)."""
     BOXES: gl.constexpr = SLOT_ROWS_ // GR
     plain: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     # allocated as attention's swizzled halves, which want their 1,024-byte alignment, and viewed as the GEMV's boxes
