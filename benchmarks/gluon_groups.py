@@ -24,8 +24,8 @@ import torch
 
 from benchmarks import baselines
 from benchmarks.decode import steps_until_all_decode
-from benchmarks.megakernel_tpot import (artifact_path, decode_config, decode_tokens, seeded_prompt, tpot_ms,
-                                        ttft_config, ttft_ms)
+from benchmarks.megakernel_tpot import (artifact_path, decode_config, decode_tokens, full_batch_step_ms,
+                                        seeded_prompt, tpot_ms, ttft_config, ttft_ms)
 from blinkc.compile_model import WeightsSource, compile_many, compile_model
 from codegen.bodies.attention import ATTENTION_FIELDS
 from codegen.bodies.linear import LINEAR_FIELDS, OUT_F32
@@ -269,7 +269,21 @@ def decode_row(model, batch: int, context: int, args) -> None:
     print(f"  the step's launches from one CUDA graph, replayed (median of {GRAPH_REPLAYS}): Triton groups "
           f"{graphs['triton']:.2f} ms, Gluon bodies{' with the chain' if run else ''} {graphs['chain']:.2f} ms "
           f"({persistent / graphs['chain']:.2f}x the persistent megakernel's TPOT)")
+    if batch == 1 and args.loop:
+        looped = loop_tpot_ms(chained, prompts)
+        print(f"  the one-row loop (a step's plan, layers, logits and greedy token on the GPU, steps back to back in "
+              f"one launch: `chain.decode_chain` over steps): TPOT {looped:.2f} ms ({persistent / looped:.2f}x the "
+              f"persistent megakernel's)")
     print("\n".join(report(triton, best, worst)), flush=True)
+
+
+def loop_tpot_ms(driver: HostDriven, prompts: list[list[int]]) -> float:
+    """A prompt's decode steps after its first through the one-row loop (`HostDriven.generate(loop=True)`), the
+    second of two generations: the median step from the loop's plans' log (`Megakernel.step_log`)."""
+    params = SamplingParams(max_tokens=DECODE_STEPS // 2, temperature=0, ignore_eos=True)
+    driver.generate(prompts, params, loop=True)  # (compiles it)
+    driver.generate(prompts, params, loop=True)
+    return full_batch_step_ms(driver.kernel.step_log(), 1)
 
 
 def graph_step_ms(driver: HostDriven, prompts: list[list[int]], batch: int, context: int) -> float:
@@ -307,6 +321,8 @@ def main() -> None:
     parser.add_argument("--one-row-chain", choices=["off", "on", "gemv"], default="on",
                         help="a one-row step's layers as one persistent launch too (`chain.decode_chain`), or its "
                              "projections' runs alone")
+    parser.add_argument("--loop", action=argparse.BooleanOptionalAction, default=True,
+                        help="a batch-1 row's TPOT through the one-row loop too (`HostDriven.generate(loop=True)`)")
     parser.add_argument("--compile-only", action="store_true", help="compile the kernels into the cache and stop")
     args = parser.parse_args()
     lengths = [int(n) for n in args.prompts.split(",") if n]

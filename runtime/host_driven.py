@@ -26,7 +26,7 @@ import torch
 from codegen.kernel_abi import HOST_KERNELS, KERNEL_NAME
 from codegen.tasks import FLAGS, STREAMS, Kind
 from runtime.artifact import Artifact, import_source
-from runtime.megakernel import Completion, Megakernel, compiled_kernel, use_scratch_allocator
+from runtime.megakernel import Completion, Megakernel, compiled_kernel, use_scratch_allocator, wait_for
 from runtime.sampling import SamplingParams
 
 
@@ -80,12 +80,43 @@ class HostDriven:
     def is_done(self) -> bool:
         return bool(self.kernel.i32[self.kernel.region("control")[0] + 2])
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 max_steps: int | None = None) -> list[Completion]:
-        """As `Megakernel.generate`, a step at a time (at most `max_steps`: requests left unfinished say so)."""
+    def run_loop(self, step: int, steps: int) -> int:
+        """Steps `step` .. (at most `steps`) of one row in one launch (`GluonGroups.launch_loop`), waited for within
+        the kernel's timeout; a step the loop planned but left (not of one row) then runs here. Returns the next
+        step's number."""
+        k, g = self.kernel, self.gluon
+        if g is None or not g.chain:
+            raise ValueError("the one-row loop is the Gluon chain's: ask for gluon and chain")
+        table = g.launch_loop(step, steps)
+        end = torch.cuda.Event()
+        end.record()
+        if not wait_for(end, k.timeout_s):
+            raise RuntimeError(f"the one-row loop from step {step} did not finish in {k.timeout_s:.0f} s")
+        control = k.region("control")[0]
+        num_tokens, num_seqs, done, last = k.i32[control:control + 4].tolist()
+        rows = table.numel() // 3
+        ran = int(g._events[(last - step) * rows + rows - 1]) == g.gemv.PER_SM * g.programs
+        if not ran and not done:  # (planned, and not of one row)
+            for first, count in self.groups:
+                self.launch_group(first, count, last, (num_tokens, num_seqs))
+        return last + 1
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, max_steps: int | None = None,
+                 loop: bool = False) -> list[Completion]:
+        """As `Megakernel.generate`, a step at a time (at most `max_steps`: requests left unfinished say so); with
+        `loop` (the Gluon chain's, greedy), once a step decodes one sequence alone the steps after it in one launch
+        (`run_loop`) for as long as they are of one row."""
         num_steps = self.kernel.prepare(prompts, params)
-        for step in range(num_steps if max_steps is None else min(num_steps, max_steps)):
-            self.step(step)
+        limit = num_steps if max_steps is None else min(num_steps, max_steps)
+        if loop and any(p.temperature != 0 for p in (params if isinstance(params, list) else [params])):
+            raise ValueError("the one-row loop samples greedily: temperature must be 0")
+        step = 0
+        while step < limit:
+            if loop and step > 0 and self.kernel.last_step_size() == (1, 1) and len(prompts) == 1:
+                step = self.run_loop(step, limit - step)
+            else:
+                self.step(step)
+                step += 1
             if self.is_done():
                 break
         return self.kernel.completions(len(prompts))
@@ -225,6 +256,7 @@ class GluonCoverage:
         self.streamk: set[int] = set()
         self.streamk_rows = STREAMK_ROWS.value
         self.streamk_skipped: dict[int, str] = {}
+        self.step_groups: dict[int, tuple[Kind, int]] = {}  # embedding, logits rows, sampling -> (kind, descriptor)
         for i, (first, _) in enumerate(groups):
             kind, desc = Kind(int(tasks[first, 0])), int(tasks[first, 1])
             words = descs[desc]
@@ -244,6 +276,9 @@ class GluonCoverage:
                 self._take_one_row(first, desc, gemv.qkv_unsupported(words[:len(QKV_FIELDS)]))
                 if not why:  # (a tile a head)
                     self._take_streamk(first, f["num_q_heads"] + 2 * f["num_kv_heads"], qkv.STREAMK.bn, streamk_room)
+            elif kind in (Kind.EMBED, Kind.GATHER, Kind.SAMPLE):  # (the one-row loop's: `loop_rows`)
+                self.step_groups[first] = (kind, desc)
+                continue
             elif kind == Kind.ATTENTION:
                 f = dict(zip(ATTENTION_FIELDS, words))
                 why = attention.unsupported(words[:len(ATTENTION_FIELDS)], cfg.page_size,
@@ -339,6 +374,36 @@ class GluonCoverage:
             run = []
         return best if len([f for f in best if f not in self.merges]) > 1 else []
 
+    def loop_rows(self) -> tuple[list[tuple[int, int, int]], str | None]:
+        """The one-row loop's table (`chain.decode_chain` over steps: a row a group, kind and descriptor row, the
+        step's plan first), and why it cannot run (None: it can): every group of a one-row step must be one it
+        takes (the embedding, the layers' one-row chain, the row that needs logits, the LM head on the GEMV, and
+        sampling), and the attention groups must split their keys."""
+        from codegen.bodies.linear import OUT_F32
+        from codegen.gluon import chain
+        codes = {Kind.EMBED: chain.EMBED, Kind.GATHER: chain.GATHER, Kind.SAMPLE: chain.SAMPLE}
+        rows = [(chain.PLAN, 0, 0)]
+        for first in self.order:
+            if first in self.merges:
+                continue
+            if first in self.step_groups:
+                kind, desc = self.step_groups[first]
+                rows.append((codes[kind], desc, 0))
+            elif self.kinds.get(first) == Kind.ATTENTION:
+                if not self.splits[first]:
+                    return rows, "its attention does not split a one-row step's keys"
+                rows.append((chain.ATTENTION, self.covered[first], 0))
+            elif first in self.one_row and self.rows_kind[first] == 1 and self.out_kind[first] == OUT_F32:
+                rows.append((chain.LOGITS, self.one_row[first], 0))
+            elif first in self.one_row and self.rows_kind[first] == 0:
+                kind = self.kinds.get(first, Kind.LINEAR if first in self.out_kind else Kind.QKV)
+                rows.append((chain.QKV if kind == Kind.QKV else chain.GATED if self.gated.get(first) else chain.PLAIN,
+                             self.one_row[first], 0))
+            else:
+                why = self.one_row_skipped.get(first) or self.skipped.get(first) or "not a one-row body"
+                return rows, f"a group (task {first}) the one-row bodies do not take: {why}"
+        return rows, None
+
     def applies(self, first: int, size: tuple[int, int] | None) -> bool:
         """Whether the group of tasks from `first` is the Gluon bodies' in a step of `size` (tokens, sequences)."""
         if size is None:
@@ -386,6 +451,12 @@ class GluonGroups(GluonCoverage):
         self.tracing = False
         self.split_slots = 1  # the one-row chain's attention: a split's slots of keys at least (`attention._splits`)
         self._events = torch.zeros(len(groups), dtype=torch.int32, device=kernel.device)  # (the chain's; grown)
+        self._loop: torch.Tensor | None = None  # `launch_loop`'s table
+        from codegen.gluon.step import REGION_NAMES
+        from codegen.layout import zeroed_span
+        self.regions = torch.tensor([kernel.region(name)[0] for name in REGION_NAMES], dtype=torch.int32,
+                                    device=kernel.device)  # (`step.py`'s)
+        self.zeroed = zeroed_span(regions)  # the F32 words a plan zeroes (offset, size)
 
     def _chain_for(self, size: tuple[int, int] | None) -> tuple[set[int], int, torch.Tensor] | None:
         """The chain a step of `size` launches, if it launches one: its groups (`chain_groups`), the first of them,
@@ -409,15 +480,17 @@ class GluonGroups(GluonCoverage):
             self._chains[key] = (set(run), run[0], table) if run else None
         return self._chains[key]
 
-    def _launch_chain(self, table: torch.Tensor, one_row: bool) -> None:
-        """The chain of `table`'s groups, its events zeroed first: a step that prefills one program an SM, a step of
-        one row two (`chain.decode_chain`, units of `gemv_rows` weight rows, 16 if None: session 65's H200 figures
-        at context 512 were 3,856 us a step's layers against 3,951 in units of 32 and 3,887 of 8)."""
+    def _launch_chain(self, table: torch.Tensor, one_row: bool, steps: int = 1, first_step: int = 0) -> None:
+        """The chain of `table`'s groups, its events zeroed first: a step that prefills one program an SM, steps of
+        one row two (`chain.decode_chain`: `steps` from `first_step`, units of `gemv_rows` weight rows, 16 if None:
+        session 65's H200 figures at context 512 were 3,856 us a step's layers against 3,951 in units of 32 and 3,887
+        of 8)."""
         from codegen.gluon import chain
         k, cfg = self.kernel, self.kernel.config
         attention = next(first for first, kind in self.kinds.items() if kind == Kind.ATTENTION)
         rows, programs = table.numel() // chain.ROW, self.gemv.PER_SM * self.programs
-        words = rows + (8 * programs + 2 * programs * rows if self.tracing and one_row else 0)
+        events = rows * steps
+        words = events + (8 * programs + 2 * programs * events if self.tracing and one_row else 0)
         if self._events.numel() < words:
             self._events = torch.zeros(words, dtype=torch.int32, device=self.kernel.device)
         self._events.zero_()
@@ -425,15 +498,28 @@ class GluonGroups(GluonCoverage):
                 table, self._events, rows, self.control_at, self.positions_at, self.slots_at,
                 *self.plan_at)
         if one_row:
-            chain.decode_chain[(self.gemv.PER_SM * self.programs, )](
-                *args, **chain.decode_constexprs(self.gemv_rows or 16, cfg.page_size, cfg.max_pages_per_seq,
-                                                 cfg.max_batch, self.norm_f64, cfg.block_m, self.split_slots),
-                TRACING=self.tracing,
-                **chain.DECODE_LAUNCH)
+            chain.decode_chain[(programs, )](
+                *args, steps, first_step, self.regions, *self.zeroed,
+                **chain.decode_constexprs(self.gemv_rows or 16, cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch,
+                                          self.norm_f64, cfg.block_m, self.split_slots, cfg.max_tokens_per_step,
+                                          max_new=cfg.max_new_tokens),
+                TRACING=self.tracing, **chain.DECODE_LAUNCH)
         else:
             chain.prefill_chain[(self.programs, )](
                 *args, **chain.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch, self.norm_f64),
                 **chain.LAUNCH)
+
+    def launch_loop(self, first_step: int, steps: int) -> torch.Tensor:
+        """Steps `first_step` .. (at most `steps`) of one row each in one launch (`chain.decode_chain` over
+        `loop_rows`' table: each step planned, run and sampled on the GPU, greedy; the loop stops at a plan that
+        leaves no step of one row). Returns the table."""
+        if self._loop is None:
+            rows, why = self.loop_rows()
+            if why:
+                raise ValueError(f"the one-row loop cannot run this kernel: {why}")
+            self._loop = torch.tensor(rows, dtype=torch.int32).flatten().to(self.kernel.device)
+        self._launch_chain(self._loop, True, steps, first_step)
+        return self._loop
 
     def launch(self, first: int, size: tuple[int, int] | None) -> bool:
         """Launches the group of tasks from `first` in a step of `size`, if it is the Gluon bodies' (a merge group

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-probe|gluon-tests|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|chain-probe|gluon-tests|all]
 set -uo pipefail
 # BLINK_CACHE_DIR: kernels compiled on the CPU machine and carried here (benchmarks/megakernel_tpot.py, --compile-only)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=${BLINK_CACHE_DIR:-/tmp/blink-cache}
@@ -88,6 +88,12 @@ if [[ $mode == chain-decode ]]; then  # the one-row chain (`chain.decode_chain`)
   step "${CHAIN_LIMIT:-100}" python -m benchmarks.explore.chain_probe --mode on
   step "${BENCH_LIMIT:-200}" python -m benchmarks.gluon_groups --prompts "" --decode 1x512 --one-row-chain on
   step "${TEST_LIMIT:-330}" python -m pytest -q -s -m gpu tests/gpu -k "${CASES:-gemv_for_one_sequence or chain or decode_attention}" -p no:cacheprovider
+fi
+if [[ $mode == chain-loop ]]; then  # the one-row loop over steps (`chain.decode_chain` with a step's plan and sampling,
+  # session 65, not yet run): where its programs are if it stops, then its TPOT beside the others, then its GPU test
+  step "${CHAIN_LIMIT:-100}" python -m benchmarks.explore.chain_probe --mode loop --steps 8
+  step "${BENCH_LIMIT:-200}" python -m benchmarks.gluon_groups --prompts "" --decode 1x512
+  step "${TEST_LIMIT:-240}" python -m pytest -q -s -m gpu tests/gpu -k "${CASES:-gemv_for_one_sequence}" -p no:cacheprovider
 fi
 if [[ $mode == chain-probe ]]; then  # ... read back where its programs stop (`benchmarks/explore/chain_probe.py`)
   step "${CHAIN_LIMIT:-100}" python -m benchmarks.explore.chain_probe --mode gemv ${PROBE_ARGS:-}

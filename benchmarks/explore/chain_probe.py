@@ -9,6 +9,7 @@ and where the others' loader and consumers are (group, stage, ring slots issued 
 without waiting for the GPU.
 
     python -m benchmarks.explore.chain_probe --mode gemv      # on an H100 / H200, under a timeout
+    python -m benchmarks.explore.chain_probe --mode loop --steps 8   # the loop over steps (`HostDriven.run_loop`)
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch
 
 from benchmarks.decode import steps_until_all_decode
 from benchmarks.gluon_groups import DECODE_STEPS
-from benchmarks.megakernel_tpot import artifact_path, decode_config, decode_tokens
+from benchmarks.megakernel_tpot import artifact_path, decode_config, decode_tokens, full_batch_step_ms
 from blinkc.compile_model import WeightsSource, compile_many, compile_model
 from codegen.gluon import chain
 from models.registry import resolve_model
@@ -65,7 +66,8 @@ def summary(words: torch.Tensor, groups: int, programs: int) -> None:
 
 def names(kinds: list[int]) -> list[str]:
     """The table's groups by what they are: a plain projection after attention is o_proj, else down."""
-    code = {chain.QKV: "qkv", chain.ATTENTION: "attention", chain.GATED: "gate/up"}
+    code = {chain.QKV: "qkv", chain.ATTENTION: "attention", chain.GATED: "gate/up", chain.LOGITS: "lm_head",
+            chain.EMBED: "embedding", chain.GATHER: "gather", chain.SAMPLE: "sample", chain.PLAN: "plan"}
     return [code.get(k, "o_proj" if g and kinds[g - 1] == chain.ATTENTION else "down") for g, k in enumerate(kinds)]
 
 
@@ -119,7 +121,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="llama3-8b")
     parser.add_argument("--context", type=int, default=512)
-    parser.add_argument("--mode", choices=["gemv", "on"], default="gemv")
+    parser.add_argument("--mode", choices=["gemv", "on", "loop"], default="gemv",
+                        help="the chain's projections alone, the one-row chain, or the loop over steps")
+    parser.add_argument("--steps", type=int, default=8, help="--mode loop: the steps launched")
     parser.add_argument("--rows", type=int, default=None, help="the GEMV's unit rows (the executor's if not given)")
     parser.add_argument("--split-slots", default="", help="attention's least slots of keys a split, e.g. 1,4,8: the "
                         "chain timed with each after the first (the executor's)")
@@ -138,25 +142,35 @@ def main() -> None:
     step = steps_until_all_decode(triton, 1, kernel.prepare([prompt], params))
     chained = HostDriven(kernel, gluon=True, chain=True)
     g = chained.gluon
-    g.one_row_chain, g.gemv_rows, g.tracing = {"gemv": "gemv", "on": True}[args.mode], args.rows, True
+    g.one_row_chain, g.gemv_rows, g.tracing = {"gemv": "gemv", "on": True, "loop": True}[args.mode], args.rows, True
     run = g.chain_groups((1, 1))
-    table = g._chain_for((1, 1))[2]
-    groups, programs = table.numel() // chain.ROW, g.gemv.PER_SM * g.programs
+    if args.mode == "loop":  # the table over steps: an event a group a step
+        rows, why = g.loop_rows()
+        if why:
+            raise SystemExit(f"the one-row loop cannot run this kernel: {why}")
+        kinds = [kind for kind, _, _ in rows] * args.steps
+    else:
+        table = g._chain_for((1, 1))[2]
+        kinds = table.view(-1, chain.ROW)[:, 0].tolist()
+    groups, programs = len(kinds), g.gemv.PER_SM * g.programs
     print(f"device {torch.cuda.get_device_name()}; {args.preset}, one row at context {args.context}; the chain "
-          f"({args.mode}): {groups} groups, kinds {table.view(-1, chain.ROW)[:, 0].tolist()}, {programs} programs",
-          flush=True)
+          f"({args.mode}): {groups} groups, kinds {kinds[:len(kinds) // (args.steps if args.mode == 'loop' else 1)]}, "
+          f"{programs} programs", flush=True)
     side = torch.cuda.Stream()  # (made before the chain runs: a host call that waits for the GPU would hang here)
     words = groups + 8 * programs + 2 * programs * groups  # (`chain._stamp`'s, `chain._clock`'s)
     host = torch.empty(words, dtype=torch.int32, pin_memory=True)
     torch.cuda.synchronize()
-    step += 1
-    size = chained.plan_step(step) or kernel.last_step_size()
-    for first, count in chained.groups:  # the step's groups up to the chain's launch, and no further
-        chained.launch_group(first, count, step, size)
-        if first == run[0]:
-            break
-        if first == chained.groups[0][0]:
-            print("  the step's first group launched", flush=True)
+    if args.mode == "loop":  # (its first step planned in it)
+        g.launch_loop(step, args.steps)
+    else:
+        step += 1
+        size = chained.plan_step(step) or kernel.last_step_size()
+        for first, count in chained.groups:  # the step's groups up to the chain's launch, and no further
+            chained.launch_group(first, count, step, size)
+            if first == run[0]:
+                break
+            if first == chained.groups[0][0]:
+                print("  the step's first group launched", flush=True)
     done = torch.cuda.Event()
     done.record()
     compiled = [k for cache in chain.decode_chain.device_caches.values() for k in cache[0].values()]
@@ -168,7 +182,12 @@ def main() -> None:
     if done.query():
         print(f"  the chain finished within {time.time() - start:.2f} s of waiting", flush=True)
         summary(g._events[:words].cpu(), groups, programs)
-        timeline(g._events[:words].cpu(), table.view(-1, chain.ROW)[:, 0].tolist(), programs)
+        timeline(g._events[:words].cpu(), kinds, programs)
+        if args.mode == "loop":
+            log = kernel.step_log()
+            print(f"  the loop's steps (tokens, sequences) {[entry[1:] for entry in log]}; the median step "
+                  f"{full_batch_step_ms(log, 1):.3f} ms; tokens so far {kernel.completions(1)[0].tokens}", flush=True)
+            return
         timed(chained, table, args.repeats)
         for slots in [int(v) for v in args.split_slots.split(",") if v]:
             g.split_slots = slots

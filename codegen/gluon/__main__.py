@@ -52,8 +52,10 @@ def variants():
         yield f"qkv_gemv {rows}-row units", gemv.qkv_gemv, gemv.QKV_SIGNATURE, gemv.qkv_constexprs(rows, True), \
             gemv.LAUNCH
     yield "prefill_chain", chain.prefill_chain, chain.SIGNATURE, chain.constexprs(16, 128, 64, True), chain.LAUNCH
-    yield "decode_chain 32-row units", chain.decode_chain, chain.SIGNATURE, \
-        chain.decode_constexprs(32, 16, 128, 1, True, 16), chain.DECODE_LAUNCH
+    yield "decode_chain 16-row units", chain.decode_chain, chain.DECODE_SIGNATURE, \
+        chain.decode_constexprs(16, 16, 128, 1, True, 16), chain.DECODE_LAUNCH
+    yield "decode_chain 16-row units, the loop's constexprs", chain.decode_chain, chain.DECODE_SIGNATURE, \
+        chain.decode_constexprs(16, 16, 128, 1, True, 16, 1, 2048, 1024, 64), chain.DECODE_LAUNCH
 
 
 def main() -> None:

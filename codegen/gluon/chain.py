@@ -34,15 +34,19 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from codegen.gluon import attention, gemv, linear, qkv
+from codegen.gluon import attention, gemv, linear, qkv, step
 from codegen.gluon.events import wait
 from codegen.gluon.linear import BK, BM, LOADER_REGS
 from codegen.gluon.tiles import load_tiles
+from codegen.layout import STEP_LOG
 from codegen.tasks import DESC_WORDS as ROW_WORDS
 
-# a row of the chain's table: a group's kind, its descriptor row, and whether its tiles are [128, 128] (NARROW)
-PLAIN, GATED, QKV, ATTENTION = 0, 1, 2, 3
-_GATED, _QKV, _ATTENTION = gl.constexpr(GATED), gl.constexpr(QKV), gl.constexpr(ATTENTION)
+# a row of the chain's table: a group's kind, its descriptor row, and whether its tiles are [128, 128] (NARROW). The
+# one-row chain's kinds past ATTENTION: LOGITS (a projection whose outputs are the fp32 logits: the LM head), and a
+# step's rows around its layers (`step.py`)
+PLAIN, GATED, QKV, ATTENTION, LOGITS, EMBED, GATHER, SAMPLE, PLAN = range(9)
+_PLAIN, _GATED, _QKV, _ATTENTION, _LOGITS = (gl.constexpr(k) for k in (PLAIN, GATED, QKV, ATTENTION, LOGITS))
+_EMBED, _GATHER, _PLAN = gl.constexpr(EMBED), gl.constexpr(GATHER), gl.constexpr(PLAN)
 ROW = 3  # (ints a row)
 _ROW = gl.constexpr(ROW)
 assert linear.WIDE.stages == attention.STAGES
@@ -284,6 +288,10 @@ def constexprs(page_size: int, pages_per_seq: int, max_batch: int, norm_f64: boo
 # again and again (`benchmarks/explore/chain_probe.py`, which also says where a stuck chain's programs are). A layer,
 # traced: QKV 12.6 us, attention 9.6, o_proj 11.5, gate/up 54.6, down 29.2 (medians, from the event before to its
 # own). The host-driven executor takes it with `chain` (`GluonCoverage.one_row_chain`).
+# Over steps (`steps` > 1, the table from `GluonCoverage.loop_rows`): a step's plan first (program 0, `step.plan_rows`),
+# then its embedding, layers, the row that needs logits, the LM head (LOGITS) and greedy sampling, step after step in
+# one launch, each group's event its own (group g of step s at EVENTS[s groups + g]), until a plan leaves no step of
+# one row. Written at the end of session 65 with no device time left: compiled for sm_90, not yet run.
 # Its first version hung (session 64): every unit after a program's first went on from the first's early slots, since
 # `k_first = 0` in the loop did not reset a name that held a tensor before it (Gluon carried the tensor), and the
 # consumers waited for slots never filled. Start values are computed in the loop now (`gl.where`).
@@ -315,21 +323,21 @@ def _stream_descs(W, w_off, N, ACT, x_off, K, GR: gl.constexpr):
 
 
 @gluon.jit
-def _stamp(EVENTS, groups, word: gl.constexpr, value, TRACING: gl.constexpr):
-    """(TRACING) word `word` of this program's 8 after the chain's counters: where its partitions are (words 0-2 the
-    loader's group, stage and slot count, 4-6 the consumers'), for a host that reads them while the chain runs."""
+def _stamp(EVENTS, events, word: gl.constexpr, value, TRACING: gl.constexpr):
+    """(TRACING) word `word` of this program's 8 after the chain's `events` counters: where its partitions are (words
+    0-2 the loader's event, stage and slot count, 4-6 the consumers'), for a host that reads them while it runs."""
     if TRACING:
-        gl.store(EVENTS + groups + gl.program_id(0) * 8 + word, value)
+        gl.store(EVENTS + events + gl.program_id(0) * 8 + word, value)
 
 
 @gluon.jit
-def _clock(EVENTS, groups, g, word: gl.constexpr, TRACING: gl.constexpr):
-    """(TRACING) the global timer's low 32 bits (ns) as word `word` of group g's 2 for this program, after the
-    stamps: 0 the loader past the group before's event, 1 the consumers' signal."""
+def _clock(EVENTS, events, e, word: gl.constexpr, TRACING: gl.constexpr):
+    """(TRACING) the global timer's low 32 bits (ns) as word `word` of event e's 2 for this program, after the
+    stamps: 0 the loader past the event before, 1 the consumers' signal."""
     if TRACING:
-        now = gl.inline_asm_elementwise("mov.u32 $0, %globaltimer_lo;", "=r,r", [g], dtype=gl.int32, is_pure=False,
+        now = gl.inline_asm_elementwise("mov.u32 $0, %globaltimer_lo;", "=r,r", [e], dtype=gl.int32, is_pure=False,
                                         pack=1)
-        gl.store(EVENTS + groups + gl.num_programs(0) * 8 + (gl.program_id(0) * groups + g) * 2 + word, now)
+        gl.store(EVENTS + events + gl.num_programs(0) * 8 + (gl.program_id(0) * events + e) * 2 + word, now)
 
 
 @gluon.jit
@@ -343,136 +351,211 @@ def _released(empty, i, before, SLOTS_: gl.constexpr):
 
 
 @gluon.jit
-def _decode_loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, control_at, seq_starts_at,
-                   context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv, ready, empty, kv_ready, kv_empty,
-                   GR: gl.constexpr, SLOTS_: gl.constexpr, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr,
-                   MAX_SEQS: gl.constexpr, SPLIT_SLOTS: gl.constexpr, TRACING: gl.constexpr):
-    """Each group's boxes into the ring: a projection's first slots' weights before the group before is done, the
-    rest after it; attention's keys and values before it, but for the slots that hold the step's own keys."""
+def _runs(I32, REGIONS):
+    """Whether the step just planned is one the loop runs: a step of one token of one sequence (1), or not (0: every
+    request has finished, or the step is another shape, which the host runs)."""
+    control = I32 + gl.load(REGIONS + step.CONTROL)
+    return ((gl.load(control + 2) == 0) & (gl.load(control) == 1) & (gl.load(control + 1) == 1)).to(gl.int32)
+
+
+@gluon.jit
+def _decode_loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, steps, REGIONS, control_at,
+                   seq_starts_at, context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv, ready, empty,
+                   kv_ready, kv_empty, GR: gl.constexpr, SLOTS_: gl.constexpr, PAGE: gl.constexpr,
+                   PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, SPLIT_SLOTS: gl.constexpr,
+                   TRACING: gl.constexpr):
+    """Each group's boxes into the ring, step after step: a projection's first slots' weights before the group
+    before is done, the rest after it; attention's keys and values before it, but for the slots that hold the step's
+    own keys. A step's plan: past its event, whether the loop goes on."""
     BOXES: gl.constexpr = SLOT_ROWS_ // GR
-    i = 0  # (the GEMV ring's slots)
-    j = 0  # (attention's)
-    ends = 0  # the slots issued by the end of the group before, and of the one before that
-    ends_before = 0
-    for g in range(groups):
-        kind, desc, unused = _group(DESCS, GROUPS, g)
-        _stamp(EVENTS, groups, 0, g + 1, TRACING)
-        _stamp(EVENTS, groups, 1, 0, TRACING)
-        _stamp(EVENTS, groups, 2, i, TRACING)
-        if kind == _ATTENTION:
-            # its items' keys before the step's own go in before the group before is done (their slots' bytes are
-            # the GEMV ring's: once read); an item with the step's keys waits for it (`attention.load_items`)
-            _released(empty, i, i, SLOTS_)
-            _stamp(EVENTS, groups, 1, 1, TRACING)
-            _clock(EVENTS, groups, g, 0, TRACING)
-            _, _, H, HKV, layer, _, splits, _, _ = attention.row(desc)
-            j = attention.load_items(KV, kv_plane, kv_rows, I32, kv, kv, kv_ready, kv_empty, control_at, seq_starts_at,
-                                     context_lens_at, seq_req_at, req_pages_at, layer, H // HKV, HKV, splits, j, HD,
-                                     GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS, STAGES, IDS, SPLIT_SLOTS, 4, 2, EVENTS,
-                                     g)
-        else:
-            x_off, K, w_off, N = _gemv_operands(desc, kind == _QKV)
-            _released(kv_empty, j, j, STAGES)  # (attention's slots, over the same bytes, read)
-            # this group's tensor descriptors are written where the one two groups back had its own: its copies done
-            _released(empty, i, ends_before, SLOTS_)
-            _stamp(EVENTS, groups, 1, 1, TRACING)
-            if g % 2 == 0:
-                w_desc, x_desc = _stream_descs(W, w_off, N, ACT, x_off, K, GR)
-            else:
-                w_desc, x_desc = _stream_descs(W, w_off, N, ACT, x_off, K, GR)
-            _stamp(EVENTS, groups, 1, 2, TRACING)
-            u0, u1 = gemv._units(gl.cdiv(N, GR))
-            # the first unit's first slots' weights, then (the group before done) their row's boxes
-            first = gl.where(u1 > u0, gl.minimum(SLOTS_ * BOXES * GK_, K), 0)
-            i0 = i
-            for k0 in range(0, first, BOXES * GK_):
-                i = gemv.fill_slot(w_desc, x_desc, w_ring, x_ring, ready, empty, i, u0, k0, SLOTS_, False)
-            _stamp(EVENTS, groups, 1, 3, TRACING)
-            if g > 0:
-                wait(EVENTS, g - 1, gl.num_programs(0))
-            _stamp(EVENTS, groups, 1, 4, TRACING)
-            _clock(EVENTS, groups, g, 0, TRACING)
-            for k0 in range(0, first, BOXES * GK_):
-                gemv.copy_row(x_desc, x_ring, ready, i0 + k0 // (BOXES * GK_), k0, SLOTS_)
-            for u in range(u0, u1):
-                # (the start as a tensor each unit: a tensor name set to a Python int in the loop is not carried, and
-                # every unit went on from `first`, short of the slots the consumers wait for: session 65's hang)
-                for k0 in range(gl.where(u == u0, first, 0), K, BOXES * GK_):
-                    i = gemv.fill_slot(w_desc, x_desc, w_ring, x_ring, ready, empty, i, u, k0, SLOTS_, True)
-        _stamp(EVENTS, groups, 1, 6, TRACING)
-        _stamp(EVENTS, groups, 2, i, TRACING)
-        ends_before = ends
-        ends = i
+    P = gl.num_programs(0)
+    events = steps * groups
+    i = gl.to_tensor(0)  # (the GEMV ring's slots)
+    j = gl.to_tensor(0)  # (attention's)
+    ends = gl.to_tensor(0)  # the slots issued by the end of the group before, and of the one before that
+    ends_before = gl.to_tensor(0)
+    running = gl.to_tensor(1)
+    for e in range(events):
+        if running != 0:
+            kind, desc, unused = _group(DESCS, GROUPS, e % groups)
+            _stamp(EVENTS, events, 0, e + 1, TRACING)
+            _stamp(EVENTS, events, 1, 0, TRACING)
+            _stamp(EVENTS, events, 2, i, TRACING)
+            if kind == _PLAN:
+                wait(EVENTS, e, P)
+                running = _runs(I32, REGIONS)
+            elif kind == _ATTENTION:
+                # its items' keys before the step's own go in before the group before is done (their slots' bytes
+                # are the GEMV ring's: once read); a slot with the step's keys waits for it (`attention.load_items`)
+                _released(empty, i, i, SLOTS_)
+                _stamp(EVENTS, events, 1, 1, TRACING)
+                _clock(EVENTS, events, e, 0, TRACING)
+                _, _, H, HKV, layer, _, splits, _, _ = attention.row(desc)
+                j = attention.load_items(KV, kv_plane, kv_rows, I32, kv, kv, kv_ready, kv_empty, control_at,
+                                         seq_starts_at, context_lens_at, seq_req_at, req_pages_at, layer, H // HKV,
+                                         HKV, splits, j, HD, GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS, STAGES, IDS,
+                                         SPLIT_SLOTS, 4, 2, EVENTS, e)
+            elif (kind <= _QKV) | (kind == _LOGITS):  # (a projection)
+                i = _gemv_loads(desc, kind == _QKV, W, ACT, w_ring, x_ring, ready, empty, kv_empty, i, j,
+                                ends_before, EVENTS, events, e, GR, SLOTS_, TRACING)
+            _stamp(EVENTS, events, 1, 6, TRACING)
+            _stamp(EVENTS, events, 2, i, TRACING)
+            ends_before = ends
+            ends = i
 
 
 @gluon.jit
-def _decode_consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, control_at, positions_at, slots_at,
-                     seq_starts_at, context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv, ready, empty,
-                     kv_ready, kv_empty, GR: gl.constexpr, SLOTS_: gl.constexpr, PAGE: gl.constexpr,
-                     PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, NORM_F64: gl.constexpr,
-                     PART_ROWS: gl.constexpr, SPLIT_SLOTS: gl.constexpr, TRACING: gl.constexpr):
-    """Each group's units or items, the waits where their epilogues read what the group before wrote, then the
-    group's signal."""
-    i = 0  # (the GEMV ring's slots)
-    j = 0  # (attention's)
-    for g in range(groups):
-        kind, desc, unused = _group(DESCS, GROUPS, g)
-        _stamp(EVENTS, groups, 4, g + 1, TRACING)
-        _stamp(EVENTS, groups, 5, 1, TRACING)
-        _stamp(EVENTS, groups, 6, i, TRACING)
-        if kind == _ATTENTION:  # (an item's queries once the group before is done: `attention.consume_items`)
-            q_off, out_off, H, HKV, _, scale, splits, part_off, ticket_off = attention.row(desc)
-            j = attention.consume_items(ACT, F32, I32, kv, kv, kv_ready, kv_empty, control_at, seq_starts_at,
-                                        context_lens_at, seq_req_at, req_pages_at, q_off, out_off, H, HKV, scale,
-                                        splits, part_off, ticket_off, j, HD, GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS,
-                                        STAGES, SPLIT_SLOTS, PART_ROWS, MAX_SPLITS, 4, 2, EVENTS, g)
-        elif kind == _QKV:
-            i = _decode_qkv(desc, W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, positions_at, slots_at,
-                            i, EVENTS, g, SLOTS_, NORM_F64)
-        elif kind == _GATED:
-            i = _decode_linear(desc, W, ACT, F32, w_ring, x_ring, ready, empty, i, EVENTS, g, SLOTS_, True, NORM_F64)
-        else:
-            i = _decode_linear(desc, W, ACT, F32, w_ring, x_ring, ready, empty, i, EVENTS, g, SLOTS_, False, NORM_F64)
-        _stamp(EVENTS, groups, 5, 2, TRACING)
-        _stamp(EVENTS, groups, 6, i, TRACING)
-        _signal(EVENTS, g)
-        _clock(EVENTS, groups, g, 1, TRACING)
-        _stamp(EVENTS, groups, 5, 3, TRACING)
+def _gemv_loads(desc, is_qkv, W, ACT, w_ring, x_ring, ready, empty, kv_empty, i, j, ends_before, EVENTS, events, e,
+                GR: gl.constexpr, SLOTS_: gl.constexpr, TRACING: gl.constexpr):
+    """A one-row projection's boxes from ring slot i on: its first unit's first slots' weights, then (the group before
+    done) their row's boxes and the rest; returns the slot after them. Its tensor descriptors go where the group two
+    before had its own, once that group's copies are done."""
+    BOXES: gl.constexpr = SLOT_ROWS_ // GR
+    x_off, K, w_off, N = _gemv_operands(desc, is_qkv)
+    _released(kv_empty, j, j, STAGES)  # (attention's slots, over the same bytes, read)
+    _released(empty, i, ends_before, SLOTS_)
+    _stamp(EVENTS, events, 1, 1, TRACING)
+    if e % 2 == 0:
+        w_desc, x_desc = _stream_descs(W, w_off, N, ACT, x_off, K, GR)
+    else:
+        w_desc, x_desc = _stream_descs(W, w_off, N, ACT, x_off, K, GR)
+    _stamp(EVENTS, events, 1, 2, TRACING)
+    u0, u1 = gemv._units(gl.cdiv(N, GR))
+    first = gl.where(u1 > u0, gl.minimum(SLOTS_ * BOXES * GK_, K), 0)
+    i0 = i
+    for k0 in range(0, first, BOXES * GK_):
+        i = gemv.fill_slot(w_desc, x_desc, w_ring, x_ring, ready, empty, i, u0, k0, SLOTS_, False)
+    _stamp(EVENTS, events, 1, 3, TRACING)
+    wait(EVENTS, e - 1, gl.num_programs(0))
+    _stamp(EVENTS, events, 1, 4, TRACING)
+    _clock(EVENTS, events, e, 0, TRACING)
+    for k0 in range(0, first, BOXES * GK_):
+        gemv.copy_row(x_desc, x_ring, ready, i0 + k0 // (BOXES * GK_), k0, SLOTS_)
+    for u in range(u0, u1):
+        # (the start as a tensor each unit: a tensor name set to a Python int in the loop is not carried, and every
+        # unit went on from `first`, short of the slots the consumers wait for: session 65's hang)
+        for k0 in range(gl.where(u == u0, first, 0), K, BOXES * GK_):
+            i = gemv.fill_slot(w_desc, x_desc, w_ring, x_ring, ready, empty, i, u, k0, SLOTS_, True)
+    return i
 
 
 @gluon.jit
-def _decode_linear(desc, W, ACT, F32, w_ring, x_ring, ready, empty, i, EVENTS, g, SLOTS_: gl.constexpr,
-                   GATED: gl.constexpr, NORM_F64: gl.constexpr):
+def _decode_consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, steps, first_step, REGIONS,
+                     stats_off, stats_size, control_at, positions_at, slots_at, seq_starts_at, context_lens_at,
+                     seq_req_at, req_pages_at, w_ring, x_ring, kv, ready, empty, kv_ready, kv_empty,
+                     GR: gl.constexpr, SLOTS_: gl.constexpr, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr,
+                     MAX_SEQS: gl.constexpr, NORM_F64: gl.constexpr, PART_ROWS: gl.constexpr,
+                     SPLIT_SLOTS: gl.constexpr, MAX_TOKENS: gl.constexpr, REQS: gl.constexpr,
+                     STEP_LOG: gl.constexpr, VB: gl.constexpr, MAX_NEW: gl.constexpr, TRACING: gl.constexpr):
+    """Each group's units, items or rows, the waits where they read what the group before wrote, then the group's
+    signal, step after step; a step's plan by program 0, then (its event) whether the loop goes on."""
+    P = gl.num_programs(0)
+    events = steps * groups
+    i = gl.to_tensor(0)  # (the GEMV ring's slots)
+    j = gl.to_tensor(0)  # (attention's)
+    running = gl.to_tensor(1)
+    for e in range(events):
+        if running != 0:
+            kind, desc, unused = _group(DESCS, GROUPS, e % groups)
+            _stamp(EVENTS, events, 4, e + 1, TRACING)
+            _stamp(EVENTS, events, 5, 1, TRACING)
+            _stamp(EVENTS, events, 6, i, TRACING)
+            if kind == _ATTENTION:  # (an item's queries once the group before is done: `attention.consume_items`)
+                q_off, out_off, H, HKV, _, scale, splits, part_off, ticket_off = attention.row(desc)
+                j = attention.consume_items(ACT, F32, I32, kv, kv, kv_ready, kv_empty, control_at, seq_starts_at,
+                                            context_lens_at, seq_req_at, req_pages_at, q_off, out_off, H, HKV, scale,
+                                            splits, part_off, ticket_off, j, HD, GR_ITEM, PAGE, PAGES_PER_SEQ,
+                                            MAX_SEQS, STAGES, SPLIT_SLOTS, PART_ROWS, MAX_SPLITS, 4, 2, EVENTS, e)
+            elif kind == _QKV:
+                i = _decode_qkv(desc, W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, positions_at,
+                                slots_at, i, EVENTS, e, SLOTS_, NORM_F64)
+            elif kind == _GATED:
+                i = _decode_linear(desc, W, ACT, F32, w_ring, x_ring, ready, empty, i, EVENTS, e, SLOTS_, True, 0,
+                                   NORM_F64)
+            elif kind == _PLAIN:
+                i = _decode_linear(desc, W, ACT, F32, w_ring, x_ring, ready, empty, i, EVENTS, e, SLOTS_, False, 0,
+                                   NORM_F64)
+            elif kind == _LOGITS:
+                i = _decode_linear(desc, W, ACT, F32, w_ring, x_ring, ready, empty, i, EVENTS, e, SLOTS_, False, 1,
+                                   NORM_F64)
+            else:  # a step's rows around its layers (`step.py`): what they read, the group before wrote
+                wait(EVENTS, e - 1, P)
+                _step_group(kind, desc, W, ACT, F32, I32, REGIONS, first_step + e // groups, stats_off, stats_size,
+                            PAGES_PER_SEQ, PAGE, MAX_TOKENS, REQS, STEP_LOG, VB, MAX_NEW, NORM_F64)
+            _stamp(EVENTS, events, 5, 2, TRACING)
+            _stamp(EVENTS, events, 6, i, TRACING)
+            _signal(EVENTS, e)
+            _clock(EVENTS, events, e, 1, TRACING)
+            _stamp(EVENTS, events, 5, 3, TRACING)
+            if kind == _PLAN:
+                wait(EVENTS, e, P)
+                running = _runs(I32, REGIONS)
+
+
+@gluon.jit
+def _step_group(kind, desc, W, ACT, F32, I32, REGIONS, step_number, stats_off, stats_size, PAGES_PER_SEQ: gl.constexpr,
+                PAGE: gl.constexpr, MAX_TOKENS: gl.constexpr, REQS: gl.constexpr, STEP_LOG: gl.constexpr,
+                VB: gl.constexpr, MAX_NEW: gl.constexpr, NORM_F64: gl.constexpr):
+    """A step's plan (program 0), its embedding row, the row that needs its logits, or its greedy sampling."""
+    if kind == _PLAN:
+        if gl.program_id(0) == 0:
+            step.plan_rows(I32, F32, REGIONS, step_number, stats_off, stats_size, PAGES_PER_SEQ, PAGE, MAX_TOKENS,
+                           REQS, STEP_LOG)
+    elif kind == _EMBED:  # (EMBED_FIELDS: the table, the row's width, the step's row, its norm's sums)
+        token = gl.load(I32 + gl.load(REGIONS + step.INPUT_IDS))
+        step.copy_row(W, gl.load(desc), token, ACT, F32, gl.load(desc + 1), gl.load(desc + 2), gl.load(desc + 3),
+                      NORM_F64)
+    elif kind == _GATHER:  # (GATHER_FIELDS: the rows, the width, the row's copy, its norm's sums)
+        row = gl.load(I32 + gl.load(REGIONS + step.LOGITS_ROWS))
+        step.copy_row(ACT, gl.load(desc), row, ACT, F32, gl.load(desc + 1), gl.load(desc + 2), gl.load(desc + 3),
+                      NORM_F64)
+    else:
+        step.greedy(desc, I32, F32, REGIONS, VB, MAX_NEW)
+
+
+@gluon.jit
+def _decode_linear(desc, W, ACT, F32, w_ring, x_ring, ready, empty, i, EVENTS, e, SLOTS_: gl.constexpr,
+                   GATED: gl.constexpr, OUT_KIND: gl.constexpr, NORM_F64: gl.constexpr):
     GR: gl.constexpr = w_ring.type.shape[1]
     _, K, _, N, out_off, stats_off, eps, res_off, bias_off, out_stats_off = gemv.linear_row(desc)
     u0, u1 = gemv._units(gl.cdiv(N, GR))
     return gemv.linear_units(W, ACT, F32, w_ring, x_ring, ready, empty, u0, u1, i, K, N, out_off, stats_off, eps,
-                             res_off, bias_off, out_stats_off, SLOTS_, GATED, 0, NORM_F64, EVENTS, g)
+                             res_off, bias_off, out_stats_off, SLOTS_, GATED, OUT_KIND, NORM_F64, EVENTS, e)
 
 
 @gluon.jit
 def _decode_qkv(desc, W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, positions_at, slots_at, i, EVENTS,
-                g, SLOTS_: gl.constexpr, NORM_F64: gl.constexpr):
+                e, SLOTS_: gl.constexpr, NORM_F64: gl.constexpr):
     GR: gl.constexpr = w_ring.type.shape[1]
     _, K, _, HQ, HKV, stats_off, eps, bias_off, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, \
         has_qk_norm, step_kv_off, part_off, ticket_off = gemv.qkv_row(desc)
     u0, u1 = gemv._units(gl.cdiv((HQ + 2 * HKV) * HD, GR))
     return gemv.qkv_units(W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, u0, u1, i, K, stats_off, eps,
                           bias_off, HQ, HKV, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm,
-                          step_kv_off, part_off, ticket_off, positions_at, slots_at, SLOTS_, HD, NORM_F64, EVENTS, g)
+                          step_kv_off, part_off, ticket_off, positions_at, slots_at, SLOTS_, HD, NORM_F64, EVENTS, e)
+
+
+DECODE_SIGNATURE = {**SIGNATURE, "steps": "i32", "first_step": "i32", "REGIONS": "*i32", "stats_off": "i32",
+                    "stats_size": "i32"}
 
 
 @gluon.jit
 def decode_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, control_at, positions_at,
-                 slots_at, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, GR: gl.constexpr,
-                 SLOTS_: gl.constexpr, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
-                 NORM_F64: gl.constexpr, PART_ROWS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                 SPLIT_SLOTS: gl.constexpr = 1, TRACING: gl.constexpr = False):
-    """`prefill_chain`'s for a step of one row: the table's projections (the GEMV, GR-row units) and attention (its
-    keys in splits of SPLIT_SLOTS slots of keys at least: `attention._splits`). Two programs an SM, each waiting for
-    all of them. TRACING: each program's partitions stamp where they are after the counters (`_stamp`), and the times
-    of each group's event and signal after those (`_clock`; EVENTS then holds `groups` + 8 words a program + 2 a
-    program a group)."""
+                 slots_at, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, steps, first_step, REGIONS,
+                 stats_off, stats_size, GR: gl.constexpr, SLOTS_: gl.constexpr, PAGE: gl.constexpr,
+                 PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, NORM_F64: gl.constexpr,
+                 PART_ROWS: gl.constexpr, LOADER_REGS: gl.constexpr, SPLIT_SLOTS: gl.constexpr = 1,
+                 MAX_TOKENS: gl.constexpr = 1, REQS: gl.constexpr = 32, STEP_LOG: gl.constexpr = 4096,
+                 VB: gl.constexpr = 1024, MAX_NEW: gl.constexpr = 1, TRACING: gl.constexpr = False):
+    """`prefill_chain`'s for steps of one row: the table's groups, `steps` times over (the chain's events a group a
+    step: group g of step s at EVENTS[s groups + g]), the projections on the GEMV (GR-row units), attention with its
+    keys in splits of SPLIT_SLOTS slots of keys at least (`attention._splits`), and where the table has them, a
+    step's plan (its first group: the loop stops at a plan that leaves no step of one row), embedding, the row that
+    needs logits, the LM head and greedy sampling (`step.py`: REGIONS the regions' offsets, `step.REGION_NAMES`;
+    stats_off, stats_size: the F32 words a plan zeroes; the first step's number first_step). Two programs an SM,
+    each waiting for all of them. TRACING: each program's partitions stamp where they are after the counters
+    (`_stamp`), and the times of each group's event and signal after those (`_clock`; EVENTS then holds
+    `steps groups` + 8 words a program + 2 a program a group a step)."""
     BOXES: gl.constexpr = SLOT_ROWS_ // GR
     plain: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     # allocated as attention's swizzled halves, which want their 1,024-byte alignment, and viewed as the GEMV's boxes
@@ -483,20 +566,26 @@ def decode_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS,
     ready, empty = _barriers(SLOTS_)
     kv_ready, kv_empty = _barriers(STAGES)
     gl.warp_specialize([
-        (_decode_consumer, (DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, control_at, positions_at,
-                            slots_at, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv,
-                            ready, empty, kv_ready, kv_empty, GR, SLOTS_, PAGE, PAGES_PER_SEQ, MAX_SEQS, NORM_F64,
-                            PART_ROWS, SPLIT_SLOTS, TRACING)),
-        (_decode_loader, (DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, control_at, seq_starts_at,
-                          context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv, ready, empty, kv_ready,
-                          kv_empty, GR, SLOTS_, PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, TRACING)),
+        (_decode_consumer, (DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, steps, first_step,
+                            REGIONS, stats_off, stats_size, control_at, positions_at, slots_at, seq_starts_at,
+                            context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv, ready, empty, kv_ready,
+                            kv_empty, GR, SLOTS_, PAGE, PAGES_PER_SEQ, MAX_SEQS, NORM_F64, PART_ROWS, SPLIT_SLOTS,
+                            MAX_TOKENS, REQS, STEP_LOG, VB, MAX_NEW, TRACING)),
+        (_decode_loader, (DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, steps, REGIONS,
+                          control_at, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv,
+                          ready, empty, kv_ready, kv_empty, GR, SLOTS_, PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS,
+                          TRACING)),
     ], [1], [LOADER_REGS])
 
 
 def decode_constexprs(rows: int, page_size: int, pages_per_seq: int, max_batch: int, norm_f64: bool,
-                      part_rows: int, split_slots: int = 1) -> dict:
+                      part_rows: int, split_slots: int = 1, max_tokens: int = 1, sample_block: int = 1024,
+                      max_new: int = 1) -> dict:
     """`decode_chain`'s constexprs: units of `rows` weight rows, the step's paging, the sums' type, a split's partial
-    rows (`CompileConfig.block_m`), a split's slots of keys at least."""
+    rows (`CompileConfig.block_m`), a split's slots of keys at least; for a loop over steps the plan's token budget
+    (`max_tokens_per_step`), the sampler's logits a pass (a power of two) and the requests' output room
+    (`max_new_tokens`)."""
     return dict(GR=rows, SLOTS_=gemv.SLOTS, PAGE=page_size, PAGES_PER_SEQ=pages_per_seq,
                 MAX_SEQS=max(32, 1 << (max_batch - 1).bit_length()), NORM_F64=norm_f64, PART_ROWS=part_rows,
-                LOADER_REGS=gemv.LOADER_REGS, SPLIT_SLOTS=split_slots)
+                LOADER_REGS=gemv.LOADER_REGS, SPLIT_SLOTS=split_slots, MAX_TOKENS=max_tokens,
+                REQS=max(32, 1 << (max_batch - 1).bit_length()), STEP_LOG=STEP_LOG, VB=sample_block, MAX_NEW=max_new)

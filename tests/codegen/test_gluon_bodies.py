@@ -35,8 +35,9 @@ def test_every_body_compiles_for_sm90_and_fits_an_sm(compiled):
     # linear_prefill: two tile shapes, gated or not, fp64 or fp32 sums; qkv_prefill: two tile shapes, either sums;
     # attention_prefill: items of 128 or 64 rows, 32 or 64 sequences' lanes; linear_gemv: 3 unit heights, plain,
     # gated or the logits; qkv_gemv: 3 unit heights; attention's split decode steps: 32 or 64 sequences' lanes;
-    # stream-K: linear_prefill gated or not, qkv_prefill; the persistent chains, prefill and one-row
-    assert len(compiled) == 35
+    # stream-K: linear_prefill gated or not, qkv_prefill; the persistent chains, prefill and one-row (a step, and
+    # the loop over steps)
+    assert len(compiled) == 36
     for name, used in compiled.items():
         assert used["registers"] <= used["maxnreg"], name
         # a program's warps (the consumers', a loader's warp group) and their registers fit an SM (the GEMV's two)
@@ -49,8 +50,10 @@ def test_every_body_compiles_for_sm90_and_fits_an_sm(compiled):
         spills = 256 if name.startswith(f"linear_prefill 128x{linear.WIDE.bn}") and "gated" not in name else 0
         # QKV's two heads a tile: its epilogue's 16-byte stores take 104 B more than the 2-byte ones did
         spills = 128 if name.startswith(f"qkv_prefill 128x{linear.WIDE.bn}") else spills
-        # the chain holds both in one allocation: 408 B
-        spills = 512 if name == "prefill_chain" else 16 if name.startswith("decode_chain") else spills
+        # the chain holds both in one allocation: 408 B; the one-row chain with a step's plan, rows and sampling
+        # inlined 112 B (8 without them; outlined, a function's barriers are the whole CTA's, which a warp-specialized
+        # partition cannot take)
+        spills = 512 if name == "prefill_chain" else 128 if name.startswith("decode_chain") else spills
         assert used["stack_bytes"] <= (64 if name.startswith("attention") else spills), name
 
 
@@ -328,3 +331,35 @@ def test_attention_splits_need_scratch_tickets_and_rows_for_a_kv_heads_queries()
     assert "64 splits" in attention.splits_unsupported([{**values, "splits": 64}[f] for f in ATTENTION_FIELDS], 16)
     assert "tickets" in attention.splits_unsupported([{**values, "ticket_off": -1}[f] for f in ATTENTION_FIELDS], 16)
     assert "4 query heads" in attention.splits_unsupported(words, 2)
+
+
+def test_the_one_row_loop_takes_a_whole_step_of_llama3(coverage_1, coverage_64):
+    """`chain.decode_chain` over steps: its table is a step's plan, then every group of the step in order (the
+    embedding, each layer's QKV, attention, o_proj, gate/up and down, the row that needs logits, the LM head, the
+    sampler), merges left out; where attention does not split (64 sequences' kernel), it says why not."""
+    from codegen.gluon import chain
+    coverage, lw = coverage_1
+    rows, why = coverage.loop_rows()
+    assert why is None
+    kinds = [kind for kind, _, _ in rows]
+    assert kinds[:2] == [chain.PLAN, chain.EMBED] and kinds[-3:] == [chain.GATHER, chain.LOGITS, chain.SAMPLE]
+    assert kinds[2:-3] == [chain.QKV, chain.ATTENTION, chain.PLAIN, chain.GATED, chain.PLAIN] * 32
+    sample = [desc for kind, desc, _ in rows if kind == chain.SAMPLE]
+    assert sample == [t.desc for t in lw.tasks.tasks if t.kind == Kind.SAMPLE][:1]
+    _, why = coverage_64[0].loop_rows()
+    assert "split" in why
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3-moe", "llama3-8b"])
+def test_the_plans_zeroed_words_are_found_from_the_layout(preset):
+    """The Gluon plan (`step.plan_rows`) zeroes what the Triton one does (`lw.constants`' STATS_OFF, STATS_SIZE),
+    from the manifest's regions alone (`layout.zeroed_span`)."""
+    from blinkc.build import build_graph
+    from codegen.config import CompileConfig
+    from codegen.layout import zeroed_span
+    from codegen.lower import lower
+    from models.registry import resolve_model
+    config = CompileConfig(max_batch=4, max_tokens_per_step=256, max_model_len=512, max_new_tokens=8)
+    lw = lower(build_graph(resolve_model(preset), config), config)
+    span = zeroed_span(lw.layout.to_dict()["regions"])
+    assert span == (lw.constants["STATS_OFF"], lw.constants["STATS_SIZE"])

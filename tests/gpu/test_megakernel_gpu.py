@@ -324,22 +324,26 @@ def test_gluon_decode_attention_for_64_sequences_on_gpu(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("chain", [False, True], ids=["groups", "chain"])
-def test_gluon_gemv_for_one_sequence_on_gpu(chain, tmp_path):
+@pytest.mark.parametrize("way", ["groups", "chain", "loop"])
+def test_gluon_gemv_for_one_sequence_on_gpu(way, tmp_path):
     """One prompt of 200 tokens, then decode steps of its one row: every projection and the LM head in the GEMV
     (`gemv.linear_gemv`, units of 8, 16 or 32 weight rows, two programs an SM), QKV too (`gemv.qkv_gemv`: the unit
     that completes a head runs its rotary and cache write), the LM head's fp32 logits in the prefill step too (one
-    sequence's last row), and attention with each KV head's keys in splits that the last to finish merges (with
-    `chain`, the prefill step's layers and each decode step's in one persistent launch each); every step's logits
-    checked (as `check_every_step`)."""
-    driver, model = gluon_driver(tmp_path, case_config(1), chain)
-    if chain:
+    sequence's last row), and attention with each KV head's keys in splits that the last to finish merges (`chain`:
+    the prefill step's layers and each decode step's in one persistent launch each; `loop`: from the second decode
+    step on, the steps back to back in one launch, each planned, embedded, run, its logits and greedy token on the
+    GPU: `chain.decode_chain` over steps); every step's logits checked (as `check_every_step`), and the tokens."""
+    driver, model = gluon_driver(tmp_path, case_config(1), way != "groups")
+    if way != "groups":
         assert len(driver.gluon.chain_groups((1, 1))) == 6 * 32
     assert len(driver.gluon.one_row) == 4 * 32 + 1 and not driver.gluon.one_row_skipped
     prompt = torch.randint(0, model.config.vocab_size, (200,), generator=torch.Generator().manual_seed(1)).tolist()
-    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
-    for steps in range(1, 5):
-        out = driver.generate([prompt], params, max_steps=steps)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    tokens = []
+    for steps in range(1, 7):
+        out = driver.generate([prompt], params, max_steps=steps, loop=way == "loop")
+        assert out[0].tokens[:len(tokens)] == tokens and len(out[0].tokens) == steps
+        tokens = out[0].tokens
         assert_within_bf16_tolerance(driver.kernel, model, [prompt + out[0].tokens])
 
 
