@@ -48,7 +48,14 @@ def task_kernels_graph_ms(kernel: Megakernel, batch: int, context: int, num_repl
     """Baseline (c): one decode step of the same task bodies, one kernel per task group, replayed from
     one CUDA graph (median ms per replay), once every sequence decodes (sequences that finish their prefill
     early decode beside the others' chunks: those steps are larger)."""
-    graph = capture_decode_step(HostDriven(kernel), batch, context, num_replays + 2)
+    return graph_step_ms(HostDriven(kernel), batch, context, num_replays)
+
+
+def graph_step_ms(driver: HostDriven, batch: int, context: int, num_replays: int = GRAPH_REPLAYS) -> float:
+    """A decode step of `driver`'s launches (every sequence decoding) replayed from one CUDA graph: the median ms per
+    replay (each decodes a token more: the plan reads the requests' state on the GPU)."""
+    kernel = driver.kernel
+    graph = capture_decode_step(driver, batch, context, num_replays + 2)
     times = []
     for _ in range(num_replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -58,7 +65,7 @@ def task_kernels_graph_ms(kernel: Megakernel, batch: int, context: int, num_repl
         end.synchronize()
         times.append(start.elapsed_time(end))
     if kernel.last_step_size() != (batch, batch):
-        raise RuntimeError(f"(c): a sequence finished before the last of {num_replays} replays")
+        raise RuntimeError(f"a sequence finished before the last of {num_replays} replays")
     return sorted(times)[len(times) // 2]
 
 

@@ -23,7 +23,7 @@ from collections import defaultdict
 import torch
 
 from benchmarks import baselines
-from benchmarks.decode import steps_until_all_decode
+from benchmarks.decode import graph_step_ms, steps_until_all_decode
 from benchmarks.megakernel_tpot import (artifact_path, decode_config, decode_tokens, full_batch_step_ms,
                                         seeded_prompt, tpot_ms, ttft_config, ttft_ms)
 from blinkc.compile_model import WeightsSource, compile_many, compile_model
@@ -33,7 +33,7 @@ from codegen.bodies.qkv import QKV_FIELDS
 from codegen.gluon import gemv, linear
 from codegen.tasks import Kind
 from models.registry import resolve_model
-from runtime.host_driven import HostDriven, capture_step
+from runtime.host_driven import HostDriven
 from runtime.megakernel import Megakernel
 from runtime.sampling import SamplingParams
 
@@ -257,8 +257,8 @@ def decode_row(model, batch: int, context: int, args) -> None:
     total_t, total_g, total_c = (sum(best[name].values()) for name in ("triton", "gluon", "chain"))
     run = chained.gluon.chain_groups((batch, batch))
     in_groups, in_chain = (sum(best[name][first] for first in run) for name in ("gluon", "chain"))
-    graphs = {name: graph_step_ms(driver, prompts, batch, context) for name, driver in (("triton", triton),
-                                                                                         ("chain", chained))}
+    graphs = {name: graph_step_ms(driver, batch, context, GRAPH_REPLAYS) for name, driver in (("triton", triton),
+                                                                                               ("chain", chained))}
     print(f"\nbatch {batch}, context {context}: host-driven decode step (launches, not a graph), Triton groups "
           f"{total_t:.2f} ms, with the Gluon bodies {total_g:.2f} ms ({total_t / total_g:.2f}x); persistent "
           f"megakernel TPOT {persistent:.2f} ms")
@@ -284,28 +284,6 @@ def loop_tpot_ms(driver: HostDriven, prompts: list[list[int]]) -> float:
     driver.generate(prompts, params, loop=True)  # (compiles it)
     driver.generate(prompts, params, loop=True)
     return full_batch_step_ms(driver.kernel.step_log(), 1)
-
-
-def graph_step_ms(driver: HostDriven, prompts: list[list[int]], batch: int, context: int) -> float:
-    """The prompts prepared again and stepped until the whole batch decodes, then the next step's launches captured
-    in one CUDA graph (`capture_step`, as the decode benchmark's baseline (c)) and replayed: the median ms. Each replay
-    decodes a token more (the plan reads the requests' state on the GPU)."""
-    kernel = driver.kernel
-    params = SamplingParams(max_tokens=decode_tokens(batch, context, kernel.config.max_tokens_per_step,
-                                                     GRAPH_REPLAYS + 2), temperature=0, ignore_eos=True)
-    graph = capture_step(driver, steps_until_all_decode(driver, batch, kernel.prepare(prompts, params)),
-                         size=(batch, batch))
-    times = []
-    for _ in range(GRAPH_REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    if kernel.last_step_size() != (batch, batch):
-        raise RuntimeError(f"a sequence finished before the last of {GRAPH_REPLAYS} replays")
-    return sorted(times)[len(times) // 2]
 
 
 def main() -> None:

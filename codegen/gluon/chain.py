@@ -367,7 +367,6 @@ def _decode_loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, gr
     """Each group's boxes into the ring, step after step: a projection's first slots' weights before the group
     before is done, the rest after it; attention's keys and values before it, but for the slots that hold the step's
     own keys. A step's plan: past its event, whether the loop goes on."""
-    BOXES: gl.constexpr = SLOT_ROWS_ // GR
     P = gl.num_programs(0)
     events = steps * groups
     i = gl.to_tensor(0)  # (the GEMV ring's slots)
