@@ -82,19 +82,19 @@ class HostDriven:
 
     def run_loop(self, step: int, steps: int) -> int:
         """Steps `step` .. (at most `steps`) of one row in one launch (`GluonGroups.launch_loop`), waited for within
-        the kernel's timeout; a step the loop planned but left (not of one row) then runs here. Returns the next
-        step's number."""
+        the kernel's timeout (past it, an error: its waits cannot be asked to stop yet, so the GPU stays busy until
+        the process ends; `benchmarks/explore/chain_probe.py --mode loop` says where it stopped); a step the loop
+        planned but left (not of one row) then runs here. Returns the next step's number."""
         k, g = self.kernel, self.gluon
         if g is None or not g.chain:
             raise ValueError("the one-row loop is the Gluon chain's: ask for gluon and chain")
-        table = g.launch_loop(step, steps)
+        rows = g.launch_loop(step, steps)
         end = torch.cuda.Event()
         end.record()
         if not wait_for(end, k.timeout_s):
             raise RuntimeError(f"the one-row loop from step {step} did not finish in {k.timeout_s:.0f} s")
         control = k.region("control")[0]
         num_tokens, num_seqs, done, last = k.i32[control:control + 4].tolist()
-        rows = table.numel() // 3
         ran = int(g._events[(last - step) * rows + rows - 1]) == g.gemv.PER_SM * g.programs
         if not ran and not done:  # (planned, and not of one row)
             for first, count in self.groups:
@@ -509,17 +509,18 @@ class GluonGroups(GluonCoverage):
                 *args, **chain.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch, self.norm_f64),
                 **chain.LAUNCH)
 
-    def launch_loop(self, first_step: int, steps: int) -> torch.Tensor:
+    def launch_loop(self, first_step: int, steps: int) -> int:
         """Steps `first_step` .. (at most `steps`) of one row each in one launch (`chain.decode_chain` over
         `loop_rows`' table: each step planned, run and sampled on the GPU, greedy; the loop stops at a plan that
-        leaves no step of one row). Returns the table."""
+        leaves no step of one row). Returns the table's rows (the events of step s's group g: s rows + g)."""
+        from codegen.gluon import chain
         if self._loop is None:
             rows, why = self.loop_rows()
             if why:
                 raise ValueError(f"the one-row loop cannot run this kernel: {why}")
             self._loop = torch.tensor(rows, dtype=torch.int32).flatten().to(self.kernel.device)
         self._launch_chain(self._loop, True, steps, first_step)
-        return self._loop
+        return self._loop.numel() // chain.ROW
 
     def launch(self, first: int, size: tuple[int, int] | None) -> bool:
         """Launches the group of tasks from `first` in a step of `size`, if it is the Gluon bodies' (a merge group

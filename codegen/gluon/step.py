@@ -41,7 +41,7 @@ def _add(a, b):
 
 @gluon.jit
 def _at(REGIONS, name: gl.constexpr):
-    return gl.load(REGIONS + name, volatile=True)  # (read where used: hoisted, they held registers across the loop)
+    return gl.load(REGIONS + name)
 
 
 @gluon.jit
