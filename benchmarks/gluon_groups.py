@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import time
 from collections import defaultdict
 
 import torch
@@ -212,6 +213,7 @@ def prompt_row(model, n: int, args) -> None:
     total_t, total_g, total_c = (sum(best[name].values()) for name in ("triton", "gluon", "chain"))
     run = chained.gluon.chain_groups(kernel.last_step_size())
     in_groups, in_chain = (sum(best[name][first] for first in run) for name in ("gluon", "chain"))
+    chained_host = host_to_host_ms(chained, prompt)
     lines = report(triton, best, worst)
     del kernel, triton, gluon, chained, results, t_logits, g_logits, c_logits, again
     baselines.release_memory(device)
@@ -225,7 +227,8 @@ def prompt_row(model, n: int, args) -> None:
           f"{in_chain * 1e3:.0f} us against their {in_groups * 1e3:.0f} as group kernels "
           f"({in_groups / max(in_chain, 1e-9):.2f}x); the step {total_c:.2f} ms ("
           f"{total_t / total_c:.2f}x the Triton groups); logits against Triton's rel {c_diff:.1e}, first token "
-          f"{c_token}")
+          f"{c_token}; the first token with it host to host {chained_host:.2f} ms (persistent {persistent:.2f}, "
+          f"torch {torch_host:.2f})")
     print("\n".join(lines), flush=True)
 
 
@@ -275,6 +278,22 @@ def decode_row(model, batch: int, context: int, args) -> None:
               f"one launch: `chain.decode_chain` over steps): TPOT {looped:.2f} ms ({persistent / looped:.2f}x the "
               f"persistent megakernel's)")
     print("\n".join(report(triton, best, worst)), flush=True)
+
+
+def host_to_host_ms(driver: HostDriven, prompt: list[int]) -> float:
+    """The prompt's first token through `driver` (`HostDriven.generate`, the prompt's ids from the host and the
+    token back on it), best of three after one to warm it, as `megakernel_tpot.ttft_ms` times the persistent
+    kernel's."""
+    once = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    driver.generate([prompt], once)
+    times = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        driver.generate([prompt], once)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return min(times)
 
 
 def loop_tpot_ms(driver: HostDriven, prompts: list[list[int]]) -> float:
