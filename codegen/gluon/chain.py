@@ -431,8 +431,8 @@ def _gemv_loads(desc, is_qkv, W, ACT, w_ring, x_ring, ready, empty, kv_empty, i,
     for k0 in range(0, first, BOXES * GK_):
         gemv.copy_row(x_desc, x_ring, ready, i0 + k0 // (BOXES * GK_), k0, SLOTS_)
     for u in range(u0, u1):
-        # (the start as a tensor each unit: a tensor name set to a Python int in the loop is not carried, and every
-        # unit went on from `first`, short of the slots the consumers wait for: session 65's hang)
+        # (the start as a tensor each unit: a tensor name set to a Python int in a `for` loop is not carried, and
+        # every unit went on from `first`, short of the slots the consumers wait for: session 65's hang)
         for k0 in range(gl.where(u == u0, first, 0), K, BOXES * GK_):
             i = gemv.fill_slot(w_desc, x_desc, w_ring, x_ring, ready, empty, i, u, k0, SLOTS_, True)
     return i

@@ -363,3 +363,61 @@ def test_the_plans_zeroed_words_are_found_from_the_layout(preset):
     lw = lower(build_graph(resolve_model(preset), config), config)
     span = zeroed_span(lw.layout.to_dict()["regions"])
     assert span == (lw.constants["STATS_OFF"], lw.constants["STATS_SIZE"])
+
+
+def constant_resets(source: str) -> list[str]:
+    """Names that a function of `source` holds a tensor in (an assignment of anything but a number) and then, inside
+    a `for` loop, assigns a Python number: Gluon (Triton 3.6) does not carry such an assignment into the next
+    iteration, silently (`k_first = 0` kept a tensor's value and hung the one-row chain: session 65; a `while` loop
+    carries it)."""
+    import ast
+
+    def number(node) -> bool:
+        return isinstance(node, ast.Constant) and isinstance(node.value, (int, float, bool))
+
+    def assigned(stmt):
+        """(name, whether a number) of each plain assignment in stmt and the statements under it."""
+        for node in ast.walk(stmt):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                    if isinstance(target, ast.Name):
+                        yield target.id, number(node.value)
+                    elif isinstance(target, ast.Tuple):  # (a, b = 0, x: each its own)
+                        values = node.value.elts if isinstance(node.value, ast.Tuple) else [None] * len(target.elts)
+                        for part, value in zip(target.elts, values):
+                            if isinstance(part, ast.Name):
+                                yield part.id, value is not None and number(value)
+
+    found = []
+
+    def scan(body, tensors: set[str]) -> None:
+        """The statements in order, at every depth, `tensors` the names holding a tensor on the way in."""
+        for stmt in body:
+            if isinstance(stmt, ast.For):
+                found.extend(f"line {stmt.lineno}: {name}" for name, is_number in assigned(stmt)
+                             if is_number and name in tensors)
+            for block in ("body", "orelse"):
+                if isinstance(stmt, (ast.For, ast.While, ast.If)):
+                    scan(getattr(stmt, block), set(tensors))
+            for name, is_number in assigned(stmt):
+                (tensors.discard if is_number else tensors.add)(name)
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list):
+            scan(node.body, {a.arg for a in node.args.args})
+    return found
+
+
+def test_no_gluon_loop_resets_a_tensor_to_a_number():
+    from pathlib import Path
+
+    import codegen.gluon
+    assert constant_resets("@gluon.jit\ndef f(n, first):\n    k = first\n    for u in range(n):\n        k = 0\n") \
+        == ["line 4: k"]
+    assert constant_resets("@gluon.jit\ndef f(n):\n    i = 0\n    for u in range(n):\n        i = g(i)\n") == []
+    # (session 64's loader: the tensor set and reset within an outer loop's branch)
+    nested = "@gluon.jit\ndef f(n, first):\n    for g in range(n):\n        if g:\n            k = first\n" \
+             "            for u in range(n):\n                k = 0\n"
+    assert constant_resets(nested) == ["line 6: k"]
+    for path in sorted(Path(codegen.gluon.__file__).parent.glob("*.py")):
+        assert constant_resets(path.read_text()) == [], path.name
