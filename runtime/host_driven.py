@@ -514,6 +514,7 @@ class GluonGroups(GluonCoverage):
         `loop_rows`' table: each step planned, run and sampled on the GPU, greedy; the loop stops at a plan that
         leaves no step of one row). Returns the table's rows (the events of step s's group g: s rows + g)."""
         from codegen.gluon import chain
+        use_scratch_allocator()  # (its loader's tensor descriptors; a step's plan sets it too, but none runs here)
         if self._loop is None:
             rows, why = self.loop_rows()
             if why:
