@@ -60,17 +60,6 @@ class Layout:
         return cls({k: Region(a, o, s) for k, (a, o, s) in d["regions"].items()}, dict(d["sizes"]))
 
 
-def zeroed_span(regions: dict[str, list]) -> tuple[int, int]:
-    """(offset, size) of the F32 words every step's plan zeroes (`codegen.lower`'s STATS_OFF and STATS_SIZE: the
-    norms' sums and the split tasks' tickets, laid out one after another), from a layout's regions (`to_dict`'s)."""
-    spans = [(offset, offset + aligned(size)) for name, (arena, offset, size) in regions.items()
-             if arena == "F32" and name.startswith(("stats:", "tickets:"))]
-    if not spans:
-        return 0, 0
-    lo = min(a for a, _ in spans)
-    return lo, max(b for _, b in spans) - lo
-
-
 # The control words, by index: the planner, the sampler and the waits (bodies/schedule.py, bodies/sync.py)
 # address them as CONTROL + index, so keep this order.
 CONTROL_FIELDS = ("num_tokens", "num_seqs", "done", "step", "num_requests", "num_eos",

@@ -453,7 +453,7 @@ class GluonGroups(GluonCoverage):
         self._events = torch.zeros(len(groups), dtype=torch.int32, device=kernel.device)  # (the chain's; grown)
         self._loop: torch.Tensor | None = None  # `launch_loop`'s table
         from codegen.gluon.step import REGION_NAMES
-        from codegen.layout import zeroed_span
+        from runtime.megakernel import zeroed_span
         self.regions = torch.tensor([kernel.region(name)[0] for name in REGION_NAMES], dtype=torch.int32,
                                     device=kernel.device)  # (`step.py`'s)
         self.zeroed = zeroed_span(regions)  # the F32 words a plan zeroes (offset, size)

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from codegen.layout import ABORT_ASKED, ABORT_ASKED_RECORDED, CONTROL_FIELDS, HANG_SPLIT_TICKET
+from codegen.layout import ABORT_ASKED, ABORT_ASKED_RECORDED, CONTROL_FIELDS, HANG_SPLIT_TICKET, aligned
 from codegen.tasks import schedule as task_schedule
 from ir.ops.attention import rope_cos_sin
 from runtime.artifact import Artifact, import_source
@@ -366,6 +366,18 @@ class Megakernel:
             tokens = words[out_base + r * max_new: out_base + r * max_new + n].tolist()
             completions.append(Completion(tokens, FINISH_REASONS.get(int(words[finished + r]), "incomplete")))
         return completions
+
+
+def zeroed_span(regions: dict[str, list]) -> tuple[int, int]:
+    """(offset, size) of the F32 words every step's plan zeroes (`codegen.lower`'s STATS_OFF and STATS_SIZE: the
+    norms' sums and the split tasks' tickets, laid out one after another), from a layout's regions (`to_dict`'s,
+    the manifest's). (Here, not in codegen/layout.py: the compiler's sources key its cache.)"""
+    spans = [(offset, offset + aligned(size)) for name, (arena, offset, size) in regions.items()
+             if arena == "F32" and name.startswith(("stats:", "tickets:"))]
+    if not spans:
+        return 0, 0
+    lo = min(a for a, _ in spans)
+    return lo, max(b for _, b in spans) - lo
 
 
 def float_span(regions: dict[str, list]) -> tuple[int, int]:

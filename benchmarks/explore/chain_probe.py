@@ -2,8 +2,9 @@
 its programs stamping where they are (`chain._stamp`), read back while it runs.
 
 The decode benchmark's kernel (`megakernel_tpot.decode_config(1, context)`) prefills a prompt with the Triton group
-kernels, then launches one decode step's groups up to the chain and the chain (`--mode gemv`: its projections' runs alone, `on`: with split
-attention). If the step has not finished after `--wait` seconds, the chain's counters and stamps are copied out on a
+kernels, then launches one decode step's groups up to the chain and the chain (`--mode gemv`: its projections' runs
+alone, `on`: with split attention), or (`--mode loop`) the loop over `--steps` steps, each planned and sampled in it.
+If the launch has not finished after `--wait` seconds, the chain's counters and stamps are copied out on a
 second stream (a copy engine reads them while the SMs spin) and summarised: how many programs signalled each group,
 and where the others' loader and consumers are (group, stage, ring slots issued or consumed). The process then exits
 without waiting for the GPU.

@@ -353,10 +353,10 @@ def test_the_one_row_loop_takes_a_whole_step_of_llama3(coverage_1, coverage_64):
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3-moe", "llama3-8b"])
 def test_the_plans_zeroed_words_are_found_from_the_layout(preset):
     """The Gluon plan (`step.plan_rows`) zeroes what the Triton one does (`lw.constants`' STATS_OFF, STATS_SIZE),
-    from the manifest's regions alone (`layout.zeroed_span`)."""
+    from the manifest's regions alone (`runtime.megakernel.zeroed_span`)."""
     from blinkc.build import build_graph
     from codegen.config import CompileConfig
-    from codegen.layout import zeroed_span
+    from runtime.megakernel import zeroed_span
     from codegen.lower import lower
     from models.registry import resolve_model
     config = CompileConfig(max_batch=4, max_tokens_per_step=256, max_model_len=512, max_new_tokens=8)
