@@ -26,7 +26,8 @@ import torch
 from codegen.kernel_abi import HOST_KERNELS, KERNEL_NAME
 from codegen.tasks import FLAGS, STREAMS, Kind
 from runtime.artifact import Artifact, import_source
-from runtime.megakernel import Completion, Megakernel, compiled_kernel, use_scratch_allocator, wait_for
+from runtime.megakernel import (Completion, HangError, Megakernel, compiled_kernel, use_scratch_allocator,
+                                wait_for)
 from runtime.sampling import SamplingParams
 
 
@@ -82,17 +83,24 @@ class HostDriven:
 
     def run_loop(self, step: int, steps: int) -> int:
         """Steps `step` .. (at most `steps`) of one row in one launch (`GluonGroups.launch_loop`), waited for within
-        the kernel's timeout (past it, an error: its waits cannot be asked to stop yet, so the GPU stays busy until
-        the process ends; `benchmarks/explore/chain_probe.py --mode loop` says where it stopped); a step the loop
-        planned but left (not of one row) then runs here. Returns the next step's number."""
+        the kernel's timeout (past it, a `HangError` that says which step and group the loop stopped at, from its
+        counters read on a stream of their own; its waits cannot be asked to stop yet, so the GPU stays busy until
+        the process ends); a step the loop planned but left (not of one row) then runs here. Returns the next step's
+        number."""
         k, g = self.kernel, self.gluon
         if g is None or not g.chain:
             raise ValueError("the one-row loop is the Gluon chain's: ask for gluon and chain")
+        # (made before the launch: a host call that waits for the GPU would hang after it)
+        side, kinds = torch.cuda.Stream(), g.loop_kinds()
+        counts = torch.empty(len(kinds) * steps, dtype=torch.int32, pin_memory=True)
         rows = g.launch_loop(step, steps)
         end = torch.cuda.Event()
         end.record()
         if not wait_for(end, k.timeout_s):
-            raise RuntimeError(f"the one-row loop from step {step} did not finish in {k.timeout_s:.0f} s")
+            with torch.cuda.stream(side):  # (a copy engine reads the counters while the SMs spin)
+                counts.copy_(g._events[:rows * steps], non_blocking=True)
+            side.synchronize()
+            raise HangError(loop_hang(counts.tolist(), step, kinds, g.gemv.PER_SM * g.programs, k.timeout_s))
         control = k.region("control")[0]
         num_tokens, num_seqs, done, last = k.i32[control:control + 4].tolist()
         ran = int(g._events[(last - step) * rows + rows - 1]) == g.gemv.PER_SM * g.programs
@@ -120,6 +128,18 @@ class HostDriven:
             if self.is_done():
                 break
         return self.kernel.completions(len(prompts))
+
+
+def loop_hang(counts: list[int], first_step: int, kinds: list[int], programs: int, timeout_s: float) -> str:
+    """Where a one-row loop stopped, from its counters (an event a group a step, `chain.decode_chain`): the first
+    group that not every program signalled."""
+    from codegen.gluon.chain import KIND_NAMES
+    rows = len(kinds)
+    late = next((e for e, count in enumerate(counts) if count < programs), None)
+    if late is None:
+        return f"hang: the one-row loop from step {first_step} did not end in {timeout_s:.0f} s, every group signalled"
+    return (f"hang: the one-row loop did not end in {timeout_s:.0f} s: step {first_step + late // rows}, group "
+            f"{late % rows} ({KIND_NAMES[kinds[late % rows]]}), {counts[late]} of {programs} programs done")
 
 
 def _inlined(source_path: Path) -> Path:
@@ -451,7 +471,8 @@ class GluonGroups(GluonCoverage):
         self.tracing = False
         self.split_slots = 1  # the one-row chain's attention: a split's slots of keys at least (`attention._splits`)
         self._events = torch.zeros(len(groups), dtype=torch.int32, device=kernel.device)  # (the chain's; grown)
-        self._loop: torch.Tensor | None = None  # `launch_loop`'s table
+        self._loop: torch.Tensor | None = None  # `launch_loop`'s table, and its kinds on the host
+        self._loop_kinds: list[int] = []
         from codegen.gluon.step import REGION_NAMES
         from runtime.megakernel import zeroed_span
         self.regions = torch.tensor([kernel.region(name)[0] for name in REGION_NAMES], dtype=torch.int32,
@@ -509,19 +530,24 @@ class GluonGroups(GluonCoverage):
                 *args, **chain.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch, self.norm_f64),
                 **chain.LAUNCH)
 
-    def launch_loop(self, first_step: int, steps: int) -> int:
-        """Steps `first_step` .. (at most `steps`) of one row each in one launch (`chain.decode_chain` over
-        `loop_rows`' table: each step planned, run and sampled on the GPU, greedy; the loop stops at a plan that
-        leaves no step of one row). Returns the table's rows (the events of step s's group g: s rows + g)."""
-        from codegen.gluon import chain
-        use_scratch_allocator()  # (its loader's tensor descriptors; a step's plan sets it too, but none runs here)
+    def loop_kinds(self) -> list[int]:
+        """The one-row loop's groups' kinds (`loop_rows`), its table made on the device the first time."""
         if self._loop is None:
             rows, why = self.loop_rows()
             if why:
                 raise ValueError(f"the one-row loop cannot run this kernel: {why}")
             self._loop = torch.tensor(rows, dtype=torch.int32).flatten().to(self.kernel.device)
+            self._loop_kinds = [kind for kind, _, _ in rows]
+        return self._loop_kinds
+
+    def launch_loop(self, first_step: int, steps: int) -> int:
+        """Steps `first_step` .. (at most `steps`) of one row each in one launch (`chain.decode_chain` over
+        `loop_rows`' table: each step planned, run and sampled on the GPU, greedy; the loop stops at a plan that
+        leaves no step of one row). Returns the table's rows (the events of step s's group g: s rows + g)."""
+        use_scratch_allocator()  # (its loader's tensor descriptors; a step's plan sets it too, but none runs here)
+        rows = len(self.loop_kinds())
         self._launch_chain(self._loop, True, steps, first_step)
-        return self._loop.numel() // chain.ROW
+        return rows
 
     def launch(self, first: int, size: tuple[int, int] | None) -> bool:
         """Launches the group of tasks from `first` in a step of `size`, if it is the Gluon bodies' (a merge group

@@ -45,6 +45,8 @@ from codegen.tasks import DESC_WORDS as ROW_WORDS
 # one-row chain's kinds past ATTENTION: LOGITS (a projection whose outputs are the fp32 logits: the LM head), and a
 # step's rows around its layers (`step.py`)
 PLAIN, GATED, QKV, ATTENTION, LOGITS, EMBED, GATHER, SAMPLE, PLAN = range(9)
+KIND_NAMES = ("projection", "gated projection", "QKV", "attention", "LM head", "embedding", "logits row", "sampling",
+              "plan")
 _PLAIN, _GATED, _QKV, _ATTENTION, _LOGITS = (gl.constexpr(k) for k in (PLAIN, GATED, QKV, ATTENTION, LOGITS))
 _EMBED, _GATHER, _PLAN = gl.constexpr(EMBED), gl.constexpr(GATHER), gl.constexpr(PLAN)
 ROW = 3  # (ints a row)

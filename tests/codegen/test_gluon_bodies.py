@@ -350,6 +350,17 @@ def test_the_one_row_loop_takes_a_whole_step_of_llama3(coverage_1, coverage_64):
     assert "split" in why
 
 
+def test_a_stopped_one_row_loop_is_reported_by_its_step_and_group():
+    """`HostDriven.run_loop` past its timeout: the first group not every program signalled, from the counters."""
+    from codegen.gluon import chain
+    from runtime.host_driven import loop_hang
+    kinds = [chain.PLAN, chain.EMBED, chain.QKV, chain.ATTENTION, chain.SAMPLE]
+    counts = [264] * 5 + [264, 264, 100, 0, 0] + [0] * 5
+    assert loop_hang(counts, 7, kinds, 264, 300) == \
+        "hang: the one-row loop did not end in 300 s: step 8, group 2 (QKV), 100 of 264 programs done"
+    assert "every group signalled" in loop_hang([264] * 15, 7, kinds, 264, 300)
+
+
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3-moe", "llama3-8b"])
 def test_the_plans_zeroed_words_are_found_from_the_layout(preset):
     """The Gluon plan (`step.plan_rows`) zeroes what the Triton one does (`lw.constants`' STATS_OFF, STATS_SIZE),
