@@ -81,19 +81,19 @@ class HostDriven:
     def is_done(self) -> bool:
         return bool(self.kernel.i32[self.kernel.region("control")[0] + 2])
 
-    def run_loop(self, step: int, steps: int) -> int:
+    def run_loop(self, step: int, steps: int, sampling: bool = False) -> int:
         """Steps `step` .. (at most `steps`) of one row in one launch (`GluonGroups.launch_loop`), waited for within
         the kernel's timeout (past it, a `HangError` that says which step and group the loop stopped at, from its
         counters read on a stream of their own; its waits cannot be asked to stop yet, so the GPU stays busy until
-        the process ends); a step the loop planned but left (not of one row) then runs here. Returns the next step's
-        number."""
+        the process ends); a step the loop planned but left (not of one row) then runs here. `sampling`: some request
+        samples with a temperature (`GluonGroups.launch_loop`). Returns the next step's number."""
         k, g = self.kernel, self.gluon
         if g is None or not g.chain:
             raise ValueError("the one-row loop is the Gluon chain's: ask for gluon and chain")
         # (made before the launch: a host call that waits for the GPU would hang after it)
         side, kinds = torch.cuda.Stream(), g.loop_kinds()
         counts = torch.empty(len(kinds) * steps, dtype=torch.int32, pin_memory=True)
-        rows = g.launch_loop(step, steps)
+        rows = g.launch_loop(step, steps, sampling)
         end = torch.cuda.Event()
         end.record()
         if not wait_for(end, k.timeout_s):
@@ -112,16 +112,15 @@ class HostDriven:
     def generate(self, prompts: list[list[int]], params: SamplingParams, max_steps: int | None = None,
                  loop: bool = False) -> list[Completion]:
         """As `Megakernel.generate`, a step at a time (at most `max_steps`: requests left unfinished say so); with
-        `loop` (the Gluon chain's, greedy), once a step decodes one sequence alone the steps after it in one launch
+        `loop` (the Gluon chain's), once a step decodes one sequence alone the steps after it in one launch
         (`run_loop`) for as long as they are of one row."""
         num_steps = self.kernel.prepare(prompts, params)
         limit = num_steps if max_steps is None else min(num_steps, max_steps)
-        if loop and any(p.temperature != 0 for p in (params if isinstance(params, list) else [params])):
-            raise ValueError("the one-row loop samples greedily: temperature must be 0")
+        sampling = any(p.temperature != 0 for p in (params if isinstance(params, list) else [params]))
         step = 0
         while step < limit:
             if loop and step > 0 and self.kernel.last_step_size() == (1, 1) and len(prompts) == 1:
-                step = self.run_loop(step, limit - step)
+                step = self.run_loop(step, limit - step, sampling)
             else:
                 self.step(step)
                 step += 1
@@ -317,6 +316,9 @@ class GluonCoverage:
             else:
                 self.covered[first], self.kinds[first] = desc, kind
 
+        vocab = max((descs[desc][1] for kind, desc in self.step_groups.values() if kind == Kind.SAMPLE), default=1)
+        self.sample_wide = min(4096, 1 << (vocab - 1).bit_length())  # (`codegen.lower.sample_wide`)
+
     def _take_streamk(self, first: int, tiles: int, bn: int, room: tuple[int, int]) -> None:
         """Group `first` (`tiles` tiles of BN columns) to a stream-K body in steps of few rows, or why not."""
         from codegen.gluon.tiles import streamk_unsupported
@@ -501,9 +503,11 @@ class GluonGroups(GluonCoverage):
             self._chains[key] = (set(run), run[0], table) if run else None
         return self._chains[key]
 
-    def _launch_chain(self, table: torch.Tensor, one_row: bool, steps: int = 1, first_step: int = 0) -> None:
+    def _launch_chain(self, table: torch.Tensor, one_row: bool, steps: int = 1, first_step: int = 0,
+                      sampling: bool = False) -> None:
         """The chain of `table`'s groups, its events zeroed first: a step that prefills one program an SM, steps of
-        one row two (`chain.decode_chain`: `steps` from `first_step`, units of `gemv_rows` weight rows, 16 if None:
+        one row two (`chain.decode_chain`: `steps` from `first_step`, sampling with temperatures where `sampling`,
+        units of `gemv_rows` weight rows, 16 if None:
         session 65's H200 figures at context 512 were 3,856 us a step's layers against 3,951 in units of 32 and 3,887
         of 8)."""
         from codegen.gluon import chain
@@ -523,7 +527,8 @@ class GluonGroups(GluonCoverage):
                 *args, steps, first_step, self.regions, *self.zeroed,
                 **chain.decode_constexprs(self.gemv_rows or 16, cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch,
                                           self.norm_f64, cfg.block_m, self.split_slots, cfg.max_tokens_per_step,
-                                          max_new=cfg.max_new_tokens),
+                                          max_new=cfg.max_new_tokens, sample_wide=self.sample_wide,
+                                          sampling=sampling),
                 TRACING=self.tracing, **chain.DECODE_LAUNCH)
         else:
             chain.prefill_chain[(self.programs, )](
@@ -540,13 +545,14 @@ class GluonGroups(GluonCoverage):
             self._loop_kinds = [kind for kind, _, _ in rows]
         return self._loop_kinds
 
-    def launch_loop(self, first_step: int, steps: int) -> int:
+    def launch_loop(self, first_step: int, steps: int, sampling: bool = False) -> int:
         """Steps `first_step` .. (at most `steps`) of one row each in one launch (`chain.decode_chain` over
-        `loop_rows`' table: each step planned, run and sampled on the GPU, greedy; the loop stops at a plan that
-        leaves no step of one row). Returns the table's rows (the events of step s's group g: s rows + g)."""
+        `loop_rows`' table: each step planned, run and sampled on the GPU, greedy unless `sampling`, the kernel that
+        also takes temperatures, top-k and top-p; the loop stops at a plan that leaves no step of one row). Returns
+        the table's rows (the events of step s's group g: s rows + g)."""
         use_scratch_allocator()  # (its loader's tensor descriptors; a step's plan sets it too, but none runs here)
         rows = len(self.loop_kinds())
-        self._launch_chain(self._loop, True, steps, first_step)
+        self._launch_chain(self._loop, True, steps, first_step, sampling)
         return rows
 
     def launch(self, first: int, size: tuple[int, int] | None) -> bool:

@@ -93,7 +93,7 @@ if [[ $mode == chain-loop ]]; then  # the one-row loop over steps (`chain.decode
   # session 65, not yet run): where its programs are if it stops, then its TPOT beside the others, then its GPU test
   step "${CHAIN_LIMIT:-100}" python -m benchmarks.explore.chain_probe --mode loop --steps 8
   step "${BENCH_LIMIT:-200}" python -m benchmarks.gluon_groups --prompts "" --decode 1x512
-  step "${TEST_LIMIT:-240}" python -m pytest -q -s -m gpu tests/gpu -k "${CASES:-gemv_for_one_sequence}" -p no:cacheprovider
+  step "${TEST_LIMIT:-300}" python -m pytest -q -s -m gpu tests/gpu -k "${CASES:-gemv_for_one_sequence or loop_samples}" -p no:cacheprovider
 fi
 if [[ $mode == chain-probe ]]; then  # ... read back where its programs stop (`benchmarks/explore/chain_probe.py`)
   step "${CHAIN_LIMIT:-100}" python -m benchmarks.explore.chain_probe --mode gemv ${PROBE_ARGS:-}

@@ -56,6 +56,9 @@ def variants():
         chain.decode_constexprs(16, 16, 128, 1, True, 16), chain.DECODE_LAUNCH
     yield "decode_chain 16-row units, the loop's constexprs", chain.decode_chain, chain.DECODE_SIGNATURE, \
         chain.decode_constexprs(16, 16, 128, 1, True, 16, 1, 2048, 1024, 64), chain.DECODE_LAUNCH
+    yield "decode_chain 16-row units, the loop sampling with temperatures", chain.decode_chain, \
+        chain.DECODE_SIGNATURE, chain.decode_constexprs(16, 16, 128, 1, True, 16, 1, 2048, 1024, 64, 4096, True), \
+        chain.DECODE_LAUNCH
 
 
 def main() -> None:

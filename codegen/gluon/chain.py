@@ -291,7 +291,7 @@ def constexprs(page_size: int, pages_per_seq: int, max_batch: int, norm_f64: boo
 # traced: QKV 12.6 us, attention 9.6, o_proj 11.5, gate/up 54.6, down 29.2 (medians, from the event before to its
 # own). The host-driven executor takes it with `chain` (`GluonCoverage.one_row_chain`).
 # Over steps (`steps` > 1, the table from `GluonCoverage.loop_rows`): a step's plan first (program 0, `step.plan_rows`),
-# then its embedding, layers, the row that needs logits, the LM head (LOGITS) and greedy sampling, step after step in
+# then its embedding, layers, the row that needs logits, the LM head (LOGITS) and sampling, step after step in
 # one launch, each group's event its own (group g of step s at EVENTS[s groups + g]), until a plan leaves no step of
 # one row. Written at the end of session 65 with no device time left: compiled for sm_90, not yet run.
 # Its first version hung (session 64): every unit after a program's first went on from the first's early slots, since
@@ -447,7 +447,8 @@ def _decode_consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, grou
                      GR: gl.constexpr, SLOTS_: gl.constexpr, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr,
                      MAX_SEQS: gl.constexpr, NORM_F64: gl.constexpr, PART_ROWS: gl.constexpr,
                      SPLIT_SLOTS: gl.constexpr, MAX_TOKENS: gl.constexpr, REQS: gl.constexpr,
-                     STEP_LOG: gl.constexpr, VB: gl.constexpr, MAX_NEW: gl.constexpr, TRACING: gl.constexpr):
+                     STEP_LOG: gl.constexpr, VB: gl.constexpr, WB: gl.constexpr, MAX_NEW: gl.constexpr,
+                     SAMPLING: gl.constexpr, TRACING: gl.constexpr):
     """Each group's units, items or rows, the waits where they read what the group before wrote, then the group's
     signal, step after step; a step's plan by program 0, then (its event) whether the loop goes on."""
     P = gl.num_programs(0)
@@ -482,7 +483,7 @@ def _decode_consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, grou
             else:  # a step's rows around its layers (`step.py`): what they read, the group before wrote
                 wait(EVENTS, e - 1, P)
                 _step_group(kind, desc, W, ACT, F32, I32, REGIONS, first_step + e // groups, stats_off, stats_size,
-                            PAGES_PER_SEQ, PAGE, MAX_TOKENS, REQS, STEP_LOG, VB, MAX_NEW, NORM_F64)
+                            PAGES_PER_SEQ, PAGE, MAX_TOKENS, REQS, STEP_LOG, VB, WB, MAX_NEW, SAMPLING, NORM_F64)
             _stamp(EVENTS, events, 5, 2, TRACING)
             _stamp(EVENTS, events, 6, i, TRACING)
             _signal(EVENTS, e)
@@ -496,8 +497,9 @@ def _decode_consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, grou
 @gluon.jit
 def _step_group(kind, desc, W, ACT, F32, I32, REGIONS, step_number, stats_off, stats_size, PAGES_PER_SEQ: gl.constexpr,
                 PAGE: gl.constexpr, MAX_TOKENS: gl.constexpr, REQS: gl.constexpr, STEP_LOG: gl.constexpr,
-                VB: gl.constexpr, MAX_NEW: gl.constexpr, NORM_F64: gl.constexpr):
-    """A step's plan (program 0), its embedding row, the row that needs its logits, or its greedy sampling."""
+                VB: gl.constexpr, WB: gl.constexpr, MAX_NEW: gl.constexpr, SAMPLING: gl.constexpr,
+                NORM_F64: gl.constexpr):
+    """A step's plan (program 0), its embedding row, the row that needs its logits, or its sampling."""
     if kind == _PLAN:
         if gl.program_id(0) == 0:
             step.plan_rows(I32, F32, REGIONS, step_number, stats_off, stats_size, PAGES_PER_SEQ, PAGE, MAX_TOKENS,
@@ -511,7 +513,7 @@ def _step_group(kind, desc, W, ACT, F32, I32, REGIONS, step_number, stats_off, s
         step.copy_row(ACT, gl.load(desc), row, ACT, F32, gl.load(desc + 1), gl.load(desc + 2), gl.load(desc + 3),
                       NORM_F64)
     else:
-        step.greedy(desc, I32, F32, REGIONS, VB, MAX_NEW)
+        step.sample(desc, I32, F32, REGIONS, VB, WB, MAX_NEW, SAMPLING)
 
 
 @gluon.jit
@@ -547,14 +549,15 @@ def decode_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS,
                  PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, NORM_F64: gl.constexpr,
                  PART_ROWS: gl.constexpr, LOADER_REGS: gl.constexpr, SPLIT_SLOTS: gl.constexpr = 1,
                  MAX_TOKENS: gl.constexpr = 1, REQS: gl.constexpr = 32, STEP_LOG: gl.constexpr = 4096,
-                 VB: gl.constexpr = 1024, MAX_NEW: gl.constexpr = 1, TRACING: gl.constexpr = False):
+                 VB: gl.constexpr = 1024, WB: gl.constexpr = 4096, MAX_NEW: gl.constexpr = 1,
+                 SAMPLING: gl.constexpr = False, TRACING: gl.constexpr = False):
     """`prefill_chain`'s for steps of one row: the table's groups, `steps` times over (the chain's events a group a
     step: group g of step s at EVENTS[s groups + g]), the projections on the GEMV (GR-row units), attention with its
     keys in splits of SPLIT_SLOTS slots of keys at least (`attention._splits`), and where the table has them, a
     step's plan (its first group: the loop stops at a plan that leaves no step of one row), embedding, the row that
-    needs logits, the LM head and greedy sampling (`step.py`: REGIONS the regions' offsets, `step.REGION_NAMES`;
-    stats_off, stats_size: the F32 words a plan zeroes; the first step's number first_step). Two programs an SM,
-    each waiting for all of them. TRACING: each program's partitions stamp where they are after the counters
+    needs logits, the LM head and sampling (`step.py`, SAMPLING: with temperatures; REGIONS the regions' offsets,
+    `step.REGION_NAMES`; stats_off, stats_size: the F32 words a plan zeroes; the first step's number first_step).
+    Two programs an SM, each waiting for all of them. TRACING: each program's partitions stamp where they are after the counters
     (`_stamp`), and the times of each group's event and signal after those (`_clock`; EVENTS then holds
     `steps groups` + 8 words a program + 2 a program a group a step)."""
     BOXES: gl.constexpr = SLOT_ROWS_ // GR
@@ -571,7 +574,7 @@ def decode_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS,
                             REGIONS, stats_off, stats_size, control_at, positions_at, slots_at, seq_starts_at,
                             context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv, ready, empty, kv_ready,
                             kv_empty, GR, SLOTS_, PAGE, PAGES_PER_SEQ, MAX_SEQS, NORM_F64, PART_ROWS, SPLIT_SLOTS,
-                            MAX_TOKENS, REQS, STEP_LOG, VB, MAX_NEW, TRACING)),
+                            MAX_TOKENS, REQS, STEP_LOG, VB, WB, MAX_NEW, SAMPLING, TRACING)),
         (_decode_loader, (DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, steps, REGIONS,
                           control_at, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv,
                           ready, empty, kv_ready, kv_empty, GR, SLOTS_, PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS,
@@ -581,12 +584,14 @@ def decode_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS,
 
 def decode_constexprs(rows: int, page_size: int, pages_per_seq: int, max_batch: int, norm_f64: bool,
                       part_rows: int, split_slots: int = 1, max_tokens: int = 1, sample_block: int = 1024,
-                      max_new: int = 1) -> dict:
+                      max_new: int = 1, sample_wide: int = 4096, sampling: bool = False) -> dict:
     """`decode_chain`'s constexprs: units of `rows` weight rows, the step's paging, the sums' type, a split's partial
     rows (`CompileConfig.block_m`), a split's slots of keys at least; for a loop over steps the plan's token budget
-    (`max_tokens_per_step`), the sampler's logits a pass (a power of two) and the requests' output room
-    (`max_new_tokens`)."""
+    (`max_tokens_per_step`), the sampler's logits a pass (a power of two), the requests' output room
+    (`max_new_tokens`), the sampling cut's passes' logits and its scratch (`codegen.lower.sample_wide`), and whether
+    a request samples with a temperature (else the loop's sampler is greedy alone)."""
     return dict(GR=rows, SLOTS_=gemv.SLOTS, PAGE=page_size, PAGES_PER_SEQ=pages_per_seq,
                 MAX_SEQS=max(32, 1 << (max_batch - 1).bit_length()), NORM_F64=norm_f64, PART_ROWS=part_rows,
                 LOADER_REGS=gemv.LOADER_REGS, SPLIT_SLOTS=split_slots, MAX_TOKENS=max_tokens,
-                REQS=max(32, 1 << (max_batch - 1).bit_length()), STEP_LOG=STEP_LOG, VB=sample_block, MAX_NEW=max_new)
+                REQS=max(32, 1 << (max_batch - 1).bit_length()), STEP_LOG=STEP_LOG, VB=sample_block, MAX_NEW=max_new,
+                WB=sample_wide, SAMPLING=sampling)

@@ -1,4 +1,4 @@
-"""A one-row decode step's groups around its layers, in Gluon: the planner, the rows copied from a table, greedy
+"""A one-row decode step's groups around its layers, in Gluon: the planner, the rows copied from a table,
 sampling. With them the one-row chain (`chain.decode_chain`) runs steps back to back in one launch.
 
 They compute what the Triton kernel's bodies compute (codegen/bodies/schedule.py and rows.py), from the same
@@ -10,11 +10,12 @@ regions, descriptors and arenas:
 - `copy_row`: a table's row to a step's row, the stored row's sum of squares added into the norm's sums (the
   embedding, as `embed_task`, by the step's token id; the row that needs logits, as `gather_task`). One row: a step
   of one token.
-- `greedy` (as `sample_task` at temperature 0): each of the descriptor's `splits` chunks of the vocabulary its first
-  maximum, the last chunk to arrive the first best of them (torch.argmax's first index), then `emit`: the token
+- `sample` (as `sample_task`): each of the descriptor's `splits` chunks of the vocabulary its first maximum (at
+  temperature 0) or its Gumbel-max draw (`sampling.py`, where SAMPLING), the last chunk to arrive the first best of
+  them (torch.argmax's first index), checked against top-k and top-p where it is a draw, then `emit`: the token
   appended to the request's outputs, and the request finished at an EOS id (unless ignored) or its max tokens.
-Region offsets come at run time in REGIONS (int32, `REGION_NAMES` order: the I32 arena's, `req_temperature` the F32
-one's), read where a body needs them.
+Region offsets come at run time in REGIONS (int32, `REGION_NAMES` order: the I32 arena's, `req_temperature` and
+`req_top_p` the F32 one's), read where a body needs them.
 """
 from __future__ import annotations
 
@@ -22,15 +23,17 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from codegen.bodies.schedule import SAMPLE_FIELDS
+from codegen.gluon import sampling
 from codegen.gluon.linear import _norm_sums, _round
 
 REGION_NAMES = ("control", "input_ids", "positions", "slots", "seq_starts", "context_lens", "seq_req", "logits_rows",
                 "seq_final", "req_prompt_off", "req_prompt_len", "req_cached", "req_finished", "req_last",
                 "req_pages", "prompts", "req_num_out", "req_max_tokens", "req_ignore_eos", "out_tokens", "eos_ids",
-                "step_log", "req_temperature")
+                "step_log", "req_seed", "req_top_k", "req_temperature", "req_top_p")
 (CONTROL, INPUT_IDS, POSITIONS, SLOTS, SEQ_STARTS, CONTEXT_LENS, SEQ_REQ, LOGITS_ROWS, SEQ_FINAL, REQ_PROMPT_OFF,
  REQ_PROMPT_LEN, REQ_CACHED, REQ_FINISHED, REQ_LAST, REQ_PAGES, PROMPTS, REQ_NUM_OUT, REQ_MAX_TOKENS, REQ_IGNORE_EOS,
- OUT_TOKENS, EOS_IDS, STEP_LOG_AT, REQ_TEMPERATURE) = (gl.constexpr(i) for i in range(len(REGION_NAMES)))
+ OUT_TOKENS, EOS_IDS, STEP_LOG_AT, REQ_SEED, REQ_TOP_K, REQ_TEMPERATURE, REQ_TOP_P) = \
+    (gl.constexpr(i) for i in range(len(REGION_NAMES)))
 CHUNK = gl.constexpr(128)  # a prompt chunk's tokens written at once
 
 
@@ -153,52 +156,107 @@ def copy_row(SRC, src_off, row, ACT, F32, hidden, out_off, out_stats_off, NORM_F
             gl.atomic_add(sums, gl.sum(gl.where(ok, y * y, 0.0), axis=0).to(sums.dtype.element_ty))
 
 
-assert SAMPLE_FIELDS[:5] == ("logits_off", "vocab", "splits", "part_off", "ticket_off")  # (`greedy` reads them so)
+assert SAMPLE_FIELDS == ("logits_off", "vocab", "splits", "part_off", "ticket_off", "top_off")  # (`sample`'s)
 
 
 @gluon.jit
-def greedy(desc, I32, F32, REGIONS, VB: gl.constexpr, MAX_NEW: gl.constexpr):
-    """`sample_task` at temperature 0 for a step of one sequence: program p < the descriptor's `splits` takes chunk
-    p of the vocabulary (VB logits at a time) and stores its first maximum; the last to arrive takes the first best
-    of them and emits it."""
+def sample(desc, I32, F32, REGIONS, VB: gl.constexpr, WB: gl.constexpr, MAX_NEW: gl.constexpr,
+           SAMPLING: gl.constexpr):
+    """`sample_task` for a step of one sequence: program p < the descriptor's `splits` takes chunk p of the
+    vocabulary (VB logits at a time) and stores its first maximum, or (SAMPLING, a request with a temperature) its
+    Gumbel-max draw and largest z; the last to arrive takes the first best of them, checks a draw against top-k and
+    top-p (passes of WB logits, `sampling.draw_within`), and emits it."""
     logits_off, vocab = gl.load(desc + 0), gl.load(desc + 1).to(gl.int32)
     splits, part_off, ticket_off = gl.load(desc + 2).to(gl.int32), gl.load(desc + 3), gl.load(desc + 4)
     chunk = gl.program_id(0)
     if (chunk < splits) & (gl.load(I32 + _at(REGIONS, SEQ_FINAL)) == 1):
-        flat: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
+        r = gl.load(I32 + _at(REGIONS, SEQ_REQ))
         width = gl.cdiv(gl.cdiv(vocab, splits), VB) * VB
         lo = chunk * width
         hi = gl.minimum(vocab, lo + width)
-        best = gl.to_tensor(float("-inf"))
-        index = gl.to_tensor(0)
-        for v0 in range(lo, hi, VB):
-            v = v0 + gl.arange(0, VB, layout=flat)
-            z = gl.load(F32 + logits_off + v, mask=v < hi, other=float("-inf"))
-            m = gl.max(z, axis=0)
-            i = gl.min(gl.where(z == m, v, 2147483647), axis=0)  # (the first of a tie, as torch.argmax)
-            if m > best:
-                best = m
-                index = i
         part = F32 + part_off
-        gl.store(part + chunk * 2, best)
-        gl.store(part + chunk * 2 + 1, index.to(gl.float32))
-        gl.thread_barrier()  # every thread's stores before the ticket publishes them (`arrives_last`)
-        arrived = gl.atomic_add(F32 + ticket_off, 1.0, sem="acq_rel")
-        gl.thread_barrier()
-        if arrived == splits - 1:
-            lanes: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-            c = gl.arange(0, 32, layout=lanes)
-            token = gl.to_tensor(0)
-            top = gl.to_tensor(float("-inf"))
-            for c0 in range(0, splits, 32):  # the first chunk's of the largest maxima (`_first_max`)
-                ok = c0 + c < splits
-                values = gl.load(part + (c0 + c) * 2, mask=ok, other=float("-inf"), cache_modifier=".cg")
-                m = gl.max(values, axis=0)
-                first = gl.min(gl.where(values == m, c0 + c, 2147483647), axis=0)
-                if m > top:
-                    top = m
-                    token = gl.load(part + first * 2 + 1, cache_modifier=".cg").to(gl.int32)
-            emit(I32, REGIONS, gl.load(I32 + _at(REGIONS, SEQ_REQ)), token, MAX_NEW)
+        if SAMPLING:
+            temperature = gl.load(F32 + _at(REGIONS, REQ_TEMPERATURE) + r)
+            seed = gl.load(I32 + _at(REGIONS, REQ_SEED) + r)
+            draw = gl.load(I32 + _at(REGIONS, REQ_NUM_OUT) + r)
+            tops = F32 + gl.load(desc + 5)
+            if temperature == 0.0:
+                best, index = _first_max(F32, logits_off, lo, hi, VB)
+            else:
+                best, index, z_top = sampling.gumbel_max(F32, logits_off, lo, hi, vocab, VB, seed, draw,
+                                                         temperature, float("-inf"), float("-inf"))
+                gl.store(tops + chunk, z_top)
+            if _arrives_last(part, chunk, best, index, F32 + ticket_off, splits):
+                token = _first_best(part, splits)
+                if temperature != 0.0:
+                    token = sampling.draw_within(F32, logits_off, vocab, WB, VB, seed, draw, temperature,
+                                                 gl.load(I32 + _at(REGIONS, REQ_TOP_K) + r),
+                                                 gl.load(F32 + _at(REGIONS, REQ_TOP_P) + r), token,
+                                                 _largest(tops, splits), tops + splits)
+                emit(I32, REGIONS, r, token, MAX_NEW)
+        else:
+            best, index = _first_max(F32, logits_off, lo, hi, VB)
+            if _arrives_last(part, chunk, best, index, F32 + ticket_off, splits):
+                emit(I32, REGIONS, r, _first_best(part, splits), MAX_NEW)
+
+
+@gluon.jit
+def _arrives_last(part, chunk, best, index, ticket, splits):
+    """The chunk's (value, token) stored, then its ticket taken: whether it is the last of `splits` to arrive
+    (`arrives_last`: the release publishes every thread's stores, the acquire lets the last read everyone's)."""
+    gl.store(part + chunk * 2, best)
+    gl.store(part + chunk * 2 + 1, index.to(gl.float32))
+    gl.thread_barrier()
+    arrived = gl.atomic_add(ticket, 1.0, sem="acq_rel")
+    gl.thread_barrier()
+    return arrived == splits - 1
+
+
+@gluon.jit
+def _first_max(F32, row, lo, hi, VB: gl.constexpr):
+    """(max, first argmax) of the logits in lo .. hi, VB at a time (`_argmax`)."""
+    flat: gl.constexpr = gl.BlockedLayout([VB // (32 * gl.num_warps())], [32], [gl.num_warps()], [0])
+    best = gl.to_tensor(float("-inf"))
+    index = gl.to_tensor(0)
+    for v0 in range(lo, hi, VB):
+        v = v0 + gl.arange(0, VB, layout=flat)
+        z = gl.load(F32 + row + v, mask=v < hi, other=float("-inf"))
+        m = gl.max(z, axis=0)
+        i = gl.min(gl.where(z == m, v, 2147483647), axis=0)  # (the first of a tie, as torch.argmax)
+        if m > best:
+            best = m
+            index = i
+    return best, index
+
+
+@gluon.jit
+def _first_best(part, splits):
+    """The token of the largest of the chunks' (value, token) pairs at `part`, the earliest chunk's of a tie
+    (`_first_max`)."""
+    lanes: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    c = gl.arange(0, 32, layout=lanes)
+    token = gl.to_tensor(0)
+    top = gl.to_tensor(float("-inf"))
+    for c0 in range(0, splits, 32):
+        values = gl.load(part + (c0 + c) * 2, mask=c0 + c < splits, other=float("-inf"), cache_modifier=".cg")
+        m = gl.max(values, axis=0)
+        first = gl.min(gl.where(values == m, c0 + c, 2147483647), axis=0)
+        if m > top:
+            top = m
+            token = gl.load(part + first * 2 + 1, cache_modifier=".cg").to(gl.int32)
+    return token
+
+
+@gluon.jit
+def _largest(values, splits):
+    """The largest of the chunks' `splits` values (`_largest`)."""
+    lanes: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    c = gl.arange(0, 32, layout=lanes)
+    top = gl.to_tensor(float("-inf"))
+    for c0 in range(0, splits, 32):
+        top = gl.maximum(top, gl.max(gl.load(values + c0 + c, mask=c0 + c < splits, other=float("-inf"),
+                                             cache_modifier=".cg"), axis=0))
+    return top
 
 
 @gluon.jit

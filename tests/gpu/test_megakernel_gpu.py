@@ -347,6 +347,21 @@ def test_gluon_gemv_for_one_sequence_on_gpu(way, tmp_path):
         assert_within_bf16_tolerance(driver.kernel, model, [prompt + out[0].tokens])
 
 
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("cut", [dict(), dict(top_k=50, top_p=0.9)], ids=["gumbel", "top_k_top_p"])
+def test_gluon_loop_samples_as_the_triton_sampler_on_gpu(cut, tmp_path):
+    """The one-row loop's sampling with a temperature (`step.sample`, `codegen/gluon/sampling.py`: Philox noise
+    drawn by the token's index, the cut checked as `_draw_within` does) gives the tokens the Triton sample tasks give
+    the same request and seed (the host-driven executor's group kernels)."""
+    driver, model = gluon_driver(tmp_path, case_config(1), True)
+    prompt = torch.randint(0, model.config.vocab_size, (200,), generator=torch.Generator().manual_seed(3)).tolist()
+    params = SamplingParams(max_tokens=8, temperature=0.8, seed=1234, ignore_eos=True, **cut)
+    looped = driver.generate([prompt], params, loop=True)[0].tokens
+    assert looped == driver.generate([prompt], params)[0].tokens and len(looped) == 8
+
+
 def gluon_driver(tmp_path, config: CompileConfig, chain: bool = False):
     """Llama-3-8B (random weights) compiled with `config`, in the host-driven executor with the Gluon bodies (chain:
     a prefill step's as one persistent launch)."""
