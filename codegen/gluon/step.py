@@ -181,7 +181,7 @@ def sample(desc, I32, F32, REGIONS, VB: gl.constexpr, WB: gl.constexpr, MAX_NEW:
             draw = gl.load(I32 + _at(REGIONS, REQ_NUM_OUT) + r)
             tops = F32 + gl.load(desc + 5)
             if temperature == 0.0:
-                best, index = _first_max(F32, logits_off, lo, hi, VB)
+                best, index = _argmax(F32, logits_off, lo, hi, VB)
             else:
                 best, index, z_top = sampling.gumbel_max(F32, logits_off, lo, hi, vocab, VB, seed, draw,
                                                          temperature, float("-inf"), float("-inf"))
@@ -195,7 +195,7 @@ def sample(desc, I32, F32, REGIONS, VB: gl.constexpr, WB: gl.constexpr, MAX_NEW:
                                                  _largest(tops, splits), tops + splits)
                 emit(I32, REGIONS, r, token, MAX_NEW)
         else:
-            best, index = _first_max(F32, logits_off, lo, hi, VB)
+            best, index = _argmax(F32, logits_off, lo, hi, VB)
             if _arrives_last(part, chunk, best, index, F32 + ticket_off, splits):
                 emit(I32, REGIONS, r, _first_best(part, splits), MAX_NEW)
 
@@ -213,7 +213,7 @@ def _arrives_last(part, chunk, best, index, ticket, splits):
 
 
 @gluon.jit
-def _first_max(F32, row, lo, hi, VB: gl.constexpr):
+def _argmax(F32, row, lo, hi, VB: gl.constexpr):
     """(max, first argmax) of the logits in lo .. hi, VB at a time (`_argmax`)."""
     flat: gl.constexpr = gl.BlockedLayout([VB // (32 * gl.num_warps())], [32], [gl.num_warps()], [0])
     best = gl.to_tensor(float("-inf"))
