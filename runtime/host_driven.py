@@ -84,8 +84,9 @@ class HostDriven:
     def run_loop(self, step: int, steps: int, sampling: bool = False) -> int:
         """Steps `step` .. (at most `steps`) of one row in one launch (`GluonGroups.launch_loop`), waited for within
         the kernel's timeout (past it, a `HangError` that says which step and group the loop stopped at, from its
-        counters read on a stream of their own; its waits cannot be asked to stop yet, so the GPU stays busy until
-        the process ends); a step the loop planned but left (not of one row) then runs here. `sampling`: some request
+        counters read on a stream of their own, once it has been asked to stop: its waits give up, and the launch
+        ends unless a copy inside a program is what hangs); a step the loop planned but left (not of one row) then
+        runs here. `sampling`: some request
         samples with a temperature (`GluonGroups.launch_loop`). Returns the next step's number."""
         k, g = self.kernel, self.gluon
         if g is None or not g.chain:
@@ -98,12 +99,15 @@ class HostDriven:
         end.record()
         if not wait_for(end, k.timeout_s):
             with torch.cuda.stream(side):  # (a copy engine reads the counters while the SMs spin)
-                counts.copy_(g._events[:rows * steps], non_blocking=True)
+                counts.copy_(g.counters[:rows * steps], non_blocking=True)
             side.synchronize()
-            raise HangError(loop_hang(counts.tolist(), step, kinds, g.gemv.PER_SM * g.programs, k.timeout_s))
+            g.stop(side)  # (then every wait gives up, and the launch runs on to its end)
+            ended = wait_for(end, STOP_S)
+            raise HangError(loop_hang(counts.tolist(), step, kinds, g.gemv.PER_SM * g.programs, k.timeout_s) +
+                            ("; stopped" if ended else f"; still running {STOP_S:.0f} s after it was asked to stop"))
         control = k.region("control")[0]
         num_tokens, num_seqs, done, last = k.i32[control:control + 4].tolist()
-        ran = int(g._events[(last - step) * rows + rows - 1]) == g.gemv.PER_SM * g.programs
+        ran = int(g.counters[(last - step) * rows + rows - 1]) == g.gemv.PER_SM * g.programs
         if not ran and not done:  # (planned, and not of one row)
             for first, count in self.groups:
                 self.launch_group(first, count, last, (num_tokens, num_seqs))
@@ -127,6 +131,9 @@ class HostDriven:
             if self.is_done():
                 break
         return self.kernel.completions(len(prompts))
+
+
+STOP_S = 30.0  # how long a stopped loop is given to run on to its end
 
 
 def loop_hang(counts: list[int], first_step: int, kinds: list[int], programs: int, timeout_s: float) -> str:
@@ -472,9 +479,11 @@ class GluonGroups(GluonCoverage):
         # after its counters (`chain._stamp`, `chain._clock`: `benchmarks/explore/chain_probe.py` reads them)
         self.tracing = False
         self.split_slots = 1  # the one-row chain's attention: a split's slots of keys at least (`attention._splits`)
-        self._events = torch.zeros(len(groups), dtype=torch.int32, device=kernel.device)  # (the chain's; grown)
+        # the host's stop word (`events.stopped`), then the chain's counters (and stamps): grown where a launch needs
+        self._events = torch.zeros(1 + len(groups), dtype=torch.int32, device=kernel.device)
         self._loop: torch.Tensor | None = None  # `launch_loop`'s table, and its kinds on the host
         self._loop_kinds: list[int] = []
+        self._stop = torch.ones(1, dtype=torch.int32, pin_memory=True)  # (`stop`'s word, page-locked: copied async)
         from codegen.gluon.step import REGION_NAMES
         from runtime.megakernel import zeroed_span
         self.regions = torch.tensor([kernel.region(name)[0] for name in REGION_NAMES], dtype=torch.int32,
@@ -515,12 +524,12 @@ class GluonGroups(GluonCoverage):
         attention = next(first for first, kind in self.kinds.items() if kind == Kind.ATTENTION)
         rows, programs = table.numel() // chain.ROW, self.gemv.PER_SM * self.programs
         events = rows * steps
-        words = events + (8 * programs + 2 * programs * events if self.tracing and one_row else 0)
+        words = 1 + events + (8 * programs + 2 * programs * events if self.tracing and one_row else 0)
         if self._events.numel() < words:
             self._events = torch.zeros(words, dtype=torch.int32, device=self.kernel.device)
         self._events.zero_()
         args = (k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, k.kv.numel() // self.columns[attention],
-                table, self._events, rows, self.control_at, self.positions_at, self.slots_at,
+                table, self.counters, rows, self.control_at, self.positions_at, self.slots_at,
                 *self.plan_at)
         if one_row:
             chain.decode_chain[(programs, )](
@@ -534,6 +543,17 @@ class GluonGroups(GluonCoverage):
             chain.prefill_chain[(self.programs, )](
                 *args, **chain.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch, self.norm_f64),
                 **chain.LAUNCH)
+
+    @property
+    def counters(self) -> torch.Tensor:
+        """The last chain launch's counters (an event a group, a step), then its stamps where it was traced."""
+        return self._events[1:]
+
+    def stop(self, stream: torch.cuda.Stream) -> None:
+        """Sets the stop word of the chain that runs now, from `stream` (a copy engine writes it while the SMs spin):
+        its waits give up and it runs on to its end (`events.wait`)."""
+        with torch.cuda.stream(stream):
+            self._events[:1].copy_(self._stop, non_blocking=True)
 
     def loop_kinds(self) -> list[int]:
         """The one-row loop's groups' kinds (`loop_rows`), its table made on the device the first time."""

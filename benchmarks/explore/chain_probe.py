@@ -182,8 +182,8 @@ def main() -> None:
         time.sleep(0.1)
     if done.query():
         print(f"  the chain finished within {time.time() - start:.2f} s of waiting", flush=True)
-        summary(g._events[:words].cpu(), groups, programs)
-        timeline(g._events[:words].cpu(), kinds, programs)
+        summary(g.counters[:words].cpu(), groups, programs)
+        timeline(g.counters[:words].cpu(), kinds, programs)
         if args.mode == "loop":
             log = kernel.step_log()
             print(f"  the loop's steps (tokens, sequences) {[entry[1:] for entry in log]}; the median step "
@@ -196,12 +196,12 @@ def main() -> None:
             g.tracing = True
             g._launch_chain(table, True)
             torch.cuda.synchronize()
-            timeline(g._events[:words].cpu(), table.view(-1, chain.ROW)[:, 0].tolist(), programs)
+            timeline(g.counters[:words].cpu(), table.view(-1, chain.ROW)[:, 0].tolist(), programs)
             timed(chained, table, args.repeats)
         return
     print(f"  the chain has not finished after {args.wait:.0f} s; its stamps:", flush=True)
     with torch.cuda.stream(side):
-        host.copy_(g._events[:words], non_blocking=True)
+        host.copy_(g.counters[:words], non_blocking=True)
     side.synchronize()
     summary(host, groups, programs)
     os._exit(3)

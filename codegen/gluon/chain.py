@@ -353,11 +353,12 @@ def _released(empty, i, before, SLOTS_: gl.constexpr):
 
 
 @gluon.jit
-def _runs(I32, REGIONS):
+def _runs(I32, REGIONS, EVENTS):
     """Whether the step just planned is one the loop runs: a step of one token of one sequence (1), or not (0: every
-    request has finished, or the step is another shape, which the host runs)."""
+    request has finished, the step is another shape, which the host runs, or the host asked the launch to stop)."""
     control = I32 + gl.load(REGIONS + step.CONTROL)
-    return ((gl.load(control + 2) == 0) & (gl.load(control) == 1) & (gl.load(control + 1) == 1)).to(gl.int32)
+    return ((gl.load(control + 2) == 0) & (gl.load(control) == 1) & (gl.load(control + 1) == 1) &
+            (gl.load(EVENTS - 1, volatile=True) == 0)).to(gl.int32)  # (the stop word: `events.stopped`)
 
 
 @gluon.jit
@@ -384,7 +385,7 @@ def _decode_loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, gr
             _stamp(EVENTS, events, 2, i, TRACING)
             if kind == _PLAN:
                 wait(EVENTS, e, P)
-                running = _runs(I32, REGIONS)
+                running = _runs(I32, REGIONS, EVENTS)
             elif kind == _ATTENTION:
                 # its items' keys before the step's own go in before the group before is done (their slots' bytes
                 # are the GEMV ring's: once read); a slot with the step's keys waits for it (`attention.load_items`)
@@ -491,7 +492,7 @@ def _decode_consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, grou
             _stamp(EVENTS, events, 5, 3, TRACING)
             if kind == _PLAN:
                 wait(EVENTS, e, P)
-                running = _runs(I32, REGIONS)
+                running = _runs(I32, REGIONS, EVENTS)
 
 
 @gluon.jit
