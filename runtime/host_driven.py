@@ -86,8 +86,8 @@ class HostDriven:
         the kernel's timeout (past it, a `HangError` that says which step and group the loop stopped at, from its
         counters read on a stream of their own, once it has been asked to stop: its waits give up, and the launch
         ends unless a copy inside a program is what hangs); a step the loop planned but left (not of one row) then
-        runs here. `sampling`: some request
-        samples with a temperature (`GluonGroups.launch_loop`). Returns the next step's number."""
+        runs here. `sampling`: some request samples with a temperature (`GluonGroups.launch_loop`). Returns the next
+        step's number."""
         k, g = self.kernel, self.gluon
         if g is None or not g.chain:
             raise ValueError("the one-row loop is the Gluon chain's: ask for gluon and chain")
