@@ -15,8 +15,9 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from codegen.gluon.attention import _add
+
 ROUNDS = gl.constexpr(10)  # Philox rounds (`triton.language.random.N_ROUNDS_DEFAULT`)
-NEG_INF = gl.constexpr(float("-inf"))
 DIGIT = gl.constexpr(6)  # bits a radix-select pass decides (`_kth_largest`)
 
 
@@ -105,11 +106,6 @@ def _bit_length(x):
     while (n < 32) & (_low_bits(x, n) != x):
         n += 1
     return n
-
-
-@gluon.jit
-def _add(a, b):
-    return a + b
 
 
 @gluon.jit

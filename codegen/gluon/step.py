@@ -24,6 +24,7 @@ from triton.experimental.gluon import language as gl
 
 from codegen.bodies.schedule import SAMPLE_FIELDS
 from codegen.gluon import sampling
+from codegen.gluon.attention import _add
 from codegen.gluon.linear import _norm_sums, _round
 
 REGION_NAMES = ("control", "input_ids", "positions", "slots", "seq_starts", "context_lens", "seq_req", "logits_rows",
@@ -35,11 +36,6 @@ REGION_NAMES = ("control", "input_ids", "positions", "slots", "seq_starts", "con
  OUT_TOKENS, EOS_IDS, STEP_LOG_AT, REQ_SEED, REQ_TOP_K, REQ_TEMPERATURE, REQ_TOP_P) = \
     (gl.constexpr(i) for i in range(len(REGION_NAMES)))
 CHUNK = gl.constexpr(128)  # a prompt chunk's tokens written at once
-
-
-@gluon.jit
-def _add(a, b):
-    return a + b
 
 
 @gluon.jit
