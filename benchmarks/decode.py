@@ -16,7 +16,8 @@ Each row times a kernel compiled for it (`megakernel_tpot.decode_config`, `ttft_
 batch, and a decode row's prefill budget min(2,048, batch x context) tokens a step, a TTFT row's the prompt. A
 kernel compiled for 512 tokens a step or more takes 128-row prefill tiles, which cost batch-1 decode 2-6% up to
 session 36 and ~0.3% since (`megakernel_tpot.prefill_budget`): every decode row's kernel and TTFT 512's and 2048's
-have them, TTFT 128's does not.
+have them, TTFT 128's does not. On a Hopper GPU a batch-1 row's figure is the kernel's with one request's decode
+steps in the Gluon one-row loop (`Megakernel._decode_loop`, session 66), the compiled kernel's alone beside it.
 """
 from __future__ import annotations
 
@@ -139,6 +140,11 @@ def main() -> None:
         started = time.perf_counter()
         kernel = load_kernel(args.preset, decode_configs[batch, context], artifact_path("decode"))
         ours = tpot_ms(kernel, batch, context, 16)
+        alone = ""
+        if batch == 1 and kernel.loop is not None:  # `ours` took the decode loop: the compiled kernel's steps too
+            loop, kernel.loop = kernel.loop, None
+            alone = f"; the compiled kernel alone {tpot_ms(kernel, batch, context, 16):.2f}"
+            kernel.loop = loop
         task_kernels = task_kernels_graph_ms(kernel, batch, context)
         del kernel  # the baselines below need its memory (a 30B model's weights twice do not fit)
         baselines.release_memory(device)
@@ -146,7 +152,7 @@ def main() -> None:
         roofline = baselines.decode_bytes_per_step(cfg, batch, context) / (bandwidth * 1e12) * 1e3
         add(f"decode b{batch} ctx{context} ms", f"{ours:.2f}", f"torch graph {torch_ms:.2f}",
             f"task kernels graph {task_kernels:.2f}",
-            f"roofline {roofline:.2f} ({roofline / ours:.0%} of BW; {torch_ms / ours:.2f}x torch)")
+            f"roofline {roofline:.2f} ({roofline / ours:.0%} of BW; {torch_ms / ours:.2f}x torch{alone})")
         baselines.release_memory(device)
         print(f"  (row took {time.perf_counter() - started:.0f} s)", flush=True)
     for prompt_len in prompt_lens:

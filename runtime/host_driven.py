@@ -42,7 +42,7 @@ class HostDriven:
             self.plan, self.group = getattr(module, f"{name}_plan"), getattr(module, f"{name}_group")
         else:
             self.plan, self.group = host_kernels(kernel.artifact)
-        self.groups = _contiguous_groups(kernel.tasks[:, 3].tolist())
+        self.groups = contiguous_groups(kernel.tasks[:, 3].tolist())
         # the groups that stream a one-row step (`gemv_stream`): then as many CTAs as the persistent launch has
         # programs, a part each, as its programs take them
         self.streamed = {first for first, _ in self.groups if int(kernel.tasks[first, FLAGS]) & STREAMS}
@@ -91,24 +91,18 @@ class HostDriven:
         k, g = self.kernel, self.gluon
         if g is None or not g.chain:
             raise ValueError("the one-row loop is the Gluon chain's: ask for gluon and chain")
-        # (made before the launch: a host call that waits for the GPU would hang after it)
-        side, kinds = torch.cuda.Stream(), g.loop_kinds()
-        counts = torch.empty(len(kinds) * steps, dtype=torch.int32, pin_memory=True)
-        rows = g.launch_loop(step, steps, sampling)
+        side = torch.cuda.Stream()  # (made before the launch: a host call that waits for the GPU would hang after it)
+        g.launch_loop(step, steps, sampling)
         end = torch.cuda.Event()
         end.record()
         if not wait_for(end, k.timeout_s):
-            with torch.cuda.stream(side):  # (a copy engine reads the counters while the SMs spin)
-                counts.copy_(g.counters[:rows * steps], non_blocking=True)
-            side.synchronize()
-            g.stop(side)  # (then every wait gives up, and the launch runs on to its end)
+            report = g.loop_hang(step, steps, k.timeout_s, side)
             ended = wait_for(end, STOP_S)
-            raise HangError(loop_hang(counts.tolist(), step, kinds, g.gemv.PER_SM * g.programs, k.timeout_s) +
-                            ("; stopped" if ended else f"; still running {STOP_S:.0f} s after it was asked to stop"))
+            raise HangError(report + ("; stopped" if ended else
+                                      f"; still running {STOP_S:.0f} s after it was asked to stop"))
         control = k.region("control")[0]
         num_tokens, num_seqs, done, last = k.i32[control:control + 4].tolist()
-        ran = int(g.counters[(last - step) * rows + rows - 1]) == g.gemv.PER_SM * g.programs
-        if not ran and not done:  # (planned, and not of one row)
+        if not g.loop_ran(step, last) and not done:  # (planned, and not of one row)
             for first, count in self.groups:
                 self.launch_group(first, count, last, (num_tokens, num_seqs))
         return last + 1
@@ -217,7 +211,7 @@ class _Ahead:
         return self.compiled[tuple(grid) + (1,) * (3 - len(grid))]
 
 
-def _contiguous_groups(signals: list[int]) -> list[tuple[int, int]]:
+def contiguous_groups(signals: list[int]) -> list[tuple[int, int]]:
     """(first task, number of tasks) of each run of tasks that signal the same event."""
     groups, start = [], 0
     for i in range(1, len(signals) + 1):
@@ -484,6 +478,7 @@ class GluonGroups(GluonCoverage):
         self._loop: torch.Tensor | None = None  # `launch_loop`'s table, and its kinds on the host
         self._loop_kinds: list[int] = []
         self._stop = torch.ones(1, dtype=torch.int32, pin_memory=True)  # (`stop`'s word, page-locked: copied async)
+        self._counts = torch.empty(0, dtype=torch.int32)  # (`prepare_loop`'s)
         from codegen.gluon.step import REGION_NAMES
         from runtime.megakernel import zeroed_span
         self.regions = torch.tensor([kernel.region(name)[0] for name in REGION_NAMES], dtype=torch.int32,
@@ -512,22 +507,26 @@ class GluonGroups(GluonCoverage):
             self._chains[key] = (set(run), run[0], table) if run else None
         return self._chains[key]
 
+    def _zero_events(self, events: int, one_row: bool) -> None:
+        """Zeroes the stop word and `events` counters (and the stamps after them where traced), grown if short."""
+        programs = self.gemv.PER_SM * self.programs
+        words = 1 + events + (8 * programs + 2 * programs * events if self.tracing and one_row else 0)
+        if self._events.numel() < words:
+            self._events = torch.zeros(words, dtype=torch.int32, device=self.kernel.device)
+        self._events.zero_()
+
     def _launch_chain(self, table: torch.Tensor, one_row: bool, steps: int = 1, first_step: int = 0,
-                      sampling: bool = False) -> None:
-        """The chain of `table`'s groups, its events zeroed first: a step that prefills one program an SM, steps of
-        one row two (`chain.decode_chain`: `steps` from `first_step`, sampling with temperatures where `sampling`,
+                      sampling: bool = False, zeroed: bool = False) -> None:
+        """The chain of `table`'s groups, its events zeroed first (unless `zeroed`: by `prepare_loop`): a step that
+        prefills one program an SM, steps of one row two (`chain.decode_chain`: `steps` from `first_step`, sampling with temperatures where `sampling`,
         units of `gemv_rows` weight rows, 16 if None:
         session 65's H200 figures at context 512 were 3,856 us a step's layers against 3,951 in units of 32 and 3,887
         of 8)."""
         from codegen.gluon import chain
         k, cfg = self.kernel, self.kernel.config
         attention = next(first for first, kind in self.kinds.items() if kind == Kind.ATTENTION)
-        rows, programs = table.numel() // chain.ROW, self.gemv.PER_SM * self.programs
-        events = rows * steps
-        words = 1 + events + (8 * programs + 2 * programs * events if self.tracing and one_row else 0)
-        if self._events.numel() < words:
-            self._events = torch.zeros(words, dtype=torch.int32, device=self.kernel.device)
-        self._events.zero_()
+        if not zeroed:
+            self._zero_events(table.numel() // chain.ROW * steps, one_row)
         args = (k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, k.kv.numel() // self.columns[attention],
                 table, self.counters, rows, self.control_at, self.positions_at, self.slots_at,
                 *self.plan_at)
@@ -565,15 +564,45 @@ class GluonGroups(GluonCoverage):
             self._loop_kinds = [kind for kind, _, _ in rows]
         return self._loop_kinds
 
-    def launch_loop(self, first_step: int, steps: int, sampling: bool = False) -> int:
+    def prepare_loop(self, steps: int) -> None:
+        """What a loop of up to `steps` steps needs, made before anything of the host's is launched: its table, the
+        page-locked words its counters are read back into past a timeout (made while a kernel runs, they would wait
+        for it to end), and its stop word and counters zeroed, in launch order, so that a stop the host sets once an
+        earlier launch is running holds (`launch_loop(prepared=True)`)."""
+        rows = len(self.loop_kinds())
+        if self._counts.numel() < rows * steps:
+            self._counts = torch.empty(rows * steps, dtype=torch.int32, pin_memory=True)
+        self._zero_events(rows * steps, True)
+
+    def launch_loop(self, first_step: int, steps: int, sampling: bool = False, prepared: bool = False) -> int:
         """Steps `first_step` .. (at most `steps`) of one row each in one launch (`chain.decode_chain` over
         `loop_rows`' table: each step planned, run and sampled on the GPU, greedy unless `sampling`, the kernel that
-        also takes temperatures, top-k and top-p; the loop stops at a plan that leaves no step of one row). Returns
-        the table's rows (the events of step s's group g: s rows + g)."""
+        also takes temperatures, top-k and top-p; the loop stops at a plan that leaves no step of one row).
+        `prepared`: `prepare_loop(steps)` came first (else it is done here). Returns the table's rows (the events of
+        step s's group g: s rows + g)."""
+        if not prepared:
+            self.prepare_loop(steps)
         use_scratch_allocator()  # (its loader's tensor descriptors; a step's plan sets it too, but none runs here)
-        rows = len(self.loop_kinds())
-        self._launch_chain(self._loop, True, steps, first_step, sampling)
-        return rows
+        self._launch_chain(self._loop, True, steps, first_step, sampling, zeroed=True)
+        return len(self._loop_kinds)
+
+    def loop_hang(self, first_step: int, steps: int, timeout_s: float, stream: torch.cuda.Stream) -> str:
+        """Where the loop launched from `first_step` (of up to `steps` steps) stopped, from its counters read on
+        `stream` (a copy engine reads them while the SMs spin); then sets its stop word (`stop`): its waits give up
+        and it runs on to its end."""
+        rows = len(self._loop_kinds)
+        counts = self._counts[:rows * steps]
+        with torch.cuda.stream(stream):
+            counts.copy_(self.counters[:rows * steps], non_blocking=True)
+        stream.synchronize()
+        self.stop(stream)
+        return loop_hang(counts.tolist(), first_step, self._loop_kinds, self.gemv.PER_SM * self.programs, timeout_s)
+
+    def loop_ran(self, first_step: int, step: int) -> bool:
+        """Whether step `step` of the last loop (launched from `first_step`) ran: every program signalled its last
+        group (a plan that leaves no step of one row ends the loop before the groups)."""
+        rows = len(self._loop_kinds)
+        return int(self.counters[(step - first_step) * rows + rows - 1]) == self.gemv.PER_SM * self.programs
 
     def launch(self, first: int, size: tuple[int, int] | None) -> bool:
         """Launches the group of tasks from `first` in a step of `size`, if it is the Gluon bodies' (a merge group

@@ -76,27 +76,31 @@ def timeline(words: torch.Tensor, kinds: list[int], programs: int) -> None:
     """Where a traced chain's time went (`chain._clock`'s times, us): each kind of group from the event before it to
     its own (the last program's signal), summed over the chain; how long the loaders took to see the event before,
     and how far the last program's signal came after the median one's (attention's loaders stamp their start: their
-    items' older keys go in before the event)."""
+    items' older keys go in before the event; a step's rows have no loader's stamp: "-", and a loop's first plan no
+    time of its own)."""
     groups = len(kinds)
     raw = words[groups + 8 * programs:].view(programs, groups, 2).long()
-    # (the timer's low 32 bits: ns, wrapping every 4.3 s; signed from program 0's first stamp)
-    t = (((raw - raw[0, 0, 0] + (1 << 31)) % (1 << 32)) - (1 << 31)).double() / 1e3
+    # (the timer's low 32 bits: ns, wrapping every 4.3 s; signed from program 0's first signal; 0: not stamped)
+    t = (((raw - raw[0, 0, 1] + (1 << 31)) % (1 << 32)) - (1 << 31)).double() / 1e3
+    t[raw == 0] = float("nan")
     done = t[:, :, 1].max(dim=0).values
-    start = t[:, 0, 0].min()
+    loaded = t[:, 0, 0][~t[:, 0, 0].isnan()]
+    start = loaded.min() if loaded.numel() else done[0]
     ran: dict[str, list[float]] = {}
     seen: dict[str, list[float]] = {}
     late: dict[str, list[float]] = {}
     for g, name in enumerate(names(kinds)):
         before = done[g - 1] if g else start
         ran.setdefault(name, []).append((done[g] - before).item())
-        seen.setdefault(name, []).append((t[:, g, 0] - before).median().item() if g else 0.0)
+        seen.setdefault(name, []).append((t[:, g, 0] - before).nanmedian().item() if g else 0.0)
         late.setdefault(name, []).append((done[g] - t[:, g, 1].median()).item())
     print(f"  the chain's timeline ({groups} groups, {done[-1] - start:.0f} us from the first loader to the last "
           f"signal; us, summed over the chain, and medians a group):")
     for name in ran:
         r, s_, l_ = (torch.tensor(v) for v in (ran[name], seen[name], late[name]))
+        loaders = "    -" if s_.isnan().all() else f"{s_.nanmedian():5.2f}"
         print(f"    {name:9s} {r.sum():7.0f} us, {r.median():6.1f} a group; the loaders past the event before "
-              f"{s_.median():5.2f}; the last signal past the median {l_.median():5.1f}", flush=True)
+              f"{loaders}; the last signal past the median {l_.median():5.1f}", flush=True)
 
 
 def timed(chained: HostDriven, table: torch.Tensor, repeats: int) -> None:

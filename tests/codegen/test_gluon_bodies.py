@@ -131,12 +131,12 @@ def llama_coverage(**fields):
     from codegen.config import CompileConfig
     from codegen.lower import lower
     from models.registry import resolve_model
-    from runtime.host_driven import GluonCoverage, _contiguous_groups
+    from runtime.host_driven import GluonCoverage, contiguous_groups
 
     config = CompileConfig(**{**dict(max_model_len=512, max_new_tokens=8), **fields})
     lw = lower(build_graph(resolve_model("llama3-8b"), config), config)
     tasks = lw.tasks.task_table()
-    groups = _contiguous_groups(tasks[:, 3].tolist())
+    groups = contiguous_groups(tasks[:, 3].tolist())
     room = tuple(lw.layout.regions[name].size if name in lw.layout.regions else 0
                  for name in ("prefill_parts", "tickets:prefill"))
     return GluonCoverage(tasks, lw.tasks.desc_table().tolist(), SimpleNamespace(**config.to_dict()), groups, 132,

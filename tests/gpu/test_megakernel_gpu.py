@@ -485,3 +485,32 @@ def check_against_reference(preset: str, batch: int, config: CompileConfig, tmp_
     assert_within_bf16_tolerance(kernel, model, prompts)
     out = kernel.generate(prompts, SamplingParams(max_tokens=decode_tokens, temperature=0, ignore_eos=True))
     assert_within_bf16_tolerance(kernel, model, [p + c.tokens for p, c in zip(prompts, out)])
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_one_request_decodes_in_the_loop_as_in_the_kernel_on_gpu(tmp_path):
+    """`Megakernel._decode_loop`: one Llama-3-8B request's decode steps, after the compiled kernel's prefill, in the
+    Gluon one-row loop launched behind it, give the tokens the compiled kernel gives alone, greedy (a prompt of two
+    chunks: the loop takes over after both) and sampled with a temperature, top-k and top-p; the loop's last step's
+    logits within bf16 tolerance of the reference."""
+    if not PRECOMPILE and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the decode loop is written for sm_90")
+    model = resolve_model("llama3-8b")
+    path = compile_model(model, case_config(1), tmp_path / "model.cubin", WeightsSource(seed=1)).path
+    kernel = Megakernel.load(path, device="cuda", timeout_s=300, decode_loop=True)
+    loop = kernel.loop
+    g = torch.Generator().manual_seed(66)
+    for length, params in ((300, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)),
+                           (200, SamplingParams(max_tokens=8, temperature=0.8, top_k=50, top_p=0.9, seed=7,
+                                                ignore_eos=True))):
+        prompt = torch.randint(0, model.config.vocab_size, (length,), generator=g).tolist()
+        assert kernel._handover([prompt], params, 64) == -(-length // case_config(1).max_tokens_per_step)
+        kernel.loop = loop
+        looped = kernel.generate([prompt], params)[0]
+        if params.temperature == 0:
+            assert_within_bf16_tolerance(kernel, model, [prompt + looped.tokens])
+        kernel.loop = None
+        alone = kernel.generate([prompt], params)[0]
+        assert looped == alone and len(looped.tokens) == 8 and looped.finish_reason == "length"
