@@ -518,15 +518,15 @@ class GluonGroups(GluonCoverage):
     def _launch_chain(self, table: torch.Tensor, one_row: bool, steps: int = 1, first_step: int = 0,
                       sampling: bool = False, zeroed: bool = False) -> None:
         """The chain of `table`'s groups, its events zeroed first (unless `zeroed`: by `prepare_loop`): a step that
-        prefills one program an SM, steps of one row two (`chain.decode_chain`: `steps` from `first_step`, sampling with temperatures where `sampling`,
-        units of `gemv_rows` weight rows, 16 if None:
-        session 65's H200 figures at context 512 were 3,856 us a step's layers against 3,951 in units of 32 and 3,887
-        of 8)."""
+        prefills one program an SM, steps of one row two (`chain.decode_chain`: `steps` from `first_step`, sampling
+        with temperatures where `sampling`, units of `gemv_rows` weight rows, 16 if None: session 65's H200 figures
+        at context 512 were 3,856 us a step's layers against 3,951 in units of 32 and 3,887 of 8)."""
         from codegen.gluon import chain
         k, cfg = self.kernel, self.kernel.config
         attention = next(first for first, kind in self.kinds.items() if kind == Kind.ATTENTION)
+        rows, programs = table.numel() // chain.ROW, self.gemv.PER_SM * self.programs
         if not zeroed:
-            self._zero_events(table.numel() // chain.ROW * steps, one_row)
+            self._zero_events(rows * steps, one_row)
         args = (k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, k.kv.numel() // self.columns[attention],
                 table, self.counters, rows, self.control_at, self.positions_at, self.slots_at,
                 *self.plan_at)
