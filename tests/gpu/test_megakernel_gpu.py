@@ -506,8 +506,8 @@ def test_one_request_decodes_in_the_loop_as_in_the_kernel_on_gpu(tmp_path):
                            (200, SamplingParams(max_tokens=8, temperature=0.8, top_k=50, top_p=0.9, seed=7,
                                                 ignore_eos=True))):
         prompt = torch.randint(0, model.config.vocab_size, (length,), generator=g).tolist()
-        assert kernel._handover([prompt], params, 64) == -(-length // case_config(1).max_tokens_per_step)
         kernel.loop = loop
+        assert kernel._handover([prompt], params, 64) == -(-length // case_config(1).max_tokens_per_step)
         looped = kernel.generate([prompt], params)[0]
         if params.temperature == 0:
             assert_within_bf16_tolerance(kernel, model, [prompt + looped.tokens])
