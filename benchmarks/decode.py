@@ -16,8 +16,9 @@ Each row times a kernel compiled for it (`megakernel_tpot.decode_config`, `ttft_
 batch, and a decode row's prefill budget min(2,048, batch x context) tokens a step, a TTFT row's the prompt. A
 kernel compiled for 512 tokens a step or more takes 128-row prefill tiles, which cost batch-1 decode 2-6% up to
 session 36 and ~0.3% since (`megakernel_tpot.prefill_budget`): every decode row's kernel and TTFT 512's and 2048's
-have them, TTFT 128's does not. On a Hopper GPU a batch-1 row's figure is the kernel's with one request's decode
-steps in the Gluon one-row loop (`Megakernel._decode_loop`, session 66), the compiled kernel's alone beside it.
+have them, TTFT 128's does not. On a Hopper GPU a batch-1 row's and a TTFT row's figures are the runtime's on the
+Gluon kernels (`Megakernel._gluon`, session 66: the prompt through the Gluon bodies, the decode steps in the one-row
+loop), the compiled kernel's alone beside them.
 """
 from __future__ import annotations
 
@@ -141,10 +142,10 @@ def main() -> None:
         kernel = load_kernel(args.preset, decode_configs[batch, context], artifact_path("decode"))
         ours = tpot_ms(kernel, batch, context, 16)
         alone = ""
-        if batch == 1 and kernel.loop is not None:  # `ours` took the decode loop: the compiled kernel's steps too
-            loop, kernel.loop = kernel.loop, None
+        if batch == 1 and kernel.gluon is not None:  # `ours` ran on the Gluon kernels: the compiled kernel alone too
+            gluon, kernel.gluon = kernel.gluon, None
             alone = f"; the compiled kernel alone {tpot_ms(kernel, batch, context, 16):.2f}"
-            kernel.loop = loop
+            kernel.gluon = gluon
         task_kernels = task_kernels_graph_ms(kernel, batch, context)
         del kernel  # the baselines below need its memory (a 30B model's weights twice do not fit)
         baselines.release_memory(device)
@@ -159,12 +160,16 @@ def main() -> None:
         started = time.perf_counter()
         kernel = load_kernel(args.preset, ttft_config(prompt_len, **overrides), artifact_path("ttft"))
         ours, ours_gpu, _ = ttft_ms(kernel, prompt_len)
+        alone = ""
+        if kernel.gluon is not None:
+            kernel.gluon = None
+            alone = "; the compiled kernel alone {:.2f} (GPU {:.2f})".format(*ttft_ms(kernel, prompt_len)[:2])
         del kernel
         baselines.release_memory(device)
         torch_gpu, torch_host = baselines.torch_ttft_ms(cfg, prompt_len, device, experts=torch_experts)
         add(f"TTFT {prompt_len} tokens ms", f"{ours:.2f}", f"torch prefill {torch_host:.2f}",
             f"{torch_host / ours:.2f}x torch",
-            f"GPU alone {ours_gpu:.2f} against {torch_gpu:.2f} ({torch_gpu / ours_gpu:.2f}x)")
+            f"GPU alone {ours_gpu:.2f} against {torch_gpu:.2f} ({torch_gpu / ours_gpu:.2f}x){alone}")
         baselines.release_memory(device)
         print(f"  (row took {time.perf_counter() - started:.0f} s)", flush=True)
     if args.json:

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
 from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -56,6 +59,7 @@ def build_into(entry: Path, model: ResolvedModel, config: CompileConfig, dtype: 
     try:
         (tmp / "model.cubin.py").write_text(source)
         kernel_meta, cubin = {"triton_metadata": None, "resources": None}, None
+        host_kernels = _host_kernels_beside(tmp / "model.cubin.py", config, model_dtype, arch)
         if not config.interpret:
             cubins = cache_dir() / "cubins" / entry.name  # the artifact's key
             if (cubins / "metadata.json").exists():
@@ -68,6 +72,9 @@ def build_into(entry: Path, model: ResolvedModel, config: CompileConfig, dtype: 
                                                config.max_registers, config.pin_thread_ids, progress)
                 triton_metadata = json.loads(json.dumps(metadata, default=vars))
                 _keep_cubin(cubins, cubin, triton_metadata)
+            if host_kernels is not None:
+                host_kernels.result()  # (its error, if it failed, is the build's)
+                progress("the host-driven kernels compiled beside it")
             (tmp / "model.cubin").write_bytes(cubin)
             # the cubin lists only its static shared memory; a program also takes Triton's dynamic allocation
             used = resource_usage(tmp / "model.cubin")
@@ -83,6 +90,27 @@ def build_into(entry: Path, model: ResolvedModel, config: CompileConfig, dtype: 
                 raise
     finally:  # gone after the rename; otherwise what a failed (or beaten) build wrote
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _host_kernels_beside(source_path: Path, config: CompileConfig, model_dtype: str, arch: int) -> Future | None:
+    """Where the runtime will run one request on the Gluon kernels (a Hopper target, bf16: `Megakernel._gluon`), the
+    host-driven executor's kernels it takes a prefill step's plan, embedding, logits row and sampling from, compiled
+    into the cache in a process of their own beside the kernel's compile (`runtime.host_driven.precompile_source`),
+    unless there already: a build's time stays the kernel's, and the runtime compiles nothing. Not from a process
+    whose Triton is the interpreter's (the CPU tests': a spawned process inherits it, and cannot compile then); the
+    runtime's `precompile` compiles them at the first load that needs them."""
+    if config.interpret or arch != 90 or model_dtype != "bf16" or os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    from runtime.host_driven import _inlined, host_folder, precompile_source
+
+    inlined = _inlined(source_path)
+    if host_folder(inlined, arch)[1]:
+        return None
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        return pool.submit(precompile_source, inlined, signature(model_dtype), arch)
+    finally:
+        pool.shutdown(wait=False)  # (the compile runs on; the process ends with it)
 
 
 def _keep_cubin(directory: Path, cubin: bytes, triton_metadata: dict) -> None:

@@ -204,9 +204,9 @@ def _add_run(sub) -> None:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--json", action="store_true", help="print the generated token ids")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before a running kernel is a hang")
-    p.add_argument("--no-decode-loop", action="store_true",
-                   help="every step in the compiled kernel (default: one prompt's decode steps in the Gluon one-row "
-                        "loop where the GPU is a Hopper one)")
+    p.add_argument("--no-gluon", action="store_true",
+                   help="every step in the compiled kernel (default on a Hopper GPU: one prompt on the Gluon kernels, "
+                        "its prefill's layers in one persistent launch and its decode steps in another)")
     p.set_defaults(run=_run_run)
 
 
@@ -218,7 +218,7 @@ def _run_run(args) -> int:
     from runtime.megakernel import Megakernel
     from runtime.sampling import SamplingParams
 
-    kernel = Megakernel.load(args.artifact, timeout_s=args.timeout, decode_loop=False if args.no_decode_loop else None)
+    kernel = Megakernel.load(args.artifact, timeout_s=args.timeout, gluon=False if args.no_gluon else None)
     tokenizer_dir = kernel.manifest.get("tokenizer")
     if not tokenizer_dir:
         raise ValueError(f"{args.artifact}: the manifest names no tokenizer")

@@ -171,25 +171,27 @@ def host_kernels(artifact: Artifact) -> tuple[_Ahead, _Ahead]:
 
 def precompile(artifact: Artifact) -> Path:
     """The folder of the artifact's host-driven kernels in Blink's cache, compiled into it if not there yet."""
-    from blinkc.env import cache_dir
-
-    source = _inlined(artifact.source_path)
     kernel = artifact.manifest["kernel"]
     if kernel["triton_metadata"] is None:
         raise ValueError("this artifact was compiled for the interpreter only (no target to compile for)")
-    arch = kernel["triton_metadata"]["target"]["arch"]
-    key = hashlib.sha256(f"{source.read_text()}|sm_{arch}|{version('triton')}".encode()).hexdigest()[:24]
-    folder = cache_dir() / "cubins" / f"host-{key}"
-    if all((folder / f"{name}.json").exists() for name in HOST_KERNELS):
+    return precompile_source(artifact.source_path, kernel["signature"], kernel["triton_metadata"]["target"]["arch"])
+
+
+def precompile_source(source_path: Path, signature: dict[str, str], arch: int) -> Path:
+    """`precompile` from the kernel's source, its signature and target (`blinkc.build` runs it beside the kernel's own
+    compile, before the artifact exists)."""
+    source = _inlined(source_path)
+    folder, there = host_folder(source, arch)
+    if there:
         return folder
     from codegen.compile import compile_host_kernels
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".", suffix=".tmp", dir=folder.parent))
     try:
-        for name, (cubin, metadata, signature) in compile_host_kernels(source, kernel["signature"], arch).items():
+        for name, (cubin, metadata, types) in compile_host_kernels(source, signature, arch).items():
             (tmp / f"{name}.cubin").write_bytes(cubin)
-            (tmp / f"{name}.json").write_text(json.dumps({"signature": signature, "triton_metadata": metadata},
+            (tmp / f"{name}.json").write_text(json.dumps({"signature": types, "triton_metadata": metadata},
                                                          default=vars))
         shutil.rmtree(folder, ignore_errors=True)  # what a compile that stopped halfway left
         tmp.rename(folder)
@@ -199,6 +201,16 @@ def precompile(artifact: Artifact) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder
+
+
+def host_folder(inlined: Path, arch: int) -> tuple[Path, bool]:
+    """The cache folder of the host-driven kernels of an inlined source (`_inlined`) for sm_arch (`cubins/host-KEY`,
+    KEY: the source, the target and Triton's version), and whether they are in it."""
+    from blinkc.env import cache_dir
+
+    key = hashlib.sha256(f"{inlined.read_text()}|sm_{arch}|{version('triton')}".encode()).hexdigest()[:24]
+    folder = cache_dir() / "cubins" / f"host-{key}"
+    return folder, all((folder / f"{name}.json").exists() for name in HOST_KERNELS)
 
 
 class _Ahead:
@@ -667,3 +679,59 @@ class GluonGroups(GluonCoverage):
                                                     *self.streamk_at,
                                                     **linear.STREAMK.constexprs(self.gated[first], self.norm_f64, True),
                                                     **linear.STREAMK.launch())
+
+
+class OneRequest:
+    """One request on the Gluon kernels, as the runtime runs it on a Hopper GPU (`Megakernel._gluon`): its prompt's
+    chunks a step each through the host-driven executor with the Gluon bodies (a step's layers as one persistent
+    launch, `chain.prefill_chain`; its LM head the GEMV; its plan, embedding, logits row and sampling the compiled
+    kernel's bodies as group kernels, compiled ahead of time: `precompile`), then its decode steps in the one-row loop
+    (`GluonGroups.launch_loop`), every launch queued at once: the host waits once, at the end."""
+
+    def __init__(self, kernel: Megakernel) -> None:
+        self.kernel = kernel
+        self.prefill = HostDriven(kernel, gluon=True, chain=True)
+        self.loop = GluonGroups(kernel, self.prefill.groups, chain=True)  # (counters of its own, zeroed ahead)
+        self.loop.loop_kinds()  # (a ValueError where the loop cannot run this kernel)
+        self.side = torch.cuda.Stream(kernel.device)
+
+    def steps(self, prompt_len: int, max_tokens: int, steps: int) -> tuple[list[int], int]:
+        """The tokens of each prefill step of a launch of at most `steps` steps (a chunk of the step's token budget
+        each, the last sampling the first token), and the loop's steps after them (none for one token)."""
+        budget = self.kernel.config.max_tokens_per_step
+        chunks = [min(budget, prompt_len - start) for start in range(0, prompt_len, budget)][:steps]
+        return chunks, steps - len(chunks) if max_tokens > 1 else 0
+
+    def launch(self, chunks: list[int], looped: int, sampling: bool) -> list[torch.cuda.Event]:
+        """Queues the prefill steps of `chunks` tokens, then `looped` steps of the loop (sampling with temperatures
+        where `sampling`); returns an event after each prefill step, for `hang`."""
+        if looped:
+            self.loop.prepare_loop(looped)  # (before any launch: a stop the host sets holds from then on)
+        marks = []
+        for step, tokens in enumerate(chunks):
+            self.prefill.step(step, (tokens, 1))
+            marks.append(torch.cuda.Event())
+            marks[-1].record()
+        if looped:
+            self.loop.launch_loop(len(chunks), looped, sampling, prepared=True)
+        return marks
+
+    def hang(self, marks: list[torch.cuda.Event], looped: int, timeout_s: float) -> str:
+        """Where what `launch` queued stopped, past the timeout; asks it to stop (the chains' waits give up)."""
+        for step, mark in enumerate(marks):
+            if not mark.query():
+                self.prefill.gluon.stop(self.side)
+                self.loop.stop(self.side)
+                return f"hang: prefill step {step} (the Gluon bodies) did not end in {timeout_s:.0f} s"
+        return self.loop.loop_hang(len(marks), looped, timeout_s, self.side)
+
+    def check_ended(self, state: torch.Tensor, chunks: list[int], looped: int) -> None:
+        """A loop ends at the request's end or at its last step; ending at a plan it cannot take (not of one row,
+        which one request's decode steps never are) would lose the rest of the request: said, not left incomplete."""
+        if not looped:
+            return
+        control = self.kernel.region("control")[0]
+        tokens, seqs, done, last = state[control:control + 4].tolist()
+        if not done and not self.loop.loop_ran(len(chunks), last):
+            raise RuntimeError(f"the decode loop from step {len(chunks)} stopped at step {last}, a step of {tokens} "
+                               f"tokens and {seqs} sequences it cannot take")

@@ -59,9 +59,9 @@ def parse_step_log(words: torch.Tensor) -> list[tuple[int, int, int]]:
 
 class Megakernel:
     def __init__(self, artifact: Artifact, device: str | torch.device, checkpoint_dir: Path | None = None,
-                 timeout_s: float = 600.0, decode_loop: bool | None = None) -> None:
-        """decode_loop: one request's decode steps run in the Gluon one-row loop (`_decode_loop`): None where it can
-        (a Hopper GPU, a bf16 model whose one-row step it takes whole), True: or a ValueError that says why not."""
+                 timeout_s: float = 600.0, gluon: bool | None = None) -> None:
+        """gluon: one request runs on the Gluon kernels (`_gluon`): None where they can run it (a Hopper GPU, a bf16
+        model whose one-row step they take whole), True: or a ValueError that says why not, False: never."""
         self.artifact, self.manifest = artifact, artifact.manifest
         self.device, self.timeout_s = torch.device(device), timeout_s
         self.config = SimpleNamespace(**self.manifest["config"])
@@ -115,7 +115,7 @@ class Megakernel:
         self._words = torch.zeros(num_words, dtype=torch.int32, device=self.device)
         self.i32, self.events = self._words[:sizes["I32"]], self._words[sizes["I32"]:]
         self._i32_host = torch.zeros(num_words, dtype=torch.int32, pin_memory=pinned)
-        self.loop, self.no_loop = self._decode_loop(decode_loop)
+        self.gluon, self.no_gluon = self._gluon(gluon)
 
     @property
     def programs(self) -> int:
@@ -124,31 +124,30 @@ class Megakernel:
 
     @classmethod
     def load(cls, path: Path, device: str | torch.device | None = None, checkpoint_dir: Path | None = None,
-             timeout_s: float = 600.0, decode_loop: bool | None = None) -> Megakernel:
+             timeout_s: float = 600.0, gluon: bool | None = None) -> Megakernel:
         artifact = Artifact.load(path)
         if device is None:
             device = "cuda" if torch.cuda.is_available() and artifact.cubin_path else "cpu"
-        return cls(artifact, device, checkpoint_dir, timeout_s, decode_loop)
+        return cls(artifact, device, checkpoint_dir, timeout_s, gluon)
 
-    def _decode_loop(self, wanted: bool | None):
-        """The Gluon one-row loop (`runtime.host_driven.GluonGroups.launch_loop`: `codegen.gluon.chain.decode_chain`
-        over steps, each planned, run and sampled on the GPU) that takes one request's decode steps from this
-        kernel's prefill, and why there is none (None if there is). H200, Llama-3-8B at context 512 (session 66): a
-        step 4.05 ms in it against 4.57 in this kernel."""
+    def _gluon(self, wanted: bool | None):
+        """The Gluon kernels that run one request (`runtime.host_driven.OneRequest`: its prompt's chunks through the
+        Gluon bodies, the layers of a step as one persistent launch, then its decode steps in the one-row loop,
+        `codegen.gluon.chain.decode_chain` over steps, each planned, run and sampled on the GPU), and why there are
+        none (None if there are). H200, Llama-3-8B at context 512 (session 66): TPOT 4.02 ms against 4.58 in this
+        kernel alone."""
         if wanted is False:
             return None, "not asked for"
         if self.interpret:
             why = "the interpreter runs the Triton kernel alone"
         else:
-            from runtime.host_driven import GluonGroups, contiguous_groups
+            from runtime.host_driven import OneRequest
             try:
-                loop = GluonGroups(self, contiguous_groups(self.artifact.tables["tasks"][:, 3].tolist()), chain=True)
-                loop.loop_kinds()
-                return loop, None
+                return OneRequest(self), None
             except ValueError as e:
                 why = str(e)
         if wanted:
-            raise ValueError(f"no decode loop: {why}")
+            raise ValueError(f"no Gluon kernels: {why}")
         return None, why
 
     # -- setup --------------------------------------------------------------------------------------------
@@ -215,33 +214,15 @@ class Megakernel:
         check can read any step's logits (`last_logits`)."""
         bound = self.prepare(prompts, params)
         steps = bound if max_steps is None else min(max_steps, bound)
-        handover = self._handover(prompts, params, steps)
-        sampling = any(p.temperature != 0 for p in (params if isinstance(params, list) else [params]))
-        state = self._launch(steps, handover, sampling)
-        self._raise_on_hang(state)
-        if handover is not None:
-            self._check_loop_ended(state, handover)
+        if self.gluon is None or len(prompts) != 1:
+            state = self._launch(steps)
+            self._raise_on_hang(state)
+        else:  # (one request: its steps on the Gluon kernels)
+            p = params[0] if isinstance(params, list) else params
+            chunks, looped = self.gluon.steps(len(prompts[0]), p.max_tokens, steps)
+            state = self._launch(steps, (chunks, looped, p.temperature != 0))
+            self.gluon.check_ended(state, chunks, looped)
         return self.completions(len(prompts), state)
-
-    def _handover(self, prompts: list[list[int]], params: list[SamplingParams] | SamplingParams,
-                  steps: int) -> int | None:
-        """The step from which the decode loop takes over (`_decode_loop`), or None where this kernel runs every
-        step: one request with tokens to decode, past its prompt's chunks (a chunk a step, the last sampling the
-        first token)."""
-        if self.loop is None or len(prompts) != 1:
-            return None
-        max_tokens = (params[0] if isinstance(params, list) else params).max_tokens
-        first = -(-len(prompts[0]) // self.config.max_tokens_per_step)
-        return first if max_tokens > 1 and first < steps else None
-
-    def _check_loop_ended(self, state: torch.Tensor, handover: int) -> None:
-        """A loop ends at the requests' end or at its last step; ending at a plan it cannot take (not of one row,
-        which one request's decode steps never are) loses the rest of the request: said, not left incomplete."""
-        control = self.region("control")[0]
-        tokens, seqs, done, last = state[control:control + 4].tolist()
-        if not done and not self.loop.loop_ran(handover, last):
-            raise RuntimeError(f"the decode loop from step {handover} stopped at step {last}, a step of {tokens} "
-                               f"tokens and {seqs} sequences it cannot take")
 
     def read_state(self) -> torch.Tensor:
         """The I32 arena as the kernel left it, on the host (valid until the next read or launch)."""
@@ -321,10 +302,10 @@ class Megakernel:
         return (self.schedule, self.descs, self.weights, self.act, self.f32, self.i32, self.kv, self.events,
                 self.profile, self.kv_plane, self.tasks.shape[0], max_steps)
 
-    def _launch(self, max_steps: int, handover: int | None = None, sampling: bool = False) -> torch.Tensor:
-        """Runs the kernel to its end (with `handover`, its steps up to that one, then the decode loop's from it,
-        launched behind it: `sampling` if some request samples with a temperature); returns the I32 arena as it
-        left it, on the host (`read_state`'s)."""
+    def _launch(self, max_steps: int, gluon: tuple[list[int], int, bool] | None = None) -> torch.Tensor:
+        """Runs the kernel to its end, or with `gluon` (one request: its prefill steps' tokens, the loop's steps and
+        whether it samples with a temperature, `OneRequest.steps`) the Gluon kernels' launches instead; returns the
+        I32 arena as it left it, on the host (`read_state`'s)."""
         start = time.perf_counter()
         if self.interpret:
             with warnings.catch_warnings():  # masked-off lanes compute on -inf and padding; results are masked
@@ -333,17 +314,13 @@ class Megakernel:
             return self.i32
         done, stream = torch.cuda.Event(), torch.cuda.current_stream(self.device)  # (looked up once a launch)
         use_scratch_allocator()
-        looped = max_steps - handover if handover is not None else 0
-        if looped:
-            self.loop.prepare_loop(looped)  # (its stop word zeroed before this kernel runs: `_ask_to_stop` holds)
-            handed = torch.cuda.Event()
         if self.time_launches:
             began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             began.record(stream)
-        self.kernel(*self._args(handover if looped else max_steps), stream=stream.cuda_stream)
-        if looped:  # queued behind the kernel: the host does not wait between the two
-            handed.record(stream)
-            self.loop.launch_loop(handover, looped, sampling, prepared=True)
+        if gluon is None:
+            self.kernel(*self._args(max_steps), stream=stream.cuda_stream)
+        else:
+            marks = self.gluon.launch(*gluon)
         if self.time_launches:
             ended.record(stream)
         # the state's copy back is queued behind the kernel, so that it has arrived when the host sees the end:
@@ -352,13 +329,11 @@ class Megakernel:
         self._i32_back.copy_(self.i32, non_blocking=True)
         done.record(stream)
         if not wait_for(done, self.timeout_s - (time.perf_counter() - start)):
-            if looped and handed.query():  # the loop's steps ran past the timeout
-                report = self.loop.loop_hang(handover, looped, self.timeout_s, self._side)
+            if gluon is not None:
+                report = self.gluon.hang(marks, gluon[1], self.timeout_s)
                 raise HangError(report + ("; stopped" if wait_for(done, STOP_GRACE_S) else
                                           f"; still running {STOP_GRACE_S:.0f} s after it was asked to stop"))
             self._ask_to_stop()
-            if looped:
-                self.loop.stop(self._side)  # (the loop behind it gives up its waits too)
             if not wait_for(done, STOP_GRACE_S):
                 raise HangError(f"the kernel is still running after {self.timeout_s:.0f} s and did not stop "
                                 f"within {STOP_GRACE_S:.0f} s of being asked")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|loop-runtime|chain-probe|gluon-tests|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|chain-probe|gluon-tests|all]
 set -uo pipefail
 # BLINK_CACHE_DIR: kernels compiled on the CPU machine and carried here (benchmarks/megakernel_tpot.py, --compile-only)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=${BLINK_CACHE_DIR:-/tmp/blink-cache}
@@ -97,11 +97,11 @@ if [[ $mode == chain-loop ]]; then  # the one-row loop over steps (`chain.decode
     step "${TEST_LIMIT:-300}" python -m pytest -q -s -m gpu tests/gpu -k "${CASES:-gemv_for_one_sequence or loop_samples}" \
       -p no:cacheprovider; }
 fi
-if [[ $mode == loop-runtime ]]; then  # the runtime's decode loop (`Megakernel._decode_loop`, session 66): its test
-  # against the compiled kernel alone and the reference, then the decode benchmark's batch-1 rows through it
+if [[ $mode == one-request ]]; then  # one request on the Gluon kernels through the runtime (`Megakernel._gluon`,
+  # session 66): its test against the reference and the compiled kernel alone, then the benchmark's batch-1 and TTFT rows
   step "${TEST_LIMIT:-240}" python -m pytest -q -s -m gpu tests/gpu -p no:cacheprovider \
-    -k "${CASES:-one_request_decodes or matches_reference_on_gpu and llama3-8b-1]}"
-  step "${BENCH_LIMIT:-300}" python -m benchmarks.decode --decode "${DECODE:-1x512,1x4096}" --ttft "${TTFT:-}" \
+    -k "${CASES:-one_request_on_the_gluon or matches_reference_on_gpu and llama3-8b-1]}"
+  step "${BENCH_LIMIT:-300}" python -m benchmarks.decode --decode "${DECODE:-1x512,1x4096}" --ttft "${TTFT-512,2048}" \
     --json "$OUT/decode.json"
 fi
 if [[ $mode == chain-probe ]]; then  # ... read back where its programs stop (`benchmarks/explore/chain_probe.py`)

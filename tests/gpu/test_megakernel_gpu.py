@@ -490,34 +490,39 @@ def check_against_reference(preset: str, batch: int, config: CompileConfig, tmp_
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_one_request_decodes_in_the_loop_as_in_the_kernel_on_gpu(tmp_path):
-    """`Megakernel._decode_loop`: one Llama-3-8B request's decode steps, after the compiled kernel's prefill, in the
-    Gluon one-row loop launched behind it: greedy (a prompt of two chunks: the loop takes over after both), the tokens
-    the compiled kernel gives alone, and the last step's logits within bf16 tolerance of the reference; sampled with a
-    temperature, top-k and top-p, the same tokens again for the same seed, the first (the prefill's) as the compiled
-    kernel's. (Not all of them: the loop's sums are not the kernel's, and on random weights' flat logits a bf16 step
-    moves a draw; `test_gluon_loop_samples_as_the_triton_sampler_on_gpu` checks its sampler on equal logits.)"""
+def test_one_request_on_the_gluon_kernels_on_gpu(tmp_path):
+    """`Megakernel._gluon` (`runtime.host_driven.OneRequest`): one Llama-3-8B request through the runtime on the Gluon
+    kernels, its prompt's chunks through the Gluon bodies (a step's layers as one persistent launch), its decode steps
+    in the one-row loop, queued at once. Greedy, a prompt of two chunks: the prefill's logits and the last decode
+    step's within bf16 tolerance of the reference, and the tokens the compiled kernel gives alone; sampled with
+    a temperature, top-k and top-p, the same tokens again for the same seed. (Not the compiled kernel's: the Gluon
+    sums are not its sums, and on random weights' flat logits a bf16 step moves a draw, session 66;
+    `test_gluon_loop_samples_as_the_triton_sampler_on_gpu` checks the loop's sampler on equal logits.)"""
     if not PRECOMPILE and torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the decode loop is written for sm_90")
+        pytest.skip("the Gluon kernels are written for sm_90")
+    from runtime.artifact import Artifact
+    from runtime.host_driven import precompile
     model = resolve_model("llama3-8b")
     path = compile_model(model, case_config(1), tmp_path / "model.cubin", WeightsSource(seed=1)).path
-    kernel = Megakernel.load(path, device="cuda", timeout_s=300, decode_loop=True)
-    loop = kernel.loop
+    precompile(Artifact.load(path))  # (its host-driven kernels: here, or into the cache with BLINK_GPU_PRECOMPILE)
+    kernel = Megakernel.load(path, device="cuda", timeout_s=300, gluon=True)
+    gluon = kernel.gluon
     g = torch.Generator().manual_seed(66)
-    for length, params in ((300, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)),
-                           (200, SamplingParams(max_tokens=8, temperature=0.8, top_k=50, top_p=0.9, seed=7,
-                                                ignore_eos=True))):
-        prompt = torch.randint(0, model.config.vocab_size, (length,), generator=g).tolist()
-        kernel.loop = loop
-        assert kernel._handover([prompt], params, 64) == -(-length // case_config(1).max_tokens_per_step)
-        looped = kernel.generate([prompt], params)[0]
-        assert len(looped.tokens) == 8 and looped.finish_reason == "length"
-        if params.temperature == 0:
-            assert_within_bf16_tolerance(kernel, model, [prompt + looped.tokens])
-        else:
-            assert kernel.generate([prompt], params)[0] == looped
-        kernel.loop = None
-        alone = kernel.generate([prompt], params)[0]
-        print(f"\n{length} tokens, temperature {params.temperature}: the loop {looped.tokens}, the kernel alone "
-              f"{alone.tokens}")
-        assert (looped == alone) if params.temperature == 0 else looped.tokens[0] == alone.tokens[0]
+    greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    prompt = torch.randint(0, model.config.vocab_size, (300,), generator=g).tolist()
+    assert gluon.steps(len(prompt), 8, 64) == ([256, 44], 62)
+    out = kernel.generate([prompt], greedy, max_steps=2)[0]  # (the prefill's two steps)
+    assert len(out.tokens) == 1
+    assert_within_bf16_tolerance(kernel, model, [prompt + out.tokens])
+    looped = kernel.generate([prompt], greedy)[0]
+    assert len(looped.tokens) == 8 and looped.finish_reason == "length"
+    assert_within_bf16_tolerance(kernel, model, [prompt + looped.tokens])
+    kernel.gluon = None
+    alone = kernel.generate([prompt], greedy)[0]
+    print(f"\ngreedy: the Gluon kernels {looped.tokens}, the compiled kernel alone {alone.tokens}")
+    assert looped == alone
+    kernel.gluon = gluon
+    prompt = torch.randint(0, model.config.vocab_size, (200,), generator=g).tolist()
+    sampled = SamplingParams(max_tokens=8, temperature=0.8, top_k=50, top_p=0.9, seed=7, ignore_eos=True)
+    out = kernel.generate([prompt], sampled)[0]
+    assert len(out.tokens) == 8 and kernel.generate([prompt], sampled)[0] == out

@@ -1,5 +1,5 @@
-"""The host-driven baseline launches one kernel per run of tasks that signal one event (a task group); when the
-runtime hands one request's decode steps to the Gluon loop."""
+"""The host-driven baseline launches one kernel per run of tasks that signal one event (a task group); how the
+runtime runs one request on the Gluon kernels."""
 from types import SimpleNamespace
 
 from runtime.host_driven import contiguous_groups
@@ -21,33 +21,27 @@ def test_the_baseline_inlines_every_body(tmp_path):
     assert _inlined(source) == _inlined(source)  # one file per source text
 
 
-def test_the_decode_loop_takes_one_request_from_its_first_decode_step():
-    """`Megakernel._handover`: one request with tokens to decode hands its steps after the prompt's chunks (one a
-    step of `max_tokens_per_step`) to the decode loop; a batch, a single token, or a launch that ends within the
-    prompt's chunks stay in the compiled kernel, as does everything where there is no loop."""
-    from runtime.megakernel import Megakernel
-    from runtime.sampling import SamplingParams
+def test_one_request_on_the_gluon_kernels_prefills_a_chunk_a_step_then_loops():
+    """`OneRequest.steps`: a prompt's chunks of `max_tokens_per_step` a prefill step each, then the loop's steps (none
+    for a single token; a launch bounded by `max_steps` stops within the chunks)."""
+    from runtime.host_driven import OneRequest
 
-    kernel = SimpleNamespace(loop=object(), config=SimpleNamespace(max_tokens_per_step=512))
-    handover = lambda prompts, max_tokens, steps: Megakernel._handover(  # noqa: E731
-        kernel, prompts, SamplingParams(max_tokens=max_tokens), steps)
-    assert handover([[1] * 512], 8, 521) == 1
-    assert handover([[1] * 513], 8, 522) == 2 and handover([[1] * 1024], 8, 1033) == 2
-    assert handover([[1] * 513], 8, 2) is None  # (`max_steps`: the launch ends with the prompt)
-    assert handover([[1] * 20], 1, 22) is None
-    assert handover([[1] * 20, [2] * 20], 8, 49) is None
-    kernel.loop = None
-    assert handover([[1] * 20], 8, 29) is None
+    one = SimpleNamespace(kernel=SimpleNamespace(config=SimpleNamespace(max_tokens_per_step=512)))
+    steps = lambda prompt_len, max_tokens, bound: OneRequest.steps(one, prompt_len, max_tokens, bound)  # noqa: E731
+    assert steps(512, 8, 521) == ([512], 520)
+    assert steps(513, 8, 522) == ([512, 1], 520) and steps(1100, 8, 1109) == ([512, 512, 76], 1106)
+    assert steps(1100, 8, 2) == ([512, 512], 0)
+    assert steps(20, 1, 22) == ([20], 0)
 
 
-def test_the_interpreter_runs_without_the_decode_loop(tmp_path):
-    """A kernel in the interpreter has no decode loop and says why; asking for one is a clear error."""
+def test_the_interpreter_runs_without_the_gluon_kernels():
+    """A kernel in the interpreter has no Gluon kernels and says why; asking for them is a clear error."""
     import pytest
 
     from runtime.megakernel import Megakernel
 
     probe = SimpleNamespace(interpret=True)
-    assert Megakernel._decode_loop(probe, None) == (None, "the interpreter runs the Triton kernel alone")
-    assert Megakernel._decode_loop(probe, False) == (None, "not asked for")
-    with pytest.raises(ValueError, match="no decode loop: the interpreter runs the Triton kernel alone"):
-        Megakernel._decode_loop(probe, True)
+    assert Megakernel._gluon(probe, None) == (None, "the interpreter runs the Triton kernel alone")
+    assert Megakernel._gluon(probe, False) == (None, "not asked for")
+    with pytest.raises(ValueError, match="no Gluon kernels: the interpreter runs the Triton kernel alone"):
+        Megakernel._gluon(probe, True)
