@@ -494,10 +494,10 @@ def test_one_request_on_the_gluon_kernels_on_gpu(tmp_path):
     """`Megakernel._gluon` (`runtime.host_driven.OneRequest`): one Llama-3-8B request through the runtime on the Gluon
     kernels, its prompt's chunks through the Gluon bodies (a step's layers as one persistent launch), its decode steps
     in the one-row loop, queued at once. Greedy, a prompt of two chunks: the prefill's logits and the last decode
-    step's within bf16 tolerance of the reference, and the tokens the compiled kernel gives alone; sampled with
-    a temperature, top-k and top-p, the same tokens again for the same seed. (Not the compiled kernel's: the Gluon
-    sums are not its sums, and on random weights' flat logits a bf16 step moves a draw, session 66;
-    `test_gluon_loop_samples_as_the_triton_sampler_on_gpu` checks the loop's sampler on equal logits.)"""
+    step's within bf16 tolerance of the reference, and the same tokens again; sampled with a temperature, top-k and
+    top-p, the same tokens again for the same seed. Not the compiled kernel's tokens: the Gluon sums are not its sums,
+    and on random weights' flat logits a bf16 step moves a draw, or an argmax (session 66: greedy, the 7th of 8;
+    `test_gluon_loop_samples_as_the_triton_sampler_on_gpu` checks the loop's sampler on equal logits)."""
     if not PRECOMPILE and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels are written for sm_90")
     from runtime.artifact import Artifact
@@ -517,11 +517,11 @@ def test_one_request_on_the_gluon_kernels_on_gpu(tmp_path):
     looped = kernel.generate([prompt], greedy)[0]
     assert len(looped.tokens) == 8 and looped.finish_reason == "length"
     assert_within_bf16_tolerance(kernel, model, [prompt + looped.tokens])
+    assert kernel.generate([prompt], greedy)[0] == looped
     kernel.gluon = None
     alone = kernel.generate([prompt], greedy)[0]
-    print(f"\ngreedy: the Gluon kernels {looped.tokens}, the compiled kernel alone {alone.tokens}")
-    assert looped == alone
     kernel.gluon = gluon
+    print(f"\ngreedy: the Gluon kernels {looped.tokens}, the compiled kernel alone {alone.tokens}")
     prompt = torch.randint(0, model.config.vocab_size, (200,), generator=g).tolist()
     sampled = SamplingParams(max_tokens=8, temperature=0.8, top_k=50, top_p=0.9, seed=7, ignore_eos=True)
     out = kernel.generate([prompt], sampled)[0]
