@@ -59,7 +59,7 @@ def build_into(entry: Path, model: ResolvedModel, config: CompileConfig, dtype: 
     try:
         (tmp / "model.cubin.py").write_text(source)
         kernel_meta, cubin = {"triton_metadata": None, "resources": None}, None
-        host_kernels = _host_kernels_beside(tmp / "model.cubin.py", config, model_dtype, arch)
+        beside = _compile_beside(tmp / "model.cubin.py", lw, config, model_dtype, arch)
         if not config.interpret:
             cubins = cache_dir() / "cubins" / entry.name  # the artifact's key
             if (cubins / "metadata.json").exists():
@@ -72,9 +72,10 @@ def build_into(entry: Path, model: ResolvedModel, config: CompileConfig, dtype: 
                                                config.max_registers, config.pin_thread_ids, progress)
                 triton_metadata = json.loads(json.dumps(metadata, default=vars))
                 _keep_cubin(cubins, cubin, triton_metadata)
-            if host_kernels is not None:
-                host_kernels.result()  # (its error, if it failed, is the build's)
-                progress("the host-driven kernels compiled beside it")
+            for future in beside:
+                future.result()  # (an error there is the build's)
+            if beside:
+                progress("the Gluon kernels and the host-driven ones compiled beside it")
             (tmp / "model.cubin").write_bytes(cubin)
             # the cubin lists only its static shared memory; a program also takes Triton's dynamic allocation
             used = resource_usage(tmp / "model.cubin")
@@ -92,25 +93,34 @@ def build_into(entry: Path, model: ResolvedModel, config: CompileConfig, dtype: 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _host_kernels_beside(source_path: Path, config: CompileConfig, model_dtype: str, arch: int) -> Future | None:
-    """Where the runtime will run one request on the Gluon kernels (a Hopper target, bf16: `Megakernel._gluon`), the
-    host-driven executor's kernels it takes a prefill step's plan, embedding, logits row and sampling from, compiled
-    into the cache in a process of their own beside the kernel's compile (`runtime.host_driven.precompile_source`),
-    unless there already: a build's time stays the kernel's, and the runtime compiles nothing. Not from a process
-    whose Triton is the interpreter's (the CPU tests': a spawned process inherits it, and cannot compile then); the
-    runtime's `precompile` compiles them at the first load that needs them."""
+HOPPER_SMS = 132  # an H100 SXM's or an H200's: the GPU the Gluon kernels are compiled ahead of time for
+
+
+def _compile_beside(source_path: Path, lw: Lowering, config: CompileConfig, model_dtype: str,
+                    arch: int) -> list[Future]:
+    """Where the runtime will run one request on the Gluon kernels (a Hopper target, bf16: `Megakernel._gluon`), what
+    it launches besides the kernel, compiled into the cache in processes of their own beside the kernel's compile, so
+    that a build's time stays about the kernel's and the runtime compiles nothing: the host-driven executor's kernels
+    (a prefill step's plan, embedding, logits row and sampling: `runtime.host_driven.precompile_source`) and the Gluon
+    ones (`runtime.host_driven.precompile_one_request`, for HOPPER_SMS SMs). Not from a process whose Triton is the
+    interpreter's (the CPU tests': a spawned process inherits it, and cannot compile then); the runtime's `precompile`
+    compiles the host-driven kernels at the first load that needs them, Triton's JIT the Gluon ones."""
     if config.interpret or arch != 90 or model_dtype != "bf16" or os.environ.get("TRITON_INTERPRET") == "1":
-        return None
-    from runtime.host_driven import _inlined, host_folder, precompile_source
+        return []
+    from runtime.host_driven import _inlined, host_folder, precompile_one_request, precompile_source
 
     inlined = _inlined(source_path)
-    if host_folder(inlined, arch)[1]:
-        return None
-    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    room = tuple(lw.layout.regions[name].size if name in lw.layout.regions else 0
+                 for name in ("prefill_parts", "tickets:prefill"))
+    jobs = [(precompile_one_request, lw.tasks.task_table(), lw.tasks.desc_table().tolist(), config.to_dict(),
+             HOPPER_SMS, room)]
+    if not host_folder(inlined, arch)[1]:
+        jobs.append((precompile_source, inlined, signature(model_dtype), arch))
+    pool = ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("spawn"))
     try:
-        return pool.submit(precompile_source, inlined, signature(model_dtype), arch)
+        return [pool.submit(*job) for job in jobs]
     finally:
-        pool.shutdown(wait=False)  # (the compile runs on; the process ends with it)
+        pool.shutdown(wait=False)  # (the compiles run on; the processes end with them)
 
 
 def _keep_cubin(directory: Path, cubin: bytes, triton_metadata: dict) -> None:

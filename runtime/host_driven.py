@@ -26,6 +26,7 @@ import torch
 from codegen.kernel_abi import HOST_KERNELS, KERNEL_NAME
 from codegen.tasks import FLAGS, STREAMS, Kind
 from runtime.artifact import Artifact, import_source
+from runtime.gluon_kernels import ahead
 from runtime.megakernel import (Completion, HangError, Megakernel, compiled_kernel, use_scratch_allocator,
                                 wait_for)
 from runtime.sampling import SamplingParams
@@ -265,6 +266,13 @@ class GluonCoverage:
 
         self.linear, self.qkv, self.attention, self.gemv = linear, qkv, attention, gemv
         self.programs = programs
+        self.cfg = cfg
+        self.norm_f64 = bool(cfg.exact_norm_sums)
+        self.gemv_rows = None  # the GEMV's unit height; None: `gemv.rows_for` picks
+        self.split_slots = 1  # the one-row chain's attention: a split's slots of keys at least (`attention._splits`)
+        # the one-row chain's programs stamp where they are and when each group's event came and their signal went
+        # after its counters (`chain._stamp`, `chain._clock`: `benchmarks/explore/chain_probe.py` reads them)
+        self.tracing = False
         self.order = [first for first, _ in groups]
         # a one-row step's layers in the chain too (`chain_groups`; False: not; "gemv": its projections' runs only)
         self.one_row_chain: bool | str = True
@@ -439,6 +447,43 @@ class GluonCoverage:
                 return rows, f"a group (task {first}) the one-row bodies do not take: {why}"
         return rows, None
 
+    def prefill_chain_constexprs(self) -> dict:
+        """`chain.prefill_chain`'s constexprs for this kernel."""
+        from codegen.gluon import chain
+        cfg = self.cfg
+        return chain.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch, self.norm_f64)
+
+    def loop_constexprs(self, sampling: bool) -> dict:
+        """`chain.decode_chain`'s constexprs for this kernel (with TRACING): units of `gemv_rows` weight rows, 16 if
+        None (session 65's H200 figures at context 512 were 3,856 us a step's layers against 3,951 in units of 32 and
+        3,887 of 8); the kernel that also samples with temperatures where `sampling`."""
+        from codegen.gluon import chain
+        cfg = self.cfg
+        return {**chain.decode_constexprs(self.gemv_rows or 16, cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch,
+                                          self.norm_f64, cfg.block_m, self.split_slots, cfg.max_tokens_per_step,
+                                          max_new=cfg.max_new_tokens, sample_wide=self.sample_wide,
+                                          sampling=sampling),
+                "TRACING": self.tracing}
+
+    def gemv_rows_for(self, first: int) -> int:
+        """The unit height of one-row projection group `first` on the GEMV."""
+        return self.gemv_rows or self.gemv.rows_for(self.columns[first], self.programs)
+
+    def one_request_launches(self) -> list[tuple]:
+        """(kernel, signature, constexprs, launch options) of each Gluon launch `OneRequest` makes for this kernel
+        (the prefill chain, the LM head's GEMV, the loop greedy and sampling): what `blinkc.build` compiles ahead of
+        time (`runtime.gluon_kernels.precompile`)."""
+        from codegen.bodies.linear import OUT_F32
+        from codegen.gluon import chain
+        gemv = self.gemv
+        launches = [(chain.prefill_chain, chain.SIGNATURE, self.prefill_chain_constexprs(), chain.LAUNCH)]
+        launches += [(gemv.linear_gemv, gemv.SIGNATURE, gemv.constexprs(self.gemv_rows_for(first), self.gated[first],
+                                                                          OUT_F32, self.norm_f64), gemv.LAUNCH)
+                     for first in self.one_row if self.rows_kind[first] == 1 and self.out_kind[first] == OUT_F32]
+        launches += [(chain.decode_chain, chain.DECODE_SIGNATURE, self.loop_constexprs(sampling), chain.DECODE_LAUNCH)
+                     for sampling in (False, True)]
+        return launches
+
     def applies(self, first: int, size: tuple[int, int] | None) -> bool:
         """Whether the group of tasks from `first` is the Gluon bodies' in a step of `size` (tokens, sequences)."""
         if size is None:
@@ -469,9 +514,7 @@ class GluonGroups(GluonCoverage):
                          torch.cuda.get_device_properties(kernel.device).multi_processor_count, room)
         self.kernel = kernel
         cfg = kernel.config
-        self.norm_f64 = bool(cfg.exact_norm_sums)
         self.tiles = None  # the projections' tile shape (`linear.Tiles`); None: `linear.tiles_for` picks
-        self.gemv_rows = None  # the GEMV's unit height; None: `gemv.rows_for` picks
         self.control_at, self.positions_at, self.slots_at = (kernel.region(name)[0]
                                                              for name in ("control", "positions", "slots"))
         self.plan_at = tuple(kernel.region(name)[0] for name in ("seq_starts", "context_lens", "seq_req", "req_pages"))
@@ -481,10 +524,6 @@ class GluonGroups(GluonCoverage):
                                      for split in (False, True)}
         self.chain = chain
         self._chains: dict[tuple, tuple[set[int], int, torch.Tensor] | None] = {}  # `_chain_for`'s, by what decides it
-        # the one-row chain's programs stamp where they are and when each group's event came and their signal went
-        # after its counters (`chain._stamp`, `chain._clock`: `benchmarks/explore/chain_probe.py` reads them)
-        self.tracing = False
-        self.split_slots = 1  # the one-row chain's attention: a split's slots of keys at least (`attention._splits`)
         # the host's stop word (`events.stopped`), then the chain's counters (and stamps): grown where a launch needs
         self._events = torch.zeros(1 + len(groups), dtype=torch.int32, device=kernel.device)
         self._loop: torch.Tensor | None = None  # `launch_loop`'s table, and its kinds on the host
@@ -531,10 +570,9 @@ class GluonGroups(GluonCoverage):
                       sampling: bool = False, zeroed: bool = False) -> None:
         """The chain of `table`'s groups, its events zeroed first (unless `zeroed`: by `prepare_loop`): a step that
         prefills one program an SM, steps of one row two (`chain.decode_chain`: `steps` from `first_step`, sampling
-        with temperatures where `sampling`, units of `gemv_rows` weight rows, 16 if None: session 65's H200 figures
-        at context 512 were 3,856 us a step's layers against 3,951 in units of 32 and 3,887 of 8)."""
+        with temperatures where `sampling`: `loop_constexprs`)."""
         from codegen.gluon import chain
-        k, cfg = self.kernel, self.kernel.config
+        k = self.kernel
         attention = next(first for first, kind in self.kinds.items() if kind == Kind.ATTENTION)
         rows, programs = table.numel() // chain.ROW, self.gemv.PER_SM * self.programs
         if not zeroed:
@@ -543,17 +581,12 @@ class GluonGroups(GluonCoverage):
                 table, self.counters, rows, self.control_at, self.positions_at, self.slots_at,
                 *self.plan_at)
         if one_row:
-            chain.decode_chain[(programs, )](
-                *args, steps, first_step, self.regions, *self.zeroed,
-                **chain.decode_constexprs(self.gemv_rows or 16, cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch,
-                                          self.norm_f64, cfg.block_m, self.split_slots, cfg.max_tokens_per_step,
-                                          max_new=cfg.max_new_tokens, sample_wide=self.sample_wide,
-                                          sampling=sampling),
-                TRACING=self.tracing, **chain.DECODE_LAUNCH)
+            ahead(chain.decode_chain, chain.DECODE_SIGNATURE)[(programs, )](
+                *args, steps, first_step, self.regions, *self.zeroed, **self.loop_constexprs(sampling),
+                **chain.DECODE_LAUNCH)
         else:
-            chain.prefill_chain[(self.programs, )](
-                *args, **chain.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch, self.norm_f64),
-                **chain.LAUNCH)
+            ahead(chain.prefill_chain, chain.SIGNATURE)[(self.programs, )](
+                *args, **self.prefill_chain_constexprs(), **chain.LAUNCH)
 
     @property
     def counters(self) -> torch.Tensor:
@@ -634,12 +667,12 @@ class GluonGroups(GluonCoverage):
             return True
         if self.takes_one_row(first, size):
             gemv, n = self.gemv, self.columns[first]
-            rows = self.gemv_rows or gemv.rows_for(n, self.programs)
+            rows = self.gemv_rows_for(first)
             units, programs = gemv.grid(n, rows, self.programs)
             if first in self.out_kind:  # (a projection's)
-                gemv.linear_gemv[(programs, )](k.descs, k.weights, k.act, k.f32, self.one_row[first], units,
-                                               **gemv.constexprs(rows, self.gated[first], self.out_kind[first],
-                                                                 self.norm_f64), **gemv.LAUNCH)
+                ahead(gemv.linear_gemv, gemv.SIGNATURE)[(programs, )](
+                    k.descs, k.weights, k.act, k.f32, self.one_row[first], units,
+                    **gemv.constexprs(rows, self.gated[first], self.out_kind[first], self.norm_f64), **gemv.LAUNCH)
             else:  # QKV
                 gemv.qkv_gemv[(programs, )](k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane,
                                             self.one_row[first], units, self.positions_at, self.slots_at,
@@ -735,3 +768,18 @@ class OneRequest:
         if not done and not self.loop.loop_ran(len(chunks), last):
             raise RuntimeError(f"the decode loop from step {len(chunks)} stopped at step {last}, a step of {tokens} "
                                f"tokens and {seqs} sequences it cannot take")
+
+
+def precompile_one_request(tasks: torch.Tensor, descs: list[list[int]], config: dict, programs: int,
+                           room: tuple[int, int]) -> list[Path]:
+    """The Gluon kernels `OneRequest` launches for a kernel of these task and descriptor tables and compile config,
+    on a GPU of `programs` SMs, compiled into Blink's cache ahead of time (`gluon_kernels.precompile`; none where the
+    loop cannot run the kernel: `OneRequest` does not either). `room`: the stream-K scratch's (`GluonGroups`)."""
+    from types import SimpleNamespace
+
+    from runtime import gluon_kernels
+    coverage = GluonCoverage(tasks, descs, SimpleNamespace(**config), contiguous_groups(tasks[:, 3].tolist()),
+                             programs, room)
+    if coverage.loop_rows()[1]:
+        return []
+    return [gluon_kernels.precompile(*launch) for launch in coverage.one_request_launches()]

@@ -479,15 +479,17 @@ def launch_programs(num_sms: int, per_sm: int, max_programs: int | None) -> int:
     return min(num_sms * per_sm, max_programs or num_sms * per_sm)
 
 
-def compiled_kernel(name: str, signature: dict[str, str], triton_metadata: dict, cubin: bytes, key: str):
+def compiled_kernel(name: str, signature: dict[str, str], triton_metadata: dict, cubin: bytes, key: str,
+                    constants: dict | None = None):
     """A cubin compiled ahead of time (no JIT: `triton.compile` on any machine) as a Triton CompiledKernel, loaded
-    on the current GPU; `kernel[grid](*args)` launches it, its arguments as `signature` names them."""
+    on the current GPU; `kernel[grid](*args)` launches it, its arguments as `signature` names them (a constexpr's
+    type "constexpr", its value in `constants` and passed too, as Triton's JIT passes it)."""
     from triton.compiler.compiler import CompiledKernel
 
     folder = Path(tempfile.mkdtemp(prefix="blink-kernel-"))
     (folder / f"{name}.json").write_text(json.dumps(triton_metadata))
     (folder / f"{name}.cubin").write_bytes(cubin)
-    src = SimpleNamespace(constants={}, signature=signature,
+    src = SimpleNamespace(constants=constants or {}, signature=signature,
                           fn=SimpleNamespace(arg_names=list(signature), launch_metadata=None))
     compiled = CompiledKernel(src, {f"{name}.json": str(folder / f"{name}.json"),
                                     f"{name}.cubin": str(folder / f"{name}.cubin")}, key)

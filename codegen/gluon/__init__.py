@@ -21,19 +21,27 @@ def compile_for_sm90(fn, signature: dict[str, str], constexprs: dict, num_warps:
     import tempfile
     from pathlib import Path
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     from codegen.compile import resource_usage
 
-    aligned = {(i, ): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind.startswith("*")}
-    src = GluonASTSource(fn, signature={**signature, **{k: "constexpr" for k in constexprs}}, constexprs=constexprs,
-                         attrs=aligned)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": num_warps, "maxnreg": maxnreg})
+    compiled = compile_ahead(fn, signature, constexprs, num_warps, maxnreg)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(compiled.asm["cubin"])
         usage = resource_usage(path)
     return Resources(usage.registers, usage.stack_bytes, compiled.metadata.shared)
+
+
+def compile_ahead(fn, signature: dict[str, str], constexprs: dict, num_warps: int, maxnreg: int,
+                  unaligned: frozenset[str] = frozenset(), arch: int = 90):
+    """Triton's CompiledKernel of the Gluon kernel fn for sm_arch, compiled on any machine: its runtime arguments
+    typed by `signature` (in fn's order, then the constexprs' values), the pointers taken 16-byte aligned but those
+    named in `unaligned`, integers not specialised on their values."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    aligned = {(i, ): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(signature.items())
+               if kind.startswith("*") and name not in unaligned}
+    src = GluonASTSource(fn, signature={**signature, **{k: "constexpr" for k in constexprs}}, constexprs=constexprs,
+                         attrs=aligned)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps, "maxnreg": maxnreg})

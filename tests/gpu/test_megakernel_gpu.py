@@ -495,7 +495,8 @@ def test_one_request_on_the_gluon_kernels_on_gpu(tmp_path):
     kernels, its prompt's chunks through the Gluon bodies (a step's layers as one persistent launch), its decode steps
     in the one-row loop, queued at once. Greedy, a prompt of two chunks: the prefill's logits and the last decode
     step's within bf16 tolerance of the reference, and the same tokens again; sampled with a temperature, top-k and
-    top-p, the same tokens again for the same seed. Not the compiled kernel's tokens: the Gluon sums are not its sums,
+    top-p, the same tokens again for the same seed; every Gluon launch from the cubins compiled beside the kernel
+    (`runtime.gluon_kernels`), none by the JIT. Not the compiled kernel's tokens: the Gluon sums are not its sums,
     and on random weights' flat logits a bf16 step moves a draw, or an argmax (session 66: greedy, the 7th of 8;
     `test_gluon_loop_samples_as_the_triton_sampler_on_gpu` checks the loop's sampler on equal logits)."""
     if not PRECOMPILE and torch.cuda.get_device_capability() != (9, 0):
@@ -526,3 +527,8 @@ def test_one_request_on_the_gluon_kernels_on_gpu(tmp_path):
     sampled = SamplingParams(max_tokens=8, temperature=0.8, top_k=50, top_p=0.9, seed=7, ignore_eos=True)
     out = kernel.generate([prompt], sampled)[0]
     assert len(out.tokens) == 8 and kernel.generate([prompt], sampled)[0] == out
+    from runtime.gluon_kernels import _KERNELS  # (compiled at the build, beside the kernel: not by the JIT)
+    launches = {k.fn.fn.__name__: (k.launches_ahead, k.launches_jit) for k in _KERNELS.values()}
+    print(f"Gluon launches (from the cache, by the JIT): {launches}")
+    assert launches.keys() == {"prefill_chain", "linear_gemv", "decode_chain"}
+    assert all(ahead and not jit for ahead, jit in launches.values())

@@ -1,0 +1,81 @@
+"""The Gluon kernels one request runs on, compiled ahead of time (`runtime.gluon_kernels`): what `blinkc compile`
+compiles for a Hopper target, and when a launch takes the cache's cubin rather than Triton's JIT."""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from codegen.gluon import chain, gemv
+from runtime.gluon_kernels import UNALIGNED, Ahead, kernel_key
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPILE = """
+from blinkc.build import HOPPER_SMS, build_graph
+from codegen.config import CompileConfig
+from codegen.lower import lower
+from models.registry import resolve_model
+from runtime.host_driven import precompile_one_request
+config = CompileConfig(max_batch=1, max_tokens_per_step=256, max_model_len=512, max_new_tokens=8)
+lw = lower(build_graph(resolve_model("llama3-8b"), config), config)
+room = tuple(lw.layout.regions[n].size if n in lw.layout.regions else 0 for n in ("prefill_parts", "tickets:prefill"))
+print([p.name for p in precompile_one_request(lw.tasks.task_table(), lw.tasks.desc_table().tolist(),
+                                              config.to_dict(), HOPPER_SMS, room)])
+"""
+
+
+@pytest.mark.parametrize("fn, signature", [(chain.prefill_chain, chain.SIGNATURE),
+                                           (chain.decode_chain, chain.DECODE_SIGNATURE),
+                                           (gemv.linear_gemv, gemv.SIGNATURE)])
+def test_the_kernels_take_their_runtime_arguments_first(fn, signature):
+    """A launch passes the runtime arguments positionally and the constexprs after them, by their place in the
+    kernel's arguments: the signature must name the kernel's first ones."""
+    Ahead(fn, signature)
+
+
+def test_a_kernel_whose_arguments_are_not_the_signature_is_refused():
+    with pytest.raises(ValueError, match="does not take"):
+        Ahead(gemv.linear_gemv, {"W": "*bf16", "DESCS": "*i64"})
+
+
+def test_a_launch_takes_the_cubin_only_for_what_it_was_compiled_for():
+    """Pointers of the signature's types, 16-byte aligned but the counters after the stop word; int32s in range."""
+    kernel = Ahead(gemv.linear_gemv, gemv.SIGNATURE)
+    descs, w, act, f32 = (torch.zeros(64, dtype=t) for t in (torch.int64, torch.bfloat16, torch.bfloat16,
+                                                              torch.float32))
+    assert kernel._fits((descs, w, act, f32, 3, 100))
+    assert not kernel._fits((descs, w, act, f32[1:], 3, 100))  # (off 16 bytes)
+    assert not kernel._fits((descs, w.float(), act, f32, 3, 100))  # (a pointer of another type)
+    assert not kernel._fits((descs, w, act, f32, 3, 2**31))
+    assert not kernel._fits((descs, w, act, f32, 3))
+    assert "EVENTS" in UNALIGNED and "EVENTS" in chain.SIGNATURE
+
+
+def test_a_key_a_kernel_and_its_constexprs():
+    base = chain.decode_constexprs(16, 16, 32, 1, True, 16, 1, 256, max_new=8, sample_wide=4096)
+    key = kernel_key(chain.decode_chain, base, chain.DECODE_LAUNCH)
+    assert key == kernel_key(chain.decode_chain, dict(base), dict(chain.DECODE_LAUNCH))
+    assert key != kernel_key(chain.decode_chain, {**base, "SAMPLING": True}, chain.DECODE_LAUNCH)
+    assert key != kernel_key(chain.prefill_chain, base, chain.DECODE_LAUNCH)
+    assert key != kernel_key(chain.decode_chain, base, {**chain.DECODE_LAUNCH, "maxnreg": 96})
+
+
+def test_one_requests_gluon_kernels_compile_ahead_into_the_cache(tmp_path):
+    """For Llama-3-8B at batch 1: the prefill chain, the LM head's GEMV and the loop greedy and sampling, compiled for
+    sm_90 into `cubins/gluon-KEY` (a process of its own: the tests' Triton is the interpreter's)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"BLINK_CACHE_DIR": str(tmp_path),
+                                                                              "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", COMPILE], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    names = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    assert len(names) == 4 and all(name.startswith("gluon-") for name in names)
+    kernels = [json.loads((tmp_path / "cubins" / name / "kernel.json").read_text())["name"] for name in names]
+    assert kernels == ["prefill_chain", "linear_gemv", "decode_chain", "decode_chain"]
+    assert all((tmp_path / "cubins" / name / "kernel.cubin").stat().st_size > 0 for name in names)
