@@ -138,8 +138,8 @@ def loop_hang(counts: list[int], first_step: int, kinds: list[int], programs: in
     rows = len(kinds)
     late = next((e for e, count in enumerate(counts) if count < programs), None)
     if late is None:
-        return f"hang: the one-row loop from step {first_step} did not end in {timeout_s:.0f} s, every group signalled"
-    return (f"hang: the one-row loop did not end in {timeout_s:.0f} s: step {first_step + late // rows}, group "
+        return f"hang: the one-row loop from step {first_step} did not end in {timeout_s:g} s, every group signalled"
+    return (f"hang: the one-row loop did not end in {timeout_s:g} s: step {first_step + late // rows}, group "
             f"{late % rows} ({KIND_NAMES[kinds[late % rows]]}), {counts[late]} of {programs} programs done")
 
 
@@ -755,7 +755,7 @@ class OneRequest:
             if not mark.query():
                 self.prefill.gluon.stop(self.side)
                 self.loop.stop(self.side)
-                return f"hang: prefill step {step} (the Gluon bodies) did not end in {timeout_s:.0f} s"
+                return f"hang: prefill step {step} (the Gluon bodies) did not end in {timeout_s:g} s"
         return self.loop.loop_hang(len(marks), looped, timeout_s, self.side)
 
     def check_ended(self, state: torch.Tensor, chunks: list[int], looped: int) -> None:

@@ -532,3 +532,34 @@ def test_one_request_on_the_gluon_kernels_on_gpu(tmp_path):
     print(f"Gluon launches (from the cache, by the JIT): {launches}")
     assert launches.keys() == {"prefill_chain", "linear_gemv", "decode_chain"}
     assert all(ahead and not jit for ahead, jit in launches.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("prompt_len, timeout_s, where", [(300, 0.002, r"prefill step 0 \(the Gluon bodies\)"),
+                                                           (40, 0.015, r"the one-row loop did not end")])
+def test_one_request_past_its_timeout_on_the_gluon_kernels_on_gpu(prompt_len, timeout_s, where, tmp_path):
+    """One request on the Gluon kernels past the kernel's timeout (a timeout shorter than its launches, which stand in
+    for a hang: the same path): the host says where it was (the prefill step that had not ended, or the loop's step
+    and group from its counters), sets the stop words its waits poll, the launches end within the grace, and the
+    next request runs as before."""
+    if not PRECOMPILE and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels are written for sm_90")
+    from runtime.artifact import Artifact
+    from runtime.host_driven import precompile
+    model = resolve_model("llama3-8b")
+    path = compile_model(model, case_config(1), tmp_path / "model.cubin", WeightsSource(seed=1)).path
+    precompile(Artifact.load(path))
+    kernel = Megakernel.load(path, device="cuda", timeout_s=300, gluon=True)
+    prompt = torch.randint(0, model.config.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(9))
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    expected = kernel.generate([prompt.tolist()], params)[0]
+    kernel.timeout_s = timeout_s
+    start = time.perf_counter()
+    with pytest.raises(HangError, match=f"hang: {where}.*; stopped$") as raised:
+        kernel.generate([prompt.tolist()], params)
+    print(f"\n{raised.value} ({time.perf_counter() - start:.3f} s)")
+    assert time.perf_counter() - start < timeout_s + STOP_GRACE_S
+    kernel.timeout_s = 300
+    assert kernel.generate([prompt.tolist()], params)[0] == expected
