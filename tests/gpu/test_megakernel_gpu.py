@@ -537,7 +537,7 @@ def test_one_request_on_the_gluon_kernels_on_gpu(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("prompt_len, timeout_s, where", [(300, 0.002, r"prefill step 0 \(the Gluon bodies\)"),
+@pytest.mark.parametrize("prompt_len, timeout_s, where", [(300, 0.002, r"prefill step \d \(the Gluon bodies\)"),
                                                            (40, 0.015, r"the one-row loop did not end")])
 def test_one_request_past_its_timeout_on_the_gluon_kernels_on_gpu(prompt_len, timeout_s, where, tmp_path):
     """One request on the Gluon kernels past the kernel's timeout (a timeout shorter than its launches, which stand in
