@@ -113,6 +113,35 @@ def test_megakernel_matches_reference_on_gpu(preset, batch, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+def test_the_compiled_kernel_alone_at_batch_1_on_gpu(tmp_path):
+    """Batch 1 with the Gluon kernels off (`gluon=False`: on a Hopper GPU one request runs on them by default, so
+    `test_megakernel_matches_reference_on_gpu[llama3-8b-1]` checks those): the compiled kernel's own one-row steps."""
+    check_against_reference("llama3-8b", 1, case_config(1), tmp_path, gluon=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("gluon", [True, False], ids=["gluon", "compiled"])
+def test_one_request_stops_at_an_eos_on_gpu(gluon, tmp_path):
+    """One request whose fourth greedy token is made an EOS id stops there ("stop", the EOS kept as the kernel's
+    tokens keep it), on the Gluon kernels (the loop's `emit`, then its plan finds the request done) and on the
+    compiled kernel alone."""
+    if gluon and not PRECOMPILE and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels are written for sm_90")
+    model = resolve_model("llama3-8b")
+    path = compile_model(model, case_config(1), tmp_path / "model.cubin", WeightsSource(seed=1)).path
+    kernel = Megakernel.load(path, device="cuda", timeout_s=300, gluon=gluon)
+    prompt = torch.randint(0, model.config.vocab_size, (50,), generator=torch.Generator().manual_seed(4)).tolist()
+    full = kernel.generate([prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0].tokens
+    kernel.manifest["model"]["eos_token_ids"] = [full[3]]
+    out = kernel.generate([prompt], SamplingParams(max_tokens=8, temperature=0))[0]
+    assert out.finish_reason == "stop" and out.tokens == full[:full.index(full[3]) + 1]
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_a_lone_request_streams_in_a_kernel_for_8_on_gpu(tmp_path):
     """One request in the batch-8 case's kernel: its decode steps have one row, whose projections stream over
     every program (`stream_gemv` -1 streams kernels of up to `stream_max_batch` sequences)."""
@@ -473,10 +502,11 @@ def expected_plan(prompts: list[list[int]], max_tokens: int, page_size: int) -> 
 
 
 def check_against_reference(preset: str, batch: int, config: CompileConfig, tmp_path,
-                            lengths: list[int] | None = None, decode_tokens: int = 4) -> None:
+                            lengths: list[int] | None = None, decode_tokens: int = 4,
+                            gluon: bool | None = None) -> None:
     model = resolve_model(preset)
     out = compile_model(model, config, tmp_path / "model.cubin", WeightsSource(seed=1)).path
-    kernel = Megakernel.load(out, device="cuda", timeout_s=300)
+    kernel = Megakernel.load(out, device="cuda", timeout_s=300, gluon=gluon)
     g = torch.Generator().manual_seed(batch)
     if lengths is None:  # prompts of 3 to 39 tokens
         lengths = torch.randint(3, 40, (batch,), generator=g).tolist()
