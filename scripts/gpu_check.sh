@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|chain-probe|gluon-tests|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|user-path|chain-probe|gluon-tests|all]
 set -uo pipefail
 # BLINK_CACHE_DIR: kernels compiled on the CPU machine and carried here (benchmarks/megakernel_tpot.py, --compile-only)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=${BLINK_CACHE_DIR:-/tmp/blink-cache}
@@ -103,6 +103,14 @@ if [[ $mode == one-request ]]; then  # one request on the Gluon kernels through 
     -k "${CASES:-one_request_on_the_gluon or matches_reference_on_gpu and llama3-8b-1]}"
   step "${BENCH_LIMIT:-300}" python -m benchmarks.decode --decode "${DECODE:-1x512,1x4096}" --ttft "${TTFT-512,2048}" \
     --json "$OUT/decode.json"
+fi
+if [[ $mode == user-path ]]; then  # what a user does on a fresh machine: a cold compile (the kernel, the host-driven
+  # and the Gluon kernels beside it), one from the cache, then `blinkc run` twice (session 66)
+  export BLINK_CACHE_DIR=/tmp/fresh TRITON_CACHE_DIR=/tmp/fresh/triton; B="python -m blinkc.cli"
+  step 200 $B compile llama3-8b --random-weights -o /tmp/l8.cubin
+  step 30 $B compile llama3-8b --random-weights -o /tmp/l8b.cubin
+  for i in 1 2; do step 120 bash -c "time $B run /tmp/l8.cubin --prompt 'The quick brown fox jumps over the lazy dog' \
+    --max-tokens 32 --json"; done
 fi
 if [[ $mode == chain-probe ]]; then  # ... read back where its programs stop (`benchmarks/explore/chain_probe.py`)
   step "${CHAIN_LIMIT:-100}" python -m benchmarks.explore.chain_probe --mode gemv ${PROBE_ARGS:-}
