@@ -102,12 +102,13 @@ def _compile_beside(source_path: Path, lw: Lowering, config: CompileConfig, mode
     it launches besides the kernel, compiled into the cache in processes of their own beside the kernel's compile, so
     that a build's time stays about the kernel's and the runtime compiles nothing: the host-driven executor's kernels
     (a prefill step's plan, embedding, logits row and sampling: `runtime.host_driven.precompile_source`) and the Gluon
-    ones (`runtime.host_driven.precompile_one_request`, for HOPPER_SMS SMs). Not from a process whose Triton is the
+    ones (`runtime.gluon.precompile_one_request`, for HOPPER_SMS SMs). Not from a process whose Triton is the
     interpreter's (the CPU tests': a spawned process inherits it, and cannot compile then); the runtime's `precompile`
     compiles the host-driven kernels at the first load that needs them, Triton's JIT the Gluon ones."""
     if config.interpret or arch != 90 or model_dtype != "bf16" or os.environ.get("TRITON_INTERPRET") == "1":
         return []
-    from runtime.host_driven import _inlined, host_folder, precompile_one_request, precompile_source
+    from runtime.gluon import precompile_one_request
+    from runtime.host_driven import _inlined, host_folder, precompile_source
 
     inlined = _inlined(source_path)
     room = tuple(lw.layout.regions[name].size if name in lw.layout.regions else 0

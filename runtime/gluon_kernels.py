@@ -1,4 +1,4 @@
-"""The Gluon kernels the runtime launches for one request (`host_driven.OneRequest`: the prefill chain, the LM head's
+"""The Gluon kernels the runtime launches for one request (`runtime.gluon.OneRequest`: the prefill chain, the LM head's
 GEMV, the one-row loop), from cubins compiled ahead of time into Blink's cache where it has one for a launch's
 constexprs and options, else by Triton's JIT at the launch.
 

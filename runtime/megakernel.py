@@ -131,7 +131,7 @@ class Megakernel:
         return cls(artifact, device, checkpoint_dir, timeout_s, gluon)
 
     def _gluon(self, wanted: bool | None):
-        """The Gluon kernels that run one request (`runtime.host_driven.OneRequest`: its prompt's chunks through the
+        """The Gluon kernels that run one request (`runtime.gluon.OneRequest`: its prompt's chunks through the
         Gluon bodies, the layers of a step as one persistent launch, then its decode steps in the one-row loop,
         `codegen.gluon.chain.decode_chain` over steps, each planned, run and sampled on the GPU), and why there are
         none (None if there are). H200, Llama-3-8B at context 512 (session 66): TPOT 4.02 ms against 4.58 in this
@@ -141,7 +141,7 @@ class Megakernel:
         if self.interpret:
             why = "the interpreter runs the Triton kernel alone"
         else:
-            from runtime.host_driven import OneRequest
+            from runtime.gluon import OneRequest
             try:
                 return OneRequest(self), None
             except ValueError as e:

@@ -20,7 +20,7 @@ finished the group before (its loads, products and stores). One 64 KB staging bu
 outputs, a gated tile's, QKV's heads).
 
 Attention takes items of 128 rows with the step's keys whole (a step that prefills: no split). What the chain covers
-and when is `runtime.host_driven.GluonGroups.chain_groups`; the groups before and after it (embedding, the last norm
+and when is `runtime.gluon.GluonGroups.chain_groups`; the groups before and after it (embedding, the last norm
 and LM head, sampling) stay the host-driven executor's.
 
 H200, Llama-3-8B's first step (`benchmarks/gluon_groups.py`, session 64): the 192 groups of a 512-token prompt in

@@ -131,7 +131,8 @@ def llama_coverage(**fields):
     from codegen.config import CompileConfig
     from codegen.lower import lower
     from models.registry import resolve_model
-    from runtime.host_driven import GluonCoverage, contiguous_groups
+    from runtime.gluon import GluonCoverage
+    from runtime.host_driven import contiguous_groups
 
     config = CompileConfig(**{**dict(max_model_len=512, max_new_tokens=8), **fields})
     lw = lower(build_graph(resolve_model("llama3-8b"), config), config)
@@ -356,7 +357,7 @@ def test_the_one_row_loop_takes_a_whole_step_of_llama3(coverage_1, coverage_64):
 def test_a_stopped_one_row_loop_is_reported_by_its_step_and_group():
     """`HostDriven.run_loop` past its timeout: the first group not every program signalled, from the counters."""
     from codegen.gluon import chain
-    from runtime.host_driven import loop_hang
+    from runtime.gluon import loop_hang
     kinds = [chain.PLAN, chain.EMBED, chain.QKV, chain.ATTENTION, chain.SAMPLE]
     counts = [264] * 5 + [264, 264, 100, 0, 0] + [0] * 5
     assert loop_hang(counts, 7, kinds, 264, 300) == \

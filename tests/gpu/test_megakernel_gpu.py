@@ -521,7 +521,7 @@ def check_against_reference(preset: str, batch: int, config: CompileConfig, tmp_
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_one_request_on_the_gluon_kernels_on_gpu(tmp_path):
-    """`Megakernel._gluon` (`runtime.host_driven.OneRequest`): one Llama-3-8B request through the runtime on the Gluon
+    """`Megakernel._gluon` (`runtime.gluon.OneRequest`): one Llama-3-8B request through the runtime on the Gluon
     kernels, its prompt's chunks through the Gluon bodies (a step's layers as one persistent launch), its decode steps
     in the one-row loop, queued at once. Greedy, a prompt of two chunks: the prefill's logits and the last decode
     step's within bf16 tolerance of the reference, and the same tokens again; sampled with a temperature, top-k and

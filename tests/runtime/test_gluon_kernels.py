@@ -21,7 +21,7 @@ from blinkc.build import HOPPER_SMS, build_graph
 from codegen.config import CompileConfig
 from codegen.lower import lower
 from models.registry import resolve_model
-from runtime.host_driven import precompile_one_request
+from runtime.gluon import precompile_one_request
 config = CompileConfig(max_batch=1, max_tokens_per_step=256, max_model_len=512, max_new_tokens=8)
 lw = lower(build_graph(resolve_model("llama3-8b"), config), config)
 room = tuple(lw.layout.regions[n].size if n in lw.layout.regions else 0 for n in ("prefill_parts", "tickets:prefill"))

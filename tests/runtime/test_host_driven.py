@@ -24,7 +24,7 @@ def test_the_baseline_inlines_every_body(tmp_path):
 def test_one_request_on_the_gluon_kernels_prefills_a_chunk_a_step_then_loops():
     """`OneRequest.steps`: a prompt's chunks of `max_tokens_per_step` a prefill step each, then the loop's steps (none
     for a single token; a launch bounded by `max_steps` stops within the chunks)."""
-    from runtime.host_driven import OneRequest
+    from runtime.gluon import OneRequest
 
     one = SimpleNamespace(kernel=SimpleNamespace(config=SimpleNamespace(max_tokens_per_step=512)))
     steps = lambda prompt_len, max_tokens, bound: OneRequest.steps(one, prompt_len, max_tokens, bound)  # noqa: E731
