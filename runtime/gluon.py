@@ -50,6 +50,9 @@ class GluonCoverage:
         self.linear, self.qkv, self.attention, self.gemv = linear, qkv, attention, gemv
         self.programs = programs
         self.cfg = cfg
+        self.attention_constexprs = {split: attention.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch,
+                                                                 split, cfg.block_m)
+                                     for split in (False, True)}
         self.norm_f64 = bool(cfg.exact_norm_sums)
         self.gemv_rows = None  # the GEMV's unit height; None: `gemv.rows_for` picks
         self.split_slots = 1  # the one-row chain's attention: a split's slots of keys at least (`attention._splits`)
@@ -252,14 +255,32 @@ class GluonCoverage:
         """The unit height of one-row projection group `first` on the GEMV."""
         return self.gemv_rows or self.gemv.rows_for(self.columns[first], self.programs)
 
+    def streamk_launch(self, first: int) -> tuple:
+        """(kernel, signature, constexprs, launch options) of projection group `first` on the stream-K bodies."""
+        linear, qkv = self.linear, self.qkv
+        if self.kinds[first] == Kind.QKV:
+            return (qkv.qkv_prefill, qkv.SIGNATURE, qkv.constexprs(qkv.STREAMK, self.norm_f64, True),
+                    qkv.launch(qkv.STREAMK, True))
+        return (linear.linear_prefill, linear.SIGNATURE,
+                linear.STREAMK.constexprs(self.gated[first], self.norm_f64, True), linear.STREAMK.launch())
+
     def one_request_launches(self) -> list[tuple]:
-        """(kernel, signature, constexprs, launch options) of each Gluon launch `OneRequest` makes for this kernel
-        (the prefill chain, the LM head's GEMV, the loop greedy and sampling): what `blinkc.build` compiles ahead of
-        time (`runtime.gluon_kernels.precompile`)."""
+        """(kernel, signature, constexprs, launch options) of each Gluon launch `OneRequest` makes for this kernel: the
+        prefill chain, the LM head's GEMV, the loop greedy and sampling, and for a prompt (chunk) of fewer tokens than
+        the chain takes, the stream-K projections and attention in items of 128 rows: what `blinkc.build` compiles
+        ahead of time (`runtime.gluon_kernels.precompile`)."""
         from codegen.bodies.linear import OUT_F32
         from codegen.gluon import chain
         gemv = self.gemv
         launches = [(chain.prefill_chain, chain.SIGNATURE, self.prefill_chain_constexprs(), chain.LAUNCH)]
+        streamk = {}  # (one a distinct launch: the gated projections' and the others', QKV's)
+        for first in self.streamk:
+            launch = self.streamk_launch(first)
+            streamk.setdefault((launch[0], tuple(sorted(launch[2].items()))), launch)
+        launches += streamk.values()
+        if any(kind == Kind.ATTENTION for kind in self.kinds.values()):
+            launches.append((self.attention.attention_prefill, self.attention.SIGNATURE,
+                             self.attention_constexprs[False], self.attention.LAUNCH))
         launches += [(gemv.linear_gemv, gemv.SIGNATURE, gemv.constexprs(self.gemv_rows_for(first), self.gated[first],
                                                                           OUT_F32, self.norm_f64), gemv.LAUNCH)
                      for first in self.one_row if self.rows_kind[first] == 1 and self.out_kind[first] == OUT_F32]
@@ -296,15 +317,11 @@ class GluonGroups(GluonCoverage):
         super().__init__(kernel.tasks.cpu(), kernel.descs.cpu().tolist(), kernel.config, groups,
                          torch.cuda.get_device_properties(kernel.device).multi_processor_count, room)
         self.kernel = kernel
-        cfg = kernel.config
         self.tiles = None  # the projections' tile shape (`linear.Tiles`); None: `linear.tiles_for` picks
         self.control_at, self.positions_at, self.slots_at = (kernel.region(name)[0]
                                                              for name in ("control", "positions", "slots"))
         self.plan_at = tuple(kernel.region(name)[0] for name in ("seq_starts", "context_lens", "seq_req", "req_pages"))
         self.streamk_at = tuple(offset for _, offset, _ in scratch)  # (the stream-K bodies' scratch and tickets)
-        self.attention_constexprs = {split: self.attention.constexprs(cfg.page_size, cfg.max_pages_per_seq,
-                                                                      cfg.max_batch, split, cfg.block_m)
-                                     for split in (False, True)}
         self.chain = chain
         self._chains: dict[tuple, tuple[set[int], int, torch.Tensor] | None] = {}  # `_chain_for`'s, by what decides it
         # the host's stop word (`events.stopped`), then the chain's counters (and stamps): grown where a launch needs
@@ -457,14 +474,14 @@ class GluonGroups(GluonCoverage):
                     k.descs, k.weights, k.act, k.f32, self.one_row[first], units,
                     **gemv.constexprs(rows, self.gated[first], self.out_kind[first], self.norm_f64), **gemv.LAUNCH)
             else:  # QKV
-                gemv.qkv_gemv[(programs, )](k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane,
-                                            self.one_row[first], units, self.positions_at, self.slots_at,
-                                            **gemv.qkv_constexprs(rows, self.norm_f64), **gemv.LAUNCH)
+                ahead(gemv.qkv_gemv, gemv.QKV_SIGNATURE)[(programs, )](
+                    k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, self.one_row[first], units,
+                    self.positions_at, self.slots_at, **gemv.qkv_constexprs(rows, self.norm_f64), **gemv.LAUNCH)
             return True
         desc, kind = self.covered[first], self.kinds[first]
         if kind == Kind.ATTENTION:
             options, split = self.attention_launch(first, size)
-            self.attention.attention_prefill[(self.programs, )](
+            ahead(self.attention.attention_prefill, self.attention.SIGNATURE)[(self.programs, )](
                 k.descs, k.act, k.f32, k.i32, k.kv, k.kv_plane, k.kv.numel() // self.columns[first], desc,
                 self.control_at, *self.plan_at, **self.attention_constexprs[split], **options)
             return True
@@ -472,29 +489,26 @@ class GluonGroups(GluonCoverage):
         tiles = self.tiles or linear.tiles_for(tokens, self.columns[first], self.programs)
         grid = min(self.programs, -(-tokens // linear.BM.value) * -(-self.columns[first] // tiles.bn))
         if kind == Kind.QKV:
-            self.qkv.qkv_prefill[(grid, )](k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, desc,
-                                          self.control_at, self.positions_at, self.slots_at, *self.streamk_at,
-                                          **self.qkv.constexprs(tiles, self.norm_f64), **self.qkv.launch(tiles))
+            ahead(self.qkv.qkv_prefill, self.qkv.SIGNATURE)[(grid, )](
+                k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, desc, self.control_at, self.positions_at,
+                self.slots_at, *self.streamk_at, **self.qkv.constexprs(tiles, self.norm_f64), **self.qkv.launch(tiles))
         else:
-            linear.linear_prefill[(grid, )](k.descs, k.weights, k.act, k.f32, k.i32, desc, self.control_at,
-                                            *self.streamk_at, **tiles.constexprs(self.gated[first], self.norm_f64),
-                                            **linear.LAUNCH)
+            ahead(linear.linear_prefill, linear.SIGNATURE)[(grid, )](
+                k.descs, k.weights, k.act, k.f32, k.i32, desc, self.control_at, *self.streamk_at,
+                **tiles.constexprs(self.gated[first], self.norm_f64), **linear.LAUNCH)
         return True
 
     def _launch_streamk(self, first: int) -> None:
         """Projection group `first` on the stream-K bodies, a program an SM (the scratch's room is for as many)."""
-        k, desc, linear = self.kernel, self.covered[first], self.linear
+        k, desc = self.kernel, self.covered[first]
+        fn, signature, constexprs, options = self.streamk_launch(first)
         if self.kinds[first] == Kind.QKV:
-            self.qkv.qkv_prefill[(self.programs, )](k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, desc,
-                                                   self.control_at, self.positions_at, self.slots_at,
-                                                   *self.streamk_at,
-                                                   **self.qkv.constexprs(self.qkv.STREAMK, self.norm_f64, True),
-                                                   **self.qkv.launch(self.qkv.STREAMK, True))
+            ahead(fn, signature)[(self.programs, )](k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, desc,
+                                                    self.control_at, self.positions_at, self.slots_at,
+                                                    *self.streamk_at, **constexprs, **options)
         else:
-            linear.linear_prefill[(self.programs, )](k.descs, k.weights, k.act, k.f32, k.i32, desc, self.control_at,
-                                                    *self.streamk_at,
-                                                    **linear.STREAMK.constexprs(self.gated[first], self.norm_f64, True),
-                                                    **linear.STREAMK.launch())
+            ahead(fn, signature)[(self.programs, )](k.descs, k.weights, k.act, k.f32, k.i32, desc, self.control_at,
+                                                    *self.streamk_at, **constexprs, **options)
 
 
 class OneRequest:

@@ -560,7 +560,7 @@ def test_one_request_on_the_gluon_kernels_on_gpu(tmp_path):
     from runtime.gluon_kernels import _KERNELS  # (compiled at the build, beside the kernel: not by the JIT)
     launches = {k.fn.fn.__name__: (k.launches_ahead, k.launches_jit) for k in _KERNELS.values()}
     print(f"Gluon launches (from the cache, by the JIT): {launches}")
-    assert launches.keys() == {"prefill_chain", "linear_gemv", "decode_chain"}
+    assert {"prefill_chain", "linear_gemv", "decode_chain"} <= launches.keys()
     assert all(ahead and not jit for ahead, jit in launches.values())
 
 

@@ -67,15 +67,17 @@ def test_a_key_a_kernel_and_its_constexprs():
 
 
 def test_one_requests_gluon_kernels_compile_ahead_into_the_cache(tmp_path):
-    """For Llama-3-8B at batch 1: the prefill chain, the LM head's GEMV and the loop greedy and sampling, compiled for
-    sm_90 into `cubins/gluon-KEY` (a process of its own: the tests' Triton is the interpreter's)."""
+    """For Llama-3-8B at batch 1: the prefill chain, the LM head's GEMV, the loop greedy and sampling, and a short
+    prompt's stream-K projections (plain, gated, QKV) and attention, compiled for sm_90 into `cubins/gluon-KEY` (a
+    process of its own: the tests' Triton is the interpreter's)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"BLINK_CACHE_DIR": str(tmp_path),
                                                                               "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", COMPILE], env=env, cwd=ROOT, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     names = ast.literal_eval(out.stdout.strip().splitlines()[-1])
-    assert len(names) == 4 and all(name.startswith("gluon-") for name in names)
+    assert len(set(names)) == len(names) == 8 and all(name.startswith("gluon-") for name in names)
     kernels = [json.loads((tmp_path / "cubins" / name / "kernel.json").read_text())["name"] for name in names]
-    assert kernels == ["prefill_chain", "linear_gemv", "decode_chain", "decode_chain"]
+    assert sorted(kernels) == ["attention_prefill", "decode_chain", "decode_chain", "linear_gemv", "linear_prefill",
+                               "linear_prefill", "prefill_chain", "qkv_prefill"]
     assert all((tmp_path / "cubins" / name / "kernel.cubin").stat().st_size > 0 for name in names)
