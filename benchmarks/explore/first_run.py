@@ -1,6 +1,6 @@
 """`python -m benchmarks.explore.first_run MODEL.cubin`: where a first `blinkc run` goes, one request on the Gluon
-kernels: the imports, the load (weights placed, kernels loaded), and each of three generations of 32 tokens, host to
-host. Run it with an empty TRITON_CACHE_DIR, then again: what the first run pays that a second does not is what
+kernels: the imports, the load (weights placed, kernels loaded), and each of three generations of 32 tokens (or as many as it
+compiled for), host to host. Run it with an empty TRITON_CACHE_DIR, then again: what the first run pays that a second does not is what
 Triton compiles at run time (its launchers' C stubs, anything the JIT compiles)."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def main() -> None:
     loaded = time.perf_counter()
     print(f"imports {imported - start:.2f} s, load {loaded - imported:.2f} s (Gluon: {kernel.no_gluon or 'on'})",
           flush=True)
-    params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=min(32, kernel.config.max_new_tokens), temperature=0, ignore_eos=True)
     for i in range(3):
         began = time.perf_counter()
         kernel.generate([list(range(100, 110))], params)
