@@ -1,7 +1,7 @@
 """`python -m benchmarks.explore.first_run MODEL.cubin`: where a first `blinkc run` goes, one request on the Gluon
-kernels: the imports, the load (weights placed, kernels loaded), and each of three generations of 32 tokens (or as many as it
-compiled for), host to host. Run it with an empty TRITON_CACHE_DIR, then again: what the first run pays that a second does not is what
-Triton compiles at run time (its launchers' C stubs, anything the JIT compiles)."""
+kernels: the imports, the load (weights placed, kernels loaded), and each of three generations of 32 tokens (or as
+many as the kernel takes), host to host. Run it with an empty TRITON_CACHE_DIR, then again: what the first run pays
+that a second does not is what Triton compiles at run time (its launchers' C stubs, anything the JIT compiles)."""
 from __future__ import annotations
 
 import sys
