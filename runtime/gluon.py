@@ -520,9 +520,11 @@ class OneRequest:
 
     def __init__(self, kernel: Megakernel) -> None:
         self.kernel = kernel
+        # (counters of its own, zeroed ahead; first: a ValueError where the loop cannot run this kernel, before the
+        # host-driven kernels are loaded, or compiled where the cache lacks them)
+        self.loop = GluonGroups(kernel, contiguous_groups(kernel.tasks[:, 3].tolist()), chain=True)
+        self.loop.loop_kinds()
         self.prefill = HostDriven(kernel, gluon=True, chain=True)
-        self.loop = GluonGroups(kernel, self.prefill.groups, chain=True)  # (counters of its own, zeroed ahead)
-        self.loop.loop_kinds()  # (a ValueError where the loop cannot run this kernel)
         self.side = torch.cuda.Stream(kernel.device)
 
     def steps(self, prompt_len: int, max_tokens: int, steps: int) -> tuple[list[int], int]:

@@ -134,8 +134,8 @@ class Megakernel:
         """The Gluon kernels that run one request (`runtime.gluon.OneRequest`: its prompt's chunks through the
         Gluon bodies, the layers of a step as one persistent launch, then its decode steps in the one-row loop,
         `codegen.gluon.chain.decode_chain` over steps, each planned, run and sampled on the GPU), and why there are
-        none (None if there are). H200, Llama-3-8B at context 512 (session 66): TPOT 4.02 ms against 4.58 in this
-        kernel alone."""
+        none (None if there are). H200, Llama-3-8B (session 66): a token every 3.97 ms at context 512 against 4.52 in
+        this kernel alone, the first of a 512-token prompt in 13.1 ms against 17.1."""
         if wanted is False:
             return None, "not asked for"
         if self.interpret:
