@@ -81,3 +81,33 @@ def test_one_requests_gluon_kernels_compile_ahead_into_the_cache(tmp_path):
     assert sorted(kernels) == ["attention_prefill", "decode_chain", "decode_chain", "linear_gemv", "linear_prefill",
                                "linear_prefill", "prefill_chain", "qkv_prefill"]
     assert all((tmp_path / "cubins" / name / "kernel.cubin").stat().st_size > 0 for name in names)
+
+
+class _Recorder:
+    """Stands in for a kernel launcher: `kernel[grid](*args, **kwargs)` records what it was given."""
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
+
+
+def _body(DESCS, W, n, A, B=3):  # (a kernel's arguments: the runtime ones, then constexprs, one with a default)
+    pass
+
+
+def test_a_launch_passes_the_cubin_every_argument_in_the_kernels_order(monkeypatch):
+    """From the cache: the runtime arguments, then each constexpr's value in the kernel's order (a default where the
+    launch names none), as Triton's JIT passes them to its launcher; without a cubin, the JIT as called."""
+    jit = _Recorder()
+    jit.fn = _body
+    kernel = Ahead(jit, {"DESCS": "*i64", "W": "*bf16", "n": "i32"})
+    descs, w = torch.zeros(4, dtype=torch.int64), torch.zeros(4, dtype=torch.bfloat16)
+    cubin = _Recorder()
+    monkeypatch.setattr(kernel, "_compiled", lambda constexprs, options: cubin)
+    kernel[(8, )](descs, w, 5, A=7, num_warps=4)
+    assert cubin.calls == [((8, 1, 1), (descs, w, 5, 7, 3), {})] and kernel.launches_ahead == 1
+    monkeypatch.setattr(kernel, "_compiled", lambda constexprs, options: None)
+    kernel[(8, )](descs, w, 5, A=7, num_warps=4)
+    assert jit.calls == [((8, 1, 1), (descs, w, 5), {"A": 7, "num_warps": 4})] and kernel.launches_jit == 1
