@@ -90,7 +90,7 @@ if [[ $mode == chain-decode ]]; then  # the one-row chain (`chain.decode_chain`)
   step "${TEST_LIMIT:-330}" python -m pytest -q -s -m gpu tests/gpu -k "${CASES:-gemv_for_one_sequence or chain or decode_attention}" -p no:cacheprovider
 fi
 if [[ $mode == chain-loop ]]; then  # the one-row loop over steps (`chain.decode_chain` with a step's plan and sampling,
-  # session 65, not yet run): where its programs are if it stops (and nothing more then: every later step would run
+  # session 65, first run in session 66): where its programs are if it stops (and nothing more then: every later step would run
   # it again into its timeout), else its TPOT beside the others and its GPU tests (greedy first, then sampling)
   step "${CHAIN_LIMIT:-100}" python -m benchmarks.explore.chain_probe --mode loop --steps 8 && {
     step "${BENCH_LIMIT:-200}" python -m benchmarks.gluon_groups --prompts "" --decode 1x512

@@ -6,8 +6,10 @@ a ring of shared memory by TMA, consumer warp groups that multiply on `wgmma`, e
 is where sessions 36-58 found the kernel's limit (benchmarks/explore/NOTES.md, session 59, measured what this
 structure reaches body by body). The bodies land here one at a time, each a kernel for a whole task group that the
 host-driven executor (runtime/host_driven.py) launches in place of the Triton group kernel, checked there against
-it; the persistent kernel is assembled from them once every body has one. Gluon has no interpreter: the Triton
-bodies stay the CPU oracle, and these are compiled for sm_90 in CI (`compile_for_sm90`) and run on the GPU only.
+it; then persistent kernels of them (`chain.py`: a prefill step's layers; a one-row step's, and the loop over such
+steps, planned and sampled on the GPU), on which the runtime runs one request on a Hopper GPU (runtime/gluon.py,
+compiled ahead of time: `compile_ahead`). Gluon has no interpreter: the Triton bodies stay the CPU oracle, and these
+are compiled for sm_90 in CI (`compile_for_sm90`) and run on the GPU only.
 """
 from __future__ import annotations
 
