@@ -111,3 +111,28 @@ def test_a_launch_passes_the_cubin_every_argument_in_the_kernels_order(monkeypat
     monkeypatch.setattr(kernel, "_compiled", lambda constexprs, options: None)
     kernel[(8, )](descs, w, 5, A=7, num_warps=4)
     assert jit.calls == [((8, 1, 1), (descs, w, 5), {"A": 7, "num_warps": 4})] and kernel.launches_jit == 1
+
+
+def test_a_cubin_in_the_cache_is_loaded_once_with_its_constexprs(monkeypatch, tmp_path):
+    """`Ahead._compiled`: the cache's folder for the launch's constexprs and options (`gluon-KEY`), loaded the first
+    time with the kernel's whole signature (a constexpr typed so, its value given) and kept; a launch of other
+    constexprs, not in the cache, gets None (the JIT)."""
+    import runtime.megakernel
+    from runtime import gluon_kernels
+
+    monkeypatch.setenv("BLINK_CACHE_DIR", str(tmp_path))
+    jit = _Recorder()
+    jit.fn = _body
+    kernel = Ahead(jit, {"DESCS": "*i64", "W": "*bf16", "n": "i32"})
+    where = gluon_kernels.folder(jit, {"A": 7, "B": 3}, {"num_warps": 4})
+    where.mkdir(parents=True)
+    (where / "kernel.json").write_text(json.dumps({"name": "_body"}))
+    (where / "kernel.cubin").write_bytes(b"cubin")
+    loads = []
+    monkeypatch.setattr(runtime.megakernel, "compiled_kernel", lambda *args: loads.append(args) or "loaded")
+    assert kernel._compiled({"A": 7, "B": 3}, {"num_warps": 4}) == "loaded"
+    assert kernel._compiled({"B": 3, "A": 7}, {"num_warps": 4}) == "loaded" and len(loads) == 1
+    name, signature, metadata, cubin, key, constants = loads[0]
+    assert signature == {"DESCS": "*i64", "W": "*bf16", "n": "i32", "A": "constexpr", "B": "constexpr"}
+    assert (metadata, cubin, key, constants) == ({"name": "_body"}, b"cubin", where.name, {"A": 7, "B": 3})
+    assert kernel._compiled({"A": 8, "B": 3}, {"num_warps": 4}) is None
