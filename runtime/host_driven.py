@@ -48,9 +48,10 @@ class HostDriven:
         self.streamed = {first for first, _ in self.groups if int(kernel.tasks[first, FLAGS]) & STREAMS}
         if chain and not gluon:
             raise ValueError("the persistent chain runs the Gluon bodies: ask for gluon too")
+        self.gluon = None
         if gluon:
-            from runtime.gluon import GluonGroups
-        self.gluon = GluonGroups(kernel, self.groups, chain) if gluon else None
+            from runtime.gluon import GluonGroups  # (here: runtime.gluon imports this module)
+            self.gluon = GluonGroups(kernel, self.groups, chain)
 
     def step(self, step: int, size: tuple[int, int] | None = None) -> None:
         """Step `step`'s launches. `size`: the step's (tokens, sequences) (a one-row step's streamed groups run in
