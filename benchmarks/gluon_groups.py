@@ -272,10 +272,12 @@ def decode_row(model, batch: int, context: int, args) -> None:
     print(f"  the step's launches from one CUDA graph, replayed (median of {GRAPH_REPLAYS}): Triton groups "
           f"{graphs['triton']:.2f} ms, Gluon bodies{' with the chain' if run else ''} {graphs['chain']:.2f} ms "
           f"({persistent / graphs['chain']:.2f}x the persistent megakernel's TPOT)")
-    if batch == 1 and args.loop:
+    if args.loop:
         looped = loop_tpot_ms(chained, prompts)
-        print(f"  the one-row loop (a step's plan, layers, logits and greedy token on the GPU, steps back to back in "
-              f"one launch: `chain.decode_chain` over steps): TPOT {looped:.2f} ms ({persistent / looped:.2f}x the "
+        which = "one-row loop" if batch == 1 else "batched loop"
+        kernel_name = "chain.decode_chain" if batch == 1 else "batch.batch_chain"
+        print(f"  the {which} (a step's plan, layers, logits and greedy tokens on the GPU, steps back to back in "
+              f"one launch: `{kernel_name}` over steps): TPOT {looped:.2f} ms ({persistent / looped:.2f}x the "
               f"persistent megakernel's)")
     print("\n".join(report(triton, best, worst)), flush=True)
 
@@ -297,12 +299,13 @@ def host_to_host_ms(driver: HostDriven, prompt: list[int]) -> float:
 
 
 def loop_tpot_ms(driver: HostDriven, prompts: list[list[int]]) -> float:
-    """A prompt's decode steps after its first through the one-row loop (`HostDriven.generate(loop=True)`), the
-    second of two generations: the median step from the loop's plans' log (`Megakernel.step_log`)."""
+    """The prompts' decode steps after their first through the one-row loop or the batched one
+    (`HostDriven.generate(loop=True)`), the second of two generations: the median step of the whole batch from the
+    loop's plans' log (`Megakernel.step_log`)."""
     params = SamplingParams(max_tokens=DECODE_STEPS // 2, temperature=0, ignore_eos=True)
     driver.generate(prompts, params, loop=True)  # (compiles it)
     driver.generate(prompts, params, loop=True)
-    return full_batch_step_ms(driver.kernel.step_log(), 1)
+    return full_batch_step_ms(driver.kernel.step_log(), len(prompts))
 
 
 def main() -> None:
@@ -319,7 +322,7 @@ def main() -> None:
                         help="a one-row step's layers as one persistent launch too (`chain.decode_chain`), or its "
                              "projections' runs alone")
     parser.add_argument("--loop", action=argparse.BooleanOptionalAction, default=True,
-                        help="a batch-1 row's TPOT through the one-row loop too (`HostDriven.generate(loop=True)`)")
+                        help="each row's TPOT through the decode loop too (`HostDriven.generate(loop=True)`)")
     parser.add_argument("--compile-only", action="store_true", help="compile the kernels into the cache and stop")
     args = parser.parse_args()
     lengths = [int(n) for n in args.prompts.split(",") if n]

@@ -16,15 +16,16 @@ from runtime.host_driven import HostDriven, contiguous_groups
 from runtime.megakernel import Megakernel, use_scratch_allocator
 
 
-def loop_hang(counts: list[int], first_step: int, kinds: list[int], programs: int, timeout_s: float) -> str:
-    """Where a one-row loop stopped, from its counters (an event a group a step, `chain.decode_chain`): the first
-    group that not every program signalled."""
+def loop_hang(counts: list[int], first_step: int, kinds: list[int], programs: int, timeout_s: float,
+              which: str = "one-row") -> str:
+    """Where a loop (`which`: the one-row or the batched one) stopped, from its counters (an event a group a step,
+    `chain.decode_chain`, `batch.batch_chain`): the first group that not every program signalled."""
     from codegen.gluon.chain import KIND_NAMES
     rows = len(kinds)
     late = next((e for e, count in enumerate(counts) if count < programs), None)
     if late is None:
-        return f"hang: the one-row loop from step {first_step} did not end in {timeout_s:g} s, every group signalled"
-    return (f"hang: the one-row loop did not end in {timeout_s:g} s: step {first_step + late // rows}, group "
+        return f"hang: the {which} loop from step {first_step} did not end in {timeout_s:g} s, every group signalled"
+    return (f"hang: the {which} loop did not end in {timeout_s:g} s: step {first_step + late // rows}, group "
             f"{late % rows} ({KIND_NAMES[kinds[late % rows]]}), {counts[late]} of {programs} programs done")
 
 
@@ -62,6 +63,7 @@ class GluonCoverage:
         self.order = [first for first, _ in groups]
         # a one-row step's layers in the chain too (`chain_groups`; False: not; "gemv": its projections' runs only)
         self.one_row_chain: bool | str = True
+        self.batch_chain = True  # a batched decode step's layers too (`batch.batch_chain`)
         self.min_rows = (cfg.wide_m or (32 if cfg.max_batch <= 32 else 64)) + 1  # (`CompileConfig.wide_rows`)
         self.covered: dict[int, int] = {}  # first task of a group -> its descriptor's row
         self.kinds: dict[int, Kind] = {}
@@ -151,6 +153,11 @@ class GluonCoverage:
         sequences)."""
         return first in self.streamk and 1 < size[0] <= self.streamk_rows
 
+    def batched(self, size: tuple[int, int] | None) -> bool:
+        """Whether a step of `size` (tokens, sequences) is one `batch.batch_chain` takes the layers of: a step that
+        only decodes, 2 to `streamk_rows` sequences."""
+        return size is not None and 1 < size[0] == size[1] <= self.streamk_rows
+
     def takes_one_row(self, first: int, size: tuple[int, int]) -> bool:
         """Whether the GEMV takes projection group `first` in a step of `size` (tokens, sequences): one row."""
         return first in self.one_row and size[1 if self.rows_kind[first] == 1 else 0] == 1
@@ -173,9 +180,12 @@ class GluonCoverage:
         128 rows; a covered attention's merge group within it, as it has nothing to do), in a step that prefills; in
         a step of one row, with `one_row_chain`, the longest run the GEMV and split decode attention take (with
         "gemv", the GEMV alone: a layer's o_proj to the next one's QKV; `chain.decode_chain`); empty in any other step
-        or where the run would be a group or none."""
+        or where the run would be a group or none; in a step that only decodes 2 to `streamk_rows` sequences, with
+        `batch_chain`, the longest run the stream-K bodies and decode attention take (`batch.batch_chain`)."""
         one_row = size is not None and size == (1, 1)
-        if size is None or (not self.one_row_chain if one_row else size[0] <= size[1] or size[0] < self.min_rows):
+        batched = self.batched(size)
+        if size is None or (not self.one_row_chain if one_row else not self.batch_chain if batched else
+                            size[0] <= size[1] or size[0] < self.min_rows):
             return []
 
         def takes(first: int) -> bool:
@@ -185,8 +195,12 @@ class GluonCoverage:
             if kind == Kind.ATTENTION:
                 if one_row and self.one_row_chain == "gemv":
                     return False
-                return self.attention_launch(first, size) == ((self.attention.DECODE_LAUNCH, True) if one_row else
-                                                              (self.attention.LAUNCH, False))
+                launch = self.attention_launch(first, size)
+                if batched:
+                    return launch is not None
+                return launch == ((self.attention.DECODE_LAUNCH, True) if one_row else (self.attention.LAUNCH, False))
+            if batched:
+                return self.takes_streamk(first, size)
             if one_row:  # (the LM head's row is the sequence's: a group of its own after the layers' run)
                 return first in self.one_row and self.rows_kind[first] == 0
             return kind in (Kind.LINEAR, Kind.QKV) and not self.takes_streamk(first, size) \
@@ -203,11 +217,12 @@ class GluonCoverage:
             run = []
         return best if len([f for f in best if f not in self.merges]) > 1 else []
 
-    def loop_rows(self) -> tuple[list[tuple[int, int, int]], str | None]:
+    def loop_rows(self, batched: bool = False) -> tuple[list[tuple[int, int, int]], str | None]:
         """The one-row loop's table (`chain.decode_chain` over steps: a row a group, kind and descriptor row, the
-        step's plan first), and why it cannot run (None: it can): every group of a one-row step must be one it
-        takes (the embedding, the layers' one-row chain, the row that needs logits, the LM head on the GEMV, and
-        sampling), and the attention groups must split their keys."""
+        step's plan first), or with `batched` the batched loop's (`batch.batch_chain` over steps), and why it cannot
+        run (None: it can): every group of a step that decodes must be one it takes (the embedding, the layers, the
+        rows that need logits, the LM head, and sampling): the one-row loop's projections on the GEMV and attention
+        split, the batched loop's on the stream-K bodies and attention whole or split."""
         from codegen.bodies.linear import OUT_F32
         from codegen.gluon import chain
         codes = {Kind.EMBED: chain.EMBED, Kind.GATHER: chain.GATHER, Kind.SAMPLE: chain.SAMPLE}
@@ -219,18 +234,19 @@ class GluonCoverage:
                 kind, desc = self.step_groups[first]
                 rows.append((codes[kind], desc, 0))
             elif self.kinds.get(first) == Kind.ATTENTION:
-                if not self.splits[first]:
+                if not batched and not self.splits[first]:
                     return rows, "its attention does not split a one-row step's keys"
                 rows.append((chain.ATTENTION, self.covered[first], 0))
             elif first in self.one_row and self.rows_kind[first] == 1 and self.out_kind[first] == OUT_F32:
                 rows.append((chain.LOGITS, self.one_row[first], 0))
-            elif first in self.one_row and self.rows_kind[first] == 0:
+            elif (first in self.streamk) if batched else (first in self.one_row and self.rows_kind[first] == 0):
                 kind = self.kinds.get(first, Kind.LINEAR if first in self.out_kind else Kind.QKV)
                 rows.append((chain.QKV if kind == Kind.QKV else chain.GATED if self.gated.get(first) else chain.PLAIN,
-                             self.one_row[first], 0))
+                             self.descriptor(first), 0))
             else:
-                why = self.one_row_skipped.get(first) or self.skipped.get(first) or "not a one-row body"
-                return rows, f"a group (task {first}) the one-row bodies do not take: {why}"
+                why = (self.streamk_skipped if batched else self.one_row_skipped).get(first) or \
+                    self.skipped.get(first) or ("not a stream-K body" if batched else "not a one-row body")
+                return rows, f"a group (task {first}) the {'batched' if batched else 'one-row'} bodies do not take: {why}"
         return rows, None
 
     def prefill_chain_constexprs(self) -> dict:
@@ -251,6 +267,15 @@ class GluonCoverage:
                                           sampling=sampling),
                 "TRACING": self.tracing}
 
+    def batch_constexprs(self, sampling: bool = False) -> dict:
+        """`batch.batch_chain`'s constexprs for this kernel (the loop's: the kernel that also samples with
+        temperatures where `sampling`)."""
+        from codegen.gluon import batch
+        cfg = self.cfg
+        return batch.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch, self.norm_f64, cfg.block_m,
+                                self.split_slots, cfg.max_tokens_per_step, max_new=cfg.max_new_tokens,
+                                sample_wide=self.sample_wide, sampling=sampling)
+
     def gemv_rows_for(self, first: int) -> int:
         """The unit height of one-row projection group `first` on the GEMV."""
         return self.gemv_rows or self.gemv.rows_for(self.columns[first], self.programs)
@@ -266,9 +291,11 @@ class GluonCoverage:
 
     def one_request_launches(self) -> list[tuple]:
         """(kernel, signature, constexprs, launch options) of each Gluon launch `OneRequest` makes for this kernel: the
-        prefill chain, the LM head's GEMV, the loop greedy and sampling, and for a prompt (chunk) of fewer tokens than
-        the chain takes, the stream-K projections and attention in items of 128 rows: what `blinkc.build` compiles
-        ahead of time (`runtime.gluon_kernels.precompile`)."""
+        prefill chain, the LM head's GEMV, the one-row loop greedy and sampling, and for a prompt (chunk) of fewer
+        tokens than the chain takes, the stream-K projections and attention in items of 128 rows; and the batched
+        loop's (`batch.batch_chain`, greedy and sampling; a batched decode step's layers in the host-driven executor):
+        what `blinkc.build` compiles ahead of time (`runtime.gluon_kernels.precompile`). A loop whose table this kernel
+        does not fit (`loop_rows`) is left out."""
         from codegen.bodies.linear import OUT_F32
         from codegen.gluon import chain
         gemv = self.gemv
@@ -284,8 +311,13 @@ class GluonCoverage:
         launches += [(gemv.linear_gemv, gemv.SIGNATURE, gemv.constexprs(self.gemv_rows_for(first), self.gated[first],
                                                                           OUT_F32, self.norm_f64), gemv.LAUNCH)
                      for first in self.one_row if self.rows_kind[first] == 1 and self.out_kind[first] == OUT_F32]
-        launches += [(chain.decode_chain, chain.DECODE_SIGNATURE, self.loop_constexprs(sampling), chain.DECODE_LAUNCH)
-                     for sampling in (False, True)]
+        if not self.loop_rows()[1]:
+            launches += [(chain.decode_chain, chain.DECODE_SIGNATURE, self.loop_constexprs(sampling),
+                          chain.DECODE_LAUNCH) for sampling in (False, True)]
+        if not self.loop_rows(batched=True)[1]:  # (a batched decode step's layers, and the batched loop)
+            from codegen.gluon import batch
+            launches += [(batch.batch_chain, batch.BATCH_SIGNATURE, self.batch_constexprs(sampling), batch.LAUNCH)
+                         for sampling in (False, True)]
         return launches
 
     def applies(self, first: int, size: tuple[int, int] | None) -> bool:
@@ -326,8 +358,9 @@ class GluonGroups(GluonCoverage):
         self._chains: dict[tuple, tuple[set[int], int, torch.Tensor] | None] = {}  # `_chain_for`'s, by what decides it
         # the host's stop word (`events.stopped`), then the chain's counters (and stamps): grown where a launch needs
         self._events = torch.zeros(1 + len(groups), dtype=torch.int32, device=kernel.device)
-        self._loop: torch.Tensor | None = None  # `launch_loop`'s table, and its kinds on the host
-        self._loop_kinds: list[int] = []
+        # `launch_loop`'s tables and their kinds on the host, the one-row loop's (False) and the batched one's (True)
+        self._loops: dict[bool, tuple[torch.Tensor, list[int]]] = {}
+        self._looped = False  # (the last loop launched: batched or not)
         self._stop = torch.ones(1, dtype=torch.int32, pin_memory=True)  # (`stop`'s word, page-locked: copied async)
         self._counts = torch.empty(0, dtype=torch.int32)  # (`prepare_loop`'s)
         from codegen.gluon.step import REGION_NAMES
@@ -349,9 +382,10 @@ class GluonGroups(GluonCoverage):
             codes = {Kind.QKV: chain.QKV, Kind.ATTENTION: chain.ATTENTION}
             # (a group the GEMV takes in one-row steps is a projection's where it is not QKV's)
             kinds = {first: self.kinds.get(first, Kind.LINEAR if first in self.out_kind else Kind.QKV) for first in run}
+            prefill = size[0] > size[1]
             rows = [(codes.get(kinds[first], chain.GATED if self.gated.get(first) else chain.PLAIN),
                      self.descriptor(first),
-                     int(size[0] > 1 and kinds[first] != Kind.ATTENTION and (self.tiles or self.linear.tiles_for(
+                     int(prefill and kinds[first] != Kind.ATTENTION and (self.tiles or self.linear.tiles_for(
                          size[0], self.columns[first], self.programs)) == self.linear.NARROW))
                     for first in run if first not in self.merges]
             table = torch.tensor(rows, dtype=torch.int32).flatten().to(self.kernel.device) if run else None
@@ -367,11 +401,12 @@ class GluonGroups(GluonCoverage):
         self._events.zero_()
 
     def _launch_chain(self, table: torch.Tensor, one_row: bool, steps: int = 1, first_step: int = 0,
-                      sampling: bool = False, zeroed: bool = False) -> None:
+                      sampling: bool = False, zeroed: bool = False, batched: bool = False) -> None:
         """The chain of `table`'s groups, its events zeroed first (unless `zeroed`: by `prepare_loop`): a step that
-        prefills one program an SM, steps of one row two (`chain.decode_chain`: `steps` from `first_step`, sampling
-        with temperatures where `sampling`: `loop_constexprs`)."""
-        from codegen.gluon import chain
+        prefills one program an SM, a batched decode step's too (`batched`: `batch.batch_chain`), steps of one row two
+        (`chain.decode_chain`); over `steps` steps from `first_step` where the table plans them (the loops), sampling
+        with temperatures where `sampling` (`loop_constexprs`, `batch_constexprs`)."""
+        from codegen.gluon import batch, chain
         k = self.kernel
         attention = next(first for first, kind in self.kinds.items() if kind == Kind.ATTENTION)
         rows, programs = table.numel() // chain.ROW, self.gemv.PER_SM * self.programs
@@ -380,7 +415,11 @@ class GluonGroups(GluonCoverage):
         args = (k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, k.kv.numel() // self.columns[attention],
                 table, self.counters, rows, self.control_at, self.positions_at, self.slots_at,
                 *self.plan_at)
-        if one_row:
+        if batched:
+            ahead(batch.batch_chain, batch.BATCH_SIGNATURE)[(self.programs, )](
+                *args, *self.streamk_at, steps, first_step, self.regions, *self.zeroed,
+                **self.batch_constexprs(sampling), **batch.LAUNCH)
+        elif one_row:
             ahead(chain.decode_chain, chain.DECODE_SIGNATURE)[(programs, )](
                 *args, steps, first_step, self.regions, *self.zeroed, **self.loop_constexprs(sampling),
                 **chain.DECODE_LAUNCH)
@@ -399,55 +438,64 @@ class GluonGroups(GluonCoverage):
         with torch.cuda.stream(stream):
             self._events[:1].copy_(self._stop, non_blocking=True)
 
-    def loop_kinds(self) -> list[int]:
-        """The one-row loop's groups' kinds (`loop_rows`), its table made on the device the first time."""
-        if self._loop is None:
-            rows, why = self.loop_rows()
+    def loop_kinds(self, batched: bool = False) -> list[int]:
+        """The one-row loop's groups' kinds (`loop_rows`), or the batched loop's, its table made on the device the
+        first time."""
+        if batched not in self._loops:
+            rows, why = self.loop_rows(batched)
             if why:
-                raise ValueError(f"the one-row loop cannot run this kernel: {why}")
-            self._loop = torch.tensor(rows, dtype=torch.int32).flatten().to(self.kernel.device)
-            self._loop_kinds = [kind for kind, _, _ in rows]
-        return self._loop_kinds
+                raise ValueError(f"the {'batched' if batched else 'one-row'} loop cannot run this kernel: {why}")
+            self._loops[batched] = (torch.tensor(rows, dtype=torch.int32).flatten().to(self.kernel.device),
+                                    [kind for kind, _, _ in rows])
+        return self._loops[batched][1]
 
-    def prepare_loop(self, steps: int) -> None:
-        """What a loop of up to `steps` steps needs, made before anything of the host's is launched: its table, the
-        page-locked words its counters are read back into past a timeout (made while a kernel runs, they would wait
-        for it to end), and its stop word and counters zeroed, in launch order, so that a stop the host sets once an
-        earlier launch is running holds (`launch_loop(prepared=True)`)."""
-        rows = len(self.loop_kinds())
+    def loop_programs(self, batched: bool = False) -> int:
+        """A loop's programs: two an SM for the one-row loop, one for the batched one."""
+        return self.programs if batched else self.gemv.PER_SM * self.programs
+
+    def prepare_loop(self, steps: int, batched: bool = False) -> None:
+        """What a loop of up to `steps` steps needs (batched: `batch.batch_chain`'s), made before anything of the
+        host's is launched: its table, the page-locked words its counters are read back into past a timeout (made
+        while a kernel runs, they would wait for it to end), and its stop word and counters zeroed, in launch order,
+        so that a stop the host sets once an earlier launch is running holds (`launch_loop(prepared=True)`)."""
+        rows = len(self.loop_kinds(batched))
         if self._counts.numel() < rows * steps:
             self._counts = torch.empty(rows * steps, dtype=torch.int32, pin_memory=True)
         self._zero_events(rows * steps, True)
 
-    def launch_loop(self, first_step: int, steps: int, sampling: bool = False, prepared: bool = False) -> int:
-        """Steps `first_step` .. (at most `steps`) of one row each in one launch (`chain.decode_chain` over
-        `loop_rows`' table: each step planned, run and sampled on the GPU, greedy unless `sampling`, the kernel that
-        also takes temperatures, top-k and top-p; the loop stops at a plan that leaves no step of one row).
-        `prepared`: `prepare_loop(steps)` came first (else it is done here). Returns the table's rows (the events of
-        step s's group g: s rows + g)."""
+    def launch_loop(self, first_step: int, steps: int, sampling: bool = False, prepared: bool = False,
+                    batched: bool = False) -> int:
+        """Steps `first_step` .. (at most `steps`) in one launch (`chain.decode_chain` over `loop_rows`' table, steps
+        of one row; `batched`: `batch.batch_chain` over the batched table, steps that only decode, of 1 to 64 rows):
+        each step planned, run and sampled on the GPU, greedy unless `sampling`, the kernel that also takes
+        temperatures, top-k and top-p; the loop stops at a plan that leaves no step it takes. `prepared`:
+        `prepare_loop(steps, batched)` came first (else it is done here). Returns the table's rows (the events of step
+        s's group g: s rows + g)."""
         if not prepared:
-            self.prepare_loop(steps)
+            self.prepare_loop(steps, batched)
         use_scratch_allocator()  # (its loader's tensor descriptors; a step's plan sets it too, but none runs here)
-        self._launch_chain(self._loop, True, steps, first_step, sampling, zeroed=True)
-        return len(self._loop_kinds)
+        self._looped = batched
+        self._launch_chain(self._loops[batched][0], True, steps, first_step, sampling, zeroed=True, batched=batched)
+        return len(self._loops[batched][1])
 
     def loop_hang(self, first_step: int, steps: int, timeout_s: float, stream: torch.cuda.Stream) -> str:
-        """Where the loop launched from `first_step` (of up to `steps` steps) stopped, from its counters read on
+        """Where the loop launched last from `first_step` (of up to `steps` steps) stopped, from its counters read on
         `stream` (a copy engine reads them while the SMs spin); then sets its stop word (`stop`): its waits give up
         and it runs on to its end."""
-        rows = len(self._loop_kinds)
-        counts = self._counts[:rows * steps]
+        kinds = self._loops[self._looped][1]
+        counts = self._counts[:len(kinds) * steps]
         with torch.cuda.stream(stream):
-            counts.copy_(self.counters[:rows * steps], non_blocking=True)
+            counts.copy_(self.counters[:len(kinds) * steps], non_blocking=True)
         stream.synchronize()
         self.stop(stream)
-        return loop_hang(counts.tolist(), first_step, self._loop_kinds, self.gemv.PER_SM * self.programs, timeout_s)
+        return loop_hang(counts.tolist(), first_step, kinds, self.loop_programs(self._looped), timeout_s,
+                         "batched" if self._looped else "one-row")
 
     def loop_ran(self, first_step: int, step: int) -> bool:
         """Whether step `step` of the last loop (launched from `first_step`) ran: every program signalled its last
-        group (a plan that leaves no step of one row ends the loop before the groups)."""
-        rows = len(self._loop_kinds)
-        return int(self.counters[(step - first_step) * rows + rows - 1]) == self.gemv.PER_SM * self.programs
+        group (a plan that leaves no step the loop takes ends it before the groups)."""
+        rows = len(self._loops[self._looped][1])
+        return int(self.counters[(step - first_step) * rows + rows - 1]) == self.loop_programs(self._looped)
 
     def launch(self, first: int, size: tuple[int, int] | None) -> bool:
         """Launches the group of tasks from `first` in a step of `size`, if it is the Gluon bodies' (a merge group
@@ -455,7 +503,7 @@ class GluonGroups(GluonCoverage):
         chained = self._chain_for(size)
         if chained and first in chained[0]:
             if first == chained[1]:
-                self._launch_chain(chained[2], size == (1, 1))
+                self._launch_chain(chained[2], size == (1, 1), batched=self.batched(size))
             return True  # (the chain's launch ran it)
         if not self.applies(first, size):
             return False
@@ -579,6 +627,6 @@ def precompile_one_request(tasks: torch.Tensor, descs: list[list[int]], config: 
     from runtime import gluon_kernels
     coverage = GluonCoverage(tasks, descs, SimpleNamespace(**config), contiguous_groups(tasks[:, 3].tolist()),
                              programs, room)
-    if coverage.loop_rows()[1]:
+    if coverage.loop_rows()[1] and coverage.loop_rows(batched=True)[1]:
         return []
     return [gluon_kernels.precompile(*launch) for launch in coverage.one_request_launches()]

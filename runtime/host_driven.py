@@ -84,18 +84,18 @@ class HostDriven:
     def is_done(self) -> bool:
         return bool(self.kernel.i32[self.kernel.region("control")[0] + 2])
 
-    def run_loop(self, step: int, steps: int, sampling: bool = False) -> int:
-        """Steps `step` .. (at most `steps`) of one row in one launch (`GluonGroups.launch_loop`), waited for within
-        the kernel's timeout (past it, a `HangError` that says which step and group the loop stopped at, from its
-        counters read on a stream of their own, once it has been asked to stop: its waits give up, and the launch
-        ends unless a copy inside a program is what hangs); a step the loop planned but left (not of one row) then
-        runs here. `sampling`: some request samples with a temperature (`GluonGroups.launch_loop`). Returns the next
-        step's number."""
+    def run_loop(self, step: int, steps: int, sampling: bool = False, batched: bool = False) -> int:
+        """Steps `step` .. (at most `steps`) of one row in one launch (`GluonGroups.launch_loop`; `batched`: steps
+        that only decode, in the batched loop), waited for within the kernel's timeout (past it, a `HangError` that
+        says which step and group the loop stopped at, from its counters read on a stream of their own, once it has
+        been asked to stop: its waits give up, and the launch ends unless a copy inside a program is what hangs); a
+        step the loop planned but left (not one it takes) then runs here. `sampling`: some request samples with a
+        temperature (`GluonGroups.launch_loop`). Returns the next step's number."""
         k, g = self.kernel, self.gluon
         if g is None or not g.chain:
-            raise ValueError("the one-row loop is the Gluon chain's: ask for gluon and chain")
+            raise ValueError("the decode loops are the Gluon chain's: ask for gluon and chain")
         side = torch.cuda.Stream()  # (made before the launch: a host call that waits for the GPU would hang after it)
-        g.launch_loop(step, steps, sampling)
+        g.launch_loop(step, steps, sampling, batched=batched)
         end = torch.cuda.Event()
         end.record()
         if not wait_for(end, k.timeout_s):
@@ -105,7 +105,7 @@ class HostDriven:
                                       f"; still running {STOP_S:.0f} s after it was asked to stop"))
         control = k.region("control")[0]
         num_tokens, num_seqs, done, last = k.i32[control:control + 4].tolist()
-        if not g.loop_ran(step, last) and not done:  # (planned, and not of one row)
+        if not g.loop_ran(step, last) and not done:  # (planned, and not one the loop takes)
             for first, count in self.groups:
                 self.launch_group(first, count, last, (num_tokens, num_seqs))
         return last + 1
@@ -114,14 +114,18 @@ class HostDriven:
                  loop: bool = False) -> list[Completion]:
         """As `Megakernel.generate`, a step at a time (at most `max_steps`: requests left unfinished say so); with
         `loop` (the Gluon chain's), once a step decodes one sequence alone the steps after it in one launch
-        (`run_loop`) for as long as they are of one row."""
+        (`run_loop`) for as long as they are of one row, and once a step of more only decodes, the steps after it in
+        the batched loop for as long as they only decode."""
         num_steps = self.kernel.prepare(prompts, params)
         limit = num_steps if max_steps is None else min(num_steps, max_steps)
         sampling = any(p.temperature != 0 for p in (params if isinstance(params, list) else [params]))
         step = 0
         while step < limit:
-            if loop and step > 0 and self.kernel.last_step_size() == (1, 1) and len(prompts) == 1:
+            size = self.kernel.last_step_size() if loop and step > 0 else None
+            if size == (1, 1) and len(prompts) == 1:
                 step = self.run_loop(step, limit - step, sampling)
+            elif size is not None and 1 < size[0] == size[1] <= self.gluon.streamk_rows:
+                step = self.run_loop(step, limit - step, sampling, batched=True)
             else:
                 self.step(step)
                 step += 1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|user-path|chain-probe|gluon-tests|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|batch-chain|user-path|chain-probe|gluon-tests|all]
 set -uo pipefail
 # BLINK_CACHE_DIR: kernels compiled on the CPU machine and carried here (benchmarks/megakernel_tpot.py, --compile-only)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=${BLINK_CACHE_DIR:-/tmp/blink-cache}
@@ -103,6 +103,12 @@ if [[ $mode == one-request ]]; then  # one request on the Gluon kernels through 
     -k "${CASES:-one_request_on_the_gluon or matches_reference_on_gpu and llama3-8b-1]}"
   step "${BENCH_LIMIT:-300}" python -m benchmarks.decode --decode "${DECODE:-1x512,1x4096}" --ttft "${TTFT-512,2048}" \
     --json "$OUT/decode.json"
+fi
+if [[ $mode == batch-chain ]]; then  # a batched decode step's layers as one persistent launch (`batch.batch_chain`,
+  # session 67): its GPU tests first (a wrong phase hangs: the step's timeout ends it), then its decode rows
+  step "${TEST_LIMIT:-280}" python -m pytest -q -x -s -m gpu tests/gpu -k "${CASES:-batched_decode_steps}" \
+    -p no:cacheprovider &&
+    step "${BENCH_LIMIT:-280}" python -m benchmarks.gluon_groups --prompts "" --decode "${DECODE-64x512,8x512}"
 fi
 if [[ $mode == user-path ]]; then  # what a user does on a fresh machine: a cold compile (the kernel, the host-driven
   # and the Gluon kernels beside it), one from the cache, then `blinkc run` twice (session 66)

@@ -9,7 +9,7 @@ import json
 
 from codegen.bodies.linear import OUT_ALIGNED, OUT_F32
 from codegen.gluon import compile_for_sm90
-from codegen.gluon import attention, chain, gemv, linear, qkv
+from codegen.gluon import attention, batch, chain, gemv, linear, qkv
 
 
 def variants():
@@ -52,6 +52,8 @@ def variants():
         yield f"qkv_gemv {rows}-row units", gemv.qkv_gemv, gemv.QKV_SIGNATURE, gemv.qkv_constexprs(rows, True), \
             gemv.LAUNCH
     yield "prefill_chain", chain.prefill_chain, chain.SIGNATURE, chain.constexprs(16, 128, 64, True), chain.LAUNCH
+    yield "batch_chain", batch.batch_chain, batch.BATCH_SIGNATURE, batch.constexprs(16, 128, 64, True, 16), \
+        batch.LAUNCH
     yield "decode_chain 16-row units", chain.decode_chain, chain.DECODE_SIGNATURE, \
         chain.decode_constexprs(16, 16, 128, 1, True, 16), chain.DECODE_LAUNCH
     yield "decode_chain 16-row units, the loop's constexprs", chain.decode_chain, chain.DECODE_SIGNATURE, \

@@ -485,7 +485,7 @@ def _decode_consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, grou
             else:  # a step's rows around its layers (`step.py`): what they read, the group before wrote
                 wait(EVENTS, e - 1, P)
                 _step_group(kind, desc, W, ACT, F32, I32, REGIONS, first_step + e // groups, stats_off, stats_size,
-                            PAGES_PER_SEQ, PAGE, MAX_TOKENS, REQS, STEP_LOG, VB, WB, MAX_NEW, SAMPLING, NORM_F64)
+                            1, PAGES_PER_SEQ, PAGE, MAX_TOKENS, REQS, STEP_LOG, VB, WB, MAX_NEW, SAMPLING, NORM_F64)
             _stamp(EVENTS, events, 5, 2, TRACING)
             _stamp(EVENTS, events, 6, i, TRACING)
             _signal(EVENTS, e)
@@ -497,25 +497,24 @@ def _decode_consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, grou
 
 
 @gluon.jit
-def _step_group(kind, desc, W, ACT, F32, I32, REGIONS, step_number, stats_off, stats_size, PAGES_PER_SEQ: gl.constexpr,
-                PAGE: gl.constexpr, MAX_TOKENS: gl.constexpr, REQS: gl.constexpr, STEP_LOG: gl.constexpr,
-                VB: gl.constexpr, WB: gl.constexpr, MAX_NEW: gl.constexpr, SAMPLING: gl.constexpr,
-                NORM_F64: gl.constexpr):
-    """A step's plan (program 0), its embedding row, the row that needs its logits, or its sampling."""
+def _step_group(kind, desc, W, ACT, F32, I32, REGIONS, step_number, stats_off, stats_size, rows,
+                PAGES_PER_SEQ: gl.constexpr, PAGE: gl.constexpr, MAX_TOKENS: gl.constexpr, REQS: gl.constexpr,
+                STEP_LOG: gl.constexpr, VB: gl.constexpr, WB: gl.constexpr, MAX_NEW: gl.constexpr,
+                SAMPLING: gl.constexpr, NORM_F64: gl.constexpr):
+    """A step's plan (program 0), its embedding rows, the rows that need its logits, or its sampling; `rows`: the
+    step's (a step that only decodes: its tokens are its sequences)."""
     if kind == _PLAN:
         if gl.program_id(0) == 0:
             step.plan_rows(I32, F32, REGIONS, step_number, stats_off, stats_size, PAGES_PER_SEQ, PAGE, MAX_TOKENS,
                            REQS, STEP_LOG)
-    elif kind == _EMBED:  # (EMBED_FIELDS: the table, the row's width, the step's row, its norm's sums)
-        token = gl.load(I32 + gl.load(REGIONS + step.INPUT_IDS))
-        step.copy_row(W, gl.load(desc), token, ACT, F32, gl.load(desc + 1), gl.load(desc + 2), gl.load(desc + 3),
-                      NORM_F64)
-    elif kind == _GATHER:  # (GATHER_FIELDS: the rows, the width, the row's copy, its norm's sums)
-        row = gl.load(I32 + gl.load(REGIONS + step.LOGITS_ROWS))
-        step.copy_row(ACT, gl.load(desc), row, ACT, F32, gl.load(desc + 1), gl.load(desc + 2), gl.load(desc + 3),
-                      NORM_F64)
+    elif kind == _EMBED:  # (EMBED_FIELDS: the table, the rows' width, the step's rows, their norm's sums)
+        step.copy_rows(W, gl.load(desc), I32 + gl.load(REGIONS + step.INPUT_IDS), rows, ACT, F32, gl.load(desc + 1),
+                       gl.load(desc + 2), gl.load(desc + 3), NORM_F64)
+    elif kind == _GATHER:  # (GATHER_FIELDS: the rows, the width, the rows' copy, their norm's sums)
+        step.copy_rows(ACT, gl.load(desc), I32 + gl.load(REGIONS + step.LOGITS_ROWS), rows, ACT, F32,
+                       gl.load(desc + 1), gl.load(desc + 2), gl.load(desc + 3), NORM_F64)
     else:
-        step.sample(desc, I32, F32, REGIONS, VB, WB, MAX_NEW, SAMPLING)
+        step.sample(desc, I32, F32, REGIONS, rows, VB, WB, MAX_NEW, SAMPLING)
 
 
 @gluon.jit

@@ -7,9 +7,8 @@ regions, descriptors and arenas:
   request order within the step's token budget; the step's ids, positions, cache slots and the sequences' extents;
   the norms' sums and the split tasks' tickets zeroed; `done` once every request has finished; the step's entry in
   the step log (the global timer, tokens, sequences), from which the runtime reads TPOT.
-- `copy_row`: a table's row to a step's row, the stored row's sum of squares added into the norm's sums (the
-  embedding, as `embed_task`, by the step's token id; the row that needs logits, as `gather_task`). One row: a step
-  of one token.
+- `copy_rows`: a table's rows to a step's rows, each stored row's sum of squares added into its norm's sums (the
+  embedding, as `embed_task`, by the step's token ids; the rows that need logits, as `gather_task`).
 - `sample` (as `sample_task`): each of the descriptor's `splits` chunks of the vocabulary its first maximum (at
   temperature 0) or its Gumbel-max draw (`sampling.py`, where SAMPLING), the last chunk to arrive the first best of
   them (torch.argmax's first index), checked against top-k and top-p where it is a draw, then `emit`: the token
@@ -135,20 +134,24 @@ def _write_chunk(I32, REGIONS, q, n, cached, prompt_len, t, PAGES_PER_SEQ: gl.co
 
 
 @gluon.jit
-def copy_row(SRC, src_off, row, ACT, F32, hidden, out_off, out_stats_off, NORM_F64: gl.constexpr):
-    """Row `row` of SRC's [., hidden] rows at src_off into the step's row 0 at out_off, this program's 4 columns a
-    thread of it (programs past the row: none), the stored values' sum of squares added into the norm's sums at
-    out_stats_off (none where negative). As `copy_rows` for a step of one row."""
+def copy_rows(SRC, src_off, ids, n, ACT, F32, hidden, out_off, out_stats_off, NORM_F64: gl.constexpr):
+    """Rows ids[0], .. ids[n - 1] of SRC's [., hidden] rows at src_off into the step's rows 0 .. n - 1 at out_off
+    (`hidden` apart), in pieces of 4 columns a thread that the programs take in turn (piece p of row r: item r pieces
+    + p), each stored row's sum of squares added into its norm's sums at out_stats_off (none where negative). As
+    `copy_rows` (codegen/bodies/rows.py)."""
     flat: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
     BLOCK: gl.constexpr = 4 * 32 * gl.num_warps()
-    cols = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=flat)
-    ok = cols < hidden
-    if gl.program_id(0) * BLOCK < hidden:
+    pieces = gl.cdiv(hidden, BLOCK)
+    for item in range(gl.program_id(0), n * pieces, gl.num_programs(0)):
+        r = item // pieces
+        cols = (item % pieces) * BLOCK + gl.arange(0, BLOCK, layout=flat)
+        ok = cols < hidden
+        row = gl.load(ids + r)
         y = gl.load(SRC + src_off + row.to(gl.int64) * hidden + cols, mask=ok, other=0.0).to(gl.float32)
-        gl.store(ACT + out_off + cols, y.to(gl.bfloat16), mask=ok)
+        gl.store(ACT + out_off + r * hidden + cols, y.to(gl.bfloat16), mask=ok)
         if out_stats_off >= 0:
             y = _round(y)
-            sums = _norm_sums(F32, out_stats_off, NORM_F64)
+            sums = _norm_sums(F32, out_stats_off, NORM_F64) + r
             gl.atomic_add(sums, gl.sum(gl.where(ok, y * y, 0.0), axis=0).to(sums.dtype.element_ty))
 
 
@@ -156,44 +159,49 @@ assert SAMPLE_FIELDS == ("logits_off", "vocab", "splits", "part_off", "ticket_of
 
 
 @gluon.jit
-def sample(desc, I32, F32, REGIONS, VB: gl.constexpr, WB: gl.constexpr, MAX_NEW: gl.constexpr,
+def sample(desc, I32, F32, REGIONS, num_seqs, VB: gl.constexpr, WB: gl.constexpr, MAX_NEW: gl.constexpr,
            SAMPLING: gl.constexpr):
-    """`sample_task` for a step of one sequence: program p < the descriptor's `splits` takes chunk p of the
-    vocabulary (VB logits at a time) and stores its first maximum, or (SAMPLING, a request with a temperature) its
-    Gumbel-max draw and largest z; the last to arrive takes the first best of them, checks a draw against top-k and
-    top-p (passes of WB logits, `sampling.draw_within`), and emits it."""
+    """`sample_task` for a step of num_seqs sequences that each sample: the programs take its (sequence, chunk)
+    items in turn (item b splits + p: chunk p of sequence b's logits, VB at a time), each storing its first maximum,
+    or (SAMPLING, a request with a temperature) its Gumbel-max draw and largest z; a sequence's last chunk to arrive
+    takes the first best of them, checks a draw against top-k and top-p (passes of WB logits,
+    `sampling.draw_within`), and emits it. A sequence's partials, ticket and cut scratch as `sample_task` has them."""
     logits_off, vocab = gl.load(desc + 0), gl.load(desc + 1).to(gl.int32)
     splits, part_off, ticket_off = gl.load(desc + 2).to(gl.int32), gl.load(desc + 3), gl.load(desc + 4)
-    chunk = gl.program_id(0)
-    if (chunk < splits) & (gl.load(I32 + _at(REGIONS, SEQ_FINAL)) == 1):
-        r = gl.load(I32 + _at(REGIONS, SEQ_REQ))
-        width = gl.cdiv(gl.cdiv(vocab, splits), VB) * VB
-        lo = chunk * width
-        hi = gl.minimum(vocab, lo + width)
-        part = F32 + part_off
-        if SAMPLING:
-            temperature = gl.load(F32 + _at(REGIONS, REQ_TEMPERATURE) + r)
-            seed = gl.load(I32 + _at(REGIONS, REQ_SEED) + r)
-            draw = gl.load(I32 + _at(REGIONS, REQ_NUM_OUT) + r)
-            tops = F32 + gl.load(desc + 5)
-            if temperature == 0.0:
-                best, index = _argmax(F32, logits_off, lo, hi, VB)
+    width = gl.cdiv(gl.cdiv(vocab, splits), VB) * VB
+    for item in range(gl.program_id(0), num_seqs * splits, gl.num_programs(0)):
+        b = item // splits
+        chunk = item % splits
+        if gl.load(I32 + _at(REGIONS, SEQ_FINAL) + b) == 1:
+            r = gl.load(I32 + _at(REGIONS, SEQ_REQ) + b)
+            row = logits_off + b * vocab
+            lo = chunk * width
+            hi = gl.minimum(vocab, lo + width)
+            part = F32 + part_off + b * splits * 2
+            ticket = F32 + ticket_off + b
+            if SAMPLING:
+                temperature = gl.load(F32 + _at(REGIONS, REQ_TEMPERATURE) + r)
+                seed = gl.load(I32 + _at(REGIONS, REQ_SEED) + r)
+                draw = gl.load(I32 + _at(REGIONS, REQ_NUM_OUT) + r)
+                tops = F32 + gl.load(desc + 5) + b * (splits + WB + 1)
+                if temperature == 0.0:
+                    best, index = _argmax(F32, row, lo, hi, VB)
+                else:
+                    best, index, z_top = sampling.gumbel_max(F32, row, lo, hi, vocab, VB, seed, draw, temperature,
+                                                             float("-inf"), float("-inf"))
+                    gl.store(tops + chunk, z_top)
+                if _arrives_last(part, chunk, best, index, ticket, splits):
+                    token = _first_best(part, splits)
+                    if temperature != 0.0:
+                        token = sampling.draw_within(F32, row, vocab, WB, VB, seed, draw, temperature,
+                                                     gl.load(I32 + _at(REGIONS, REQ_TOP_K) + r),
+                                                     gl.load(F32 + _at(REGIONS, REQ_TOP_P) + r), token,
+                                                     _largest(tops, splits), tops + splits)
+                    emit(I32, REGIONS, r, token, MAX_NEW)
             else:
-                best, index, z_top = sampling.gumbel_max(F32, logits_off, lo, hi, vocab, VB, seed, draw,
-                                                         temperature, float("-inf"), float("-inf"))
-                gl.store(tops + chunk, z_top)
-            if _arrives_last(part, chunk, best, index, F32 + ticket_off, splits):
-                token = _first_best(part, splits)
-                if temperature != 0.0:
-                    token = sampling.draw_within(F32, logits_off, vocab, WB, VB, seed, draw, temperature,
-                                                 gl.load(I32 + _at(REGIONS, REQ_TOP_K) + r),
-                                                 gl.load(F32 + _at(REGIONS, REQ_TOP_P) + r), token,
-                                                 _largest(tops, splits), tops + splits)
-                emit(I32, REGIONS, r, token, MAX_NEW)
-        else:
-            best, index = _argmax(F32, logits_off, lo, hi, VB)
-            if _arrives_last(part, chunk, best, index, F32 + ticket_off, splits):
-                emit(I32, REGIONS, r, _first_best(part, splits), MAX_NEW)
+                best, index = _argmax(F32, row, lo, hi, VB)
+                if _arrives_last(part, chunk, best, index, ticket, splits):
+                    emit(I32, REGIONS, r, _first_best(part, splits), MAX_NEW)
 
 
 @gluon.jit

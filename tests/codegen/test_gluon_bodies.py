@@ -36,8 +36,8 @@ def test_every_body_compiles_for_sm90_and_fits_an_sm(compiled):
     # attention_prefill: items of 128 or 64 rows, 32 or 64 sequences' lanes; linear_gemv: 3 unit heights, plain,
     # gated or the logits; qkv_gemv: 3 unit heights; attention's split decode steps: 32 or 64 sequences' lanes;
     # stream-K: linear_prefill gated or not, qkv_prefill; the persistent chains, prefill and one-row (a step, and
-    # the loop over steps)
-    assert len(compiled) == 37
+    # the loop over steps), and a batched decode step's
+    assert len(compiled) == 38
     for name, used in compiled.items():
         assert used["registers"] <= used["maxnreg"], name
         # a program's warps (the consumers', a loader's warp group) and their registers fit an SM (the GEMV's two)
@@ -55,6 +55,7 @@ def test_every_body_compiles_for_sm90_and_fits_an_sm(compiled):
         # partition cannot take), 200 B with the sampling cut's passes (launched only where a request samples)
         spills = 512 if name == "prefill_chain" else 128 if name.startswith("decode_chain") else spills
         spills = 256 if name.endswith("sampling with temperatures") else spills
+        spills = 256 if name == "batch_chain" else spills  # (200 B: the loader's 40 registers)
         assert used["stack_bytes"] <= (64 if name.startswith("attention") else spills), name
 
 
@@ -188,7 +189,8 @@ def test_gluon_coverage_by_step(coverage_64, size, streamk, attention, lm_head):
     ("coverage_64", (2048, 1), 5 * 32),  # (no merge groups in this kernel)
     ("coverage_64", (100, 64), 5 * 32),  # prefill chunks beside decoding sequences
     ("coverage_64", (64, 2), 0),  # few prefill tokens: stream-K's projections
-    ("coverage_64", (64, 64), 0),  # a step that only decodes
+    ("coverage_64", (64, 64), 5 * 32),  # a step that only decodes: stream-K's projections (`batch.batch_chain`)
+    ("coverage_64", (16, 16), 4),  # ... where attention does not split (a task a pair): o_proj to the next QKV
     ("coverage_1", (1, 1), 6 * 32),  # one row: the GEMV's projections, attention split (`chain.decode_chain`)
     # ... where attention does not split (a task a pair, in this kernel), a layer's o_proj to the next one's QKV
     ("coverage_64", (1, 1), 4),
@@ -197,11 +199,12 @@ def test_the_persistent_chain_takes_a_steps_layers_whole(fixture, size, groups, 
     coverage, lw = request.getfixturevalue(fixture)
     run = coverage.chain_groups(size)
     assert len(run) == groups
-    coverage.one_row_chain = False  # (a one-row step's chain can be turned off: its steps then launch the groups)
+    # (a one-row step's chain, and a batched decode step's, can be turned off: their steps then launch the groups)
+    coverage.one_row_chain = coverage.batch_chain = False
     try:
-        assert coverage.chain_groups(size) == [] or size != (1, 1)
+        assert coverage.chain_groups(size) == [] or size[0] > size[1]
     finally:
-        coverage.one_row_chain = True
+        coverage.one_row_chain = coverage.batch_chain = True
     if len(run) >= 5 * 32:  # layer 0's QKV to layer 31's down, every group between them in order
         names = [lw.tasks.event_names[lw.tasks.tasks[first].signal] for first in run]
         assert names[0] == "qkv.0" and names[-1] == "model.layers.31.mlp.down_proj.weight"
@@ -352,6 +355,21 @@ def test_the_one_row_loop_takes_a_whole_step_of_llama3(coverage_1, coverage_64):
     assert coverage.sample_wide == sample_wide(lw) == 4096  # (the sampling cut's scratch, as the lowering made it)
     _, why = coverage_64[0].loop_rows()
     assert "split" in why
+
+
+@pytest.mark.parametrize("fixture", ["coverage_1", "coverage_64"])
+def test_the_batched_loop_takes_a_whole_step_of_llama3(fixture, request):
+    """`batch.batch_chain` over steps: the same table with the layers' projections on the stream-K bodies (their
+    descriptors the tile bodies') and attention whole or split, so that 64 sequences' kernel runs it too."""
+    from codegen.gluon import chain
+    coverage, _ = request.getfixturevalue(fixture)
+    rows, why = coverage.loop_rows(batched=True)
+    assert why is None
+    kinds = [kind for kind, _, _ in rows]
+    assert kinds[:2] == [chain.PLAN, chain.EMBED] and kinds[-3:] == [chain.GATHER, chain.LOGITS, chain.SAMPLE]
+    assert kinds[2:-3] == [chain.QKV, chain.ATTENTION, chain.PLAIN, chain.GATED, chain.PLAIN] * 32
+    assert [desc for kind, desc, _ in rows if kind == chain.QKV] == \
+        [coverage.covered[first] for first in coverage.order if coverage.kinds.get(first) == Kind.QKV]
 
 
 def test_a_stopped_one_row_loop_is_reported_by_its_step_and_group():

@@ -353,6 +353,34 @@ def test_gluon_decode_attention_for_64_sequences_on_gpu(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("batch", [8, 64])
+def test_a_batched_decode_steps_layers_in_one_launch_on_gpu(batch, tmp_path):
+    """Prompts of 3 to 39 tokens, then decode steps of every sequence, whose layers run as one persistent launch
+    (`batch.batch_chain`: the projections stream-K, their first weights copied before the group before is done;
+    decode attention, at batch 8 split, its 64 (sequence, KV head) pairs fewer than the SMs), then the decode steps
+    after the first in the batched loop (the same over steps, each planned, embedded, its logits and greedy tokens on
+    the GPU); the last decode step's logits within bf16 tolerance of the reference both ways (the tokens against the
+    group kernels': printed, as sums in another order may pick another of random weights' flat logits)."""
+    driver, model = gluon_driver(tmp_path, case_config(batch), True)
+    assert len(driver.gluon.chain_groups((batch, batch))) >= 5 * 32
+    g = torch.Generator().manual_seed(batch)
+    lengths = torch.randint(3, 40, (batch,), generator=g).tolist()
+    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in lengths]
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    out = driver.generate(prompts, params)
+    assert_within_bf16_tolerance(driver.kernel, model, [p + c.tokens for p, c in zip(prompts, out)])
+    looped = driver.generate(prompts, params, loop=True)  # (from the second decode step: `batch.batch_chain` over steps)
+    assert all(len(c.tokens) == 4 for c in looped)
+    assert_within_bf16_tolerance(driver.kernel, model, [p + c.tokens for p, c in zip(prompts, looped)])
+    driver.gluon.batch_chain = False
+    groups = driver.generate(prompts, params)
+    same, same_loop = (sum(a.tokens == b.tokens for a, b in zip(ours, groups)) for ours in (out, looped))
+    print(f"the chain's tokens the group kernels' for {same} of {batch} requests, the loop's for {same_loop}")
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("way", ["groups", "chain", "loop"])
 def test_gluon_gemv_for_one_sequence_on_gpu(way, tmp_path):
     """One prompt of 200 tokens, then decode steps of its one row: every projection and the LM head in the GEMV

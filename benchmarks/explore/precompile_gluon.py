@@ -1,0 +1,35 @@
+"""The Gluon kernels of every artifact in Blink's cache, compiled (again) into it for 132 SMs: what `blinkc compile`
+does beside a kernel's compile (`runtime.gluon.precompile_one_request`), for artifacts the cache already holds, whose
+Gluon kernels an edit under codegen/gluon has made stale (their keys hold its source; the artifacts' do not).
+
+    BLINK_CACHE_DIR=.blink-cache/c67 python -m benchmarks.explore.precompile_gluon
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from blinkc.build import HOPPER_SMS
+from blinkc.env import cache_dir
+from runtime.gluon import precompile_one_request
+
+
+def main() -> None:
+    from safetensors.torch import load_file
+
+    for manifest_path in sorted((cache_dir() / "artifacts").glob("*/model.cubin.json")):
+        manifest = json.loads(manifest_path.read_text())
+        if manifest["model"].get("dtype") != "bf16" or manifest["config"].get("interpret"):
+            continue
+        tables = load_file(manifest_path.with_name("model.cubin.tables.safetensors"))
+        regions = manifest["layout"]["regions"]
+        room = tuple(regions[name][2] if name in regions else 0 for name in ("prefill_parts", "tickets:prefill"))
+        start = time.perf_counter()
+        paths = precompile_one_request(tables["tasks"], tables["descs"].tolist(), manifest["config"], HOPPER_SMS,
+                                       room)
+        print(f"{manifest_path.parent.name}: {len(paths)} Gluon kernels in {time.perf_counter() - start:.0f} s",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,355 @@
+"""A batched decode step's layers as one persistent Gluon kernel: 2 to 64 rows, the projections stream-K.
+
+The one-row loop (`chain.decode_chain`) runs its projections on the GEMV (CUDA cores), which a step of many rows
+cannot afford; the stream-K bodies (`tiles.py`: [64, 128] tiles on one consumer warp group, the programs sharing the
+flattened (tile, K chunk) space in equal contiguous ranges) run them on `wgmma`, but as group kernels each launch
+paid its ramp and its tail (session 63: o_proj 27.6 us for 34.7 MB, down 47.4 for 120 MB, at 64 rows). This kernel
+runs them as the one-row loop runs its groups: one program an SM walks the table's groups (QKV, attention, o_proj,
+gate/up, down, layer after layer), events between them, and its loader copies the first slots of a projection's
+weights before the group before is done (they do not depend on it), the step's rows beside them once it is; so a
+group's first products start as soon as its inputs exist, from weights already in shared memory.
+
+One program an SM (the stream-K scratch holds two partials a program for 132 programs: `prefill_parts`): a loader
+warp and one consumer warp group. 208 KB of shared memory: the stream-K ring, 8 slots of a [64, 64] input chunk and a
+[128, 64] weight chunk (128 KB of weights in flight: session 63 found the stream bound by them), whose weight chunks'
+first 96 KB are also attention's ring (3 slots of 64 keys, a slot's key halves then its value halves, as the one-row
+loop's), each ring with its own barriers and slot count; a 16 KB staging buffer for a tile's outputs (a projection's,
+through which they leave by one TMA copy; QKV's heads). A ring's first copies wait until the consumers have released
+the other ring's slots (the views overlap). Attention takes decode items of 64 rows (`attention.py`), in splits where
+the step's (sequence, KV head) pairs are fewer than the programs.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+from codegen.gluon import attention, gemv, linear, qkv, step
+from codegen.gluon.chain import (_ATTENTION, _GATED, _LOGITS, _PLAIN, _PLAN, _QKV, GR_ITEM, HD, IDS, KEYS, MAX_SPLITS,
+                                 SIGNATURE, STAGES, _barriers, _group, _released, _signal, _step_group)
+from codegen.gluon.events import wait
+from codegen.gluon.linear import _norm_sums, _region, _round
+from codegen.gluon.tiles import streamk_range, streamk_step, tile_product
+from codegen.layout import STEP_LOG
+
+BM = gl.constexpr(linear.STREAMK.bm)  # a tile's rows: the step's
+BN = gl.constexpr(linear.STREAMK.bn)  # its weight rows (QKV: a head's)
+BK = linear.BK
+SK_STAGES = gl.constexpr(linear.STREAMK.stages)
+GROUP = gl.constexpr(8)
+assert qkv.STREAMK.bn == BN.value and qkv.STREAMK.bm == BM.value and qkv.STREAMK.stages == SK_STAGES.value
+assert 4 * STAGES.value * KEYS.value * (HD.value // 2) <= SK_STAGES.value * BN.value * BK.value  # (attention's view)
+
+LAUNCH = linear.STREAMK.launch()  # (one consumer warp group and the loader's, the register file's whole)
+BATCH_SIGNATURE = {**SIGNATURE, "parts_at": "i64", "tickets_at": "i64", "steps": "i32", "first_step": "i32",
+                   "REGIONS": "*i32", "stats_off": "i32", "stats_size": "i32"}
+
+
+@gluon.jit
+def _operands(desc, kind, W, ACT, num_rows):
+    """A projection's input rows and weight as tensor descriptors of [BM, BK] and [BN, BK] boxes, K and its weight
+    rows."""
+    if kind == _QKV:
+        x_desc, w_desc = qkv.inputs(desc, W, ACT, num_rows, HD, BM, BN)
+        K, HQ, HKV, _, _, _, _, _, _, _, _, _, _, _ = qkv.row(desc)
+        N = (HQ + 2 * HKV) * HD
+    elif kind == _LOGITS:  # (the sequences' rows, `gather`'s copy: as many as the step's in a step that decodes)
+        x_off, K, w_off, N, _, _, _, _, _, _ = gemv.linear_row(desc)
+        x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
+        w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
+        x_desc = tma.make_tensor_descriptor(ACT + x_off, [num_rows, K], [K.to(gl.int64), 1], [BM, BK], x_layout)
+        w_desc = tma.make_tensor_descriptor(W + w_off, [N, K], [K.to(gl.int64), 1], [BN, BK], w_layout)
+    else:
+        x_desc, w_desc = linear.inputs(desc, W, ACT, num_rows, BM, BN)
+        K, N, _, _, _, _, _ = linear.row(desc)
+    return x_desc, w_desc, K, N
+
+
+@gluon.jit
+def _chunks(kind, K, N):
+    """This program's chunks of a projection: (first, end, chunks a tile). Stream-K's range of the flattened (tile, K
+    chunk) space; the LM head's (LOGITS: a thousand tiles, a few rounds of the programs) whole tiles pid, pid + P, ..:
+    its chunk u is tile pid + (u // KC) P's chunk u % KC (`_chunk`)."""
+    KC = gl.cdiv(K, BK)
+    if kind == _LOGITS:
+        pid, P = gl.program_id(0), gl.num_programs(0)
+        c, c1 = gl.to_tensor(0), gl.maximum(gl.cdiv(gl.cdiv(N, BN) - pid, P), 0) * KC
+    else:
+        c, c1, KC, _, _ = streamk_range(1, gl.cdiv(N, BN), K, BK)
+    return c, c1, KC
+
+
+@gluon.jit
+def _chunk(kind, q, KC):
+    """Chunk q of this program's (`_chunks`): its tile and its column of K."""
+    if kind == _LOGITS:
+        t = gl.program_id(0) + (q // KC) * gl.num_programs(0)
+    else:
+        t = q // KC
+    return t, (q % KC) * BK
+
+
+@gluon.jit
+def _fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, t, k, ROWS: gl.constexpr):
+    """Ring slot use i: tile t's weight chunk at column k and (ROWS) the rows' chunk beside it (the step's rows are
+    one row block), once the consumers have released the slot's use before; returns i + 1. Without ROWS the slot
+    still expects the rows' bytes (`_projection_loads` sends them later)."""
+    s = i % SK_STAGES
+    mbarrier.wait(empty.index(s), ((i // SK_STAGES) & 1) ^ 1)  # (a barrier starts as if its phase 1 were done)
+    mbarrier.expect(ready.index(s), (BM + BN) * BK * 2)
+    tma.async_copy_global_to_shared(w_desc, [t * BN, k], ready.index(s), b_ring.index(s))
+    if ROWS:
+        tma.async_copy_global_to_shared(x_desc, [0, k], ready.index(s), a_ring.index(s))
+    return i + 1
+
+
+@gluon.jit
+def _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j, EVENTS, e):
+    """A projection's chunks of this program's from ring slot i on: its first slots' weights, then (the group before
+    done) their rows' chunks and the rest; returns the slot after them. Its tensor descriptors go where the group two
+    before had its own, whose copies are done by then (the group before's may not be)."""
+    _released(kv_empty, j, j, STAGES)  # (attention's slots, over the same bytes, read)
+    if e % 2 == 0:
+        x_desc, w_desc, K, N = _operands(desc, kind, W, ACT, num_rows)
+    else:
+        x_desc, w_desc, K, N = _operands(desc, kind, W, ACT, num_rows)
+    c, c1, KC = _chunks(kind, K, N)
+    early = gl.minimum(c1 - c, SK_STAGES)
+    i0 = i
+    for q in range(c, c + early):
+        t, k = _chunk(kind, q, KC)
+        i = _fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, t, k, False)
+    wait(EVENTS, e - 1, gl.num_programs(0))
+    for q in range(c, c + early):
+        s = (i0 + q - c) % SK_STAGES
+        tma.async_copy_global_to_shared(x_desc, [0, (q % KC) * BK], ready.index(s), a_ring.index(s))
+    for q in range(c + early, c1):
+        t, k = _chunk(kind, q, KC)
+        i = _fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, t, k, True)
+    return i
+
+
+@gluon.jit
+def _rows(I32, control_at):
+    """The step's rows (a step that decodes: its sequences), as the plan wrote them (`volatile`: a later step's plan
+    writes the word again)."""
+    return gl.load(I32 + control_at, volatile=True)
+
+
+@gluon.jit
+def _runs(I32, REGIONS, EVENTS):
+    """Whether the step just planned is one the loop runs: a step that only decodes, of BM sequences at most (1), or
+    not (0: every request has finished, the step prefills, which the host runs, or the host asked the launch to
+    stop)."""
+    control = I32 + gl.load(REGIONS + step.CONTROL)
+    tokens = gl.load(control, volatile=True)
+    return ((gl.load(control + 2, volatile=True) == 0) & (tokens == gl.load(control + 1, volatile=True)) &
+            (tokens >= 1) & (tokens <= BM) & (gl.load(EVENTS - 1, volatile=True) == 0)).to(gl.int32)
+
+
+@gluon.jit
+def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, steps, REGIONS, control_at,
+            seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, kv, ready, empty, kv_ready,
+            kv_empty, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
+            SPLIT_SLOTS: gl.constexpr):
+    """Each group's chunks into its ring, step after step: a projection's first slots' weights before the group
+    before is done, the rest after it; attention's keys and values before it, but for the slots that hold the step's
+    own keys. A step's plan: past its event, whether the loop goes on, and the step's rows."""
+    P = gl.num_programs(0)
+    num_rows = _rows(I32, control_at)
+    i = gl.to_tensor(0)  # (the stream-K ring's slots)
+    j = gl.to_tensor(0)  # (attention's)
+    running = gl.to_tensor(1)
+    for e in range(steps * groups):
+        if running != 0:
+            kind, desc, unused = _group(DESCS, GROUPS, e % groups)
+            if kind == _PLAN:
+                wait(EVENTS, e, P)
+                running = _runs(I32, REGIONS, EVENTS)
+                num_rows = _rows(I32, control_at)
+            elif kind == _ATTENTION:
+                _released(empty, i, i, SK_STAGES)  # (the stream-K ring's slots, over the same bytes, read)
+                _, _, H, HKV, layer, _, splits, _, _ = attention.row(desc)
+                j = attention.load_items(KV, kv_plane, kv_rows, I32, kv, kv, kv_ready, kv_empty, control_at,
+                                         seq_starts_at, context_lens_at, seq_req_at, req_pages_at, layer, H // HKV,
+                                         HKV, splits, j, HD, GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS, STAGES, IDS,
+                                         SPLIT_SLOTS, 4, 2, EVENTS, e)
+            elif (kind <= _QKV) | (kind == _LOGITS):  # (a projection)
+                i = _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j,
+                                      EVENTS, e)
+
+
+@gluon.jit
+def _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_bar, num_rows, parts_at, tickets_at, i,
+            phase, GATED: gl.constexpr, NORM_F64: gl.constexpr):
+    """A projection's fragments of this program's stream-K range from ring slot i on, each tile it finishes through
+    `linear._epilogue` (its residual asked for once the tile's products are whole); returns the next slot and the
+    residual barrier's phase."""
+    OUT: gl.constexpr = c_smem.type.shape[1]
+    layout: gl.constexpr = c_smem.type.layout
+    K, N, stats_off, eps, res_off, bias_off, out_stats_off = linear.row(desc)
+    o_desc, r_desc = linear.outputs(desc, ACT, num_rows, BM, OUT, layout, GATED)
+    num_n = gl.cdiv(N, BN)
+    c, c1, KC, total, P = streamk_range(1, num_n, K, BK)
+    while c < c1:
+        finish, acc, m, n, i, c = streamk_step(a_ring, b_ring, ready, empty, i, c, c1, KC, total, P, K, 1, num_n,
+                                               num_rows, F32, parts_at, tickets_at, SK_STAGES, GROUP)
+        if finish:
+            linear._residual(r_desc, c_smem, res_bar, m, n, res_off, OUT)
+            linear._epilogue(acc, m * BM, n * BN, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase, stats_off,
+                             eps, res_off, bias_off, out_stats_off, GATED, NORM_F64)
+            phase ^= (res_off >= 0).to(gl.int32)
+    return i, phase
+
+
+@gluon.jit
+def _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stage, num_rows, positions_at, slots_at,
+         parts_at, tickets_at, i, NORM_F64: gl.constexpr):
+    """QKV's fragments of this program's stream-K range from ring slot i on (a tile a head), each head it finishes
+    through `qkv._tile_epilogue` (1/rms, bias, q/k norm, rotary, q or the paged cache); returns the next slot."""
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                          instr_shape=[16, BN, 16])
+    half: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+    K, HQ, HKV, stats_off, eps, bias_off, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, \
+        step_kv_off = qkv.row(desc)
+    num_n = gl.cdiv((HQ + 2 * HKV) * HD, BN)
+    c, c1, KC, total, P = streamk_range(1, num_n, K, BK)
+    while c < c1:
+        finish, acc, m, n, i, c = streamk_step(a_ring, b_ring, ready, empty, i, c, c1, KC, total, P, K, 1, num_n,
+                                               num_rows, F32, parts_at, tickets_at, SK_STAGES, GROUP)
+        if finish:
+            sums, rows, pos, slot = qkv._rows_of(m * BM, num_rows, F32, I32, stats_off, positions_at, slots_at,
+                                                 acc_layout, half, NORM_F64, BM)
+            qkv._tile_epilogue(acc, n, sums, rows, pos, slot, stage, num_rows, K, stats_off, eps, bias_off, HQ, HKV,
+                               q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, step_kv_off,
+                               W, ACT, F32, KV, kv_plane, HD)
+    return i
+
+
+@gluon.jit
+def _logits(desc, W, F32, a_ring, b_ring, ready, empty, num_rows, i, NORM_F64: gl.constexpr):
+    """The LM head's whole tiles pid, pid + P, .. from ring slot i on (`_chunks`), each tile's fp32 logits
+    (`kept_epilogue` for OUT_F32: 1/rms, the bias, a rounding to bf16) stored; returns the next slot."""
+    _, K, _, N, out_off, stats_off, eps, _, bias_off, _ = gemv.linear_row(desc)
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                          instr_shape=[16, BN, 16])
+    rows = gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
+    inv = gl.load(_norm_sums(F32, gl.maximum(stats_off, 0), NORM_F64) + rows, mask=(rows < num_rows) & (stats_off >= 0),
+                  other=1.0).to(gl.float32)
+    inv = gl.where(stats_off >= 0, gl.rsqrt(inv / K.to(gl.float32) + eps), 1.0)
+    for t in range(gl.program_id(0), gl.cdiv(N, BN), gl.num_programs(0)):
+        acc, i = tile_product(a_ring, b_ring, ready, empty, i, K, SK_STAGES)
+        cols = t * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
+        bias = gl.load(W + _region(gl.maximum(bias_off, 0)) + cols, mask=(cols < N) & (bias_off >= 0), other=0.0)
+        y = _round(acc * inv[:, None] + bias.to(gl.float32)[None, :])
+        gl.store(F32 + out_off + rows.to(gl.int64)[:, None] * N + cols[None, :], y,
+                 mask=(rows < num_rows)[:, None] & (cols < N)[None, :])
+    return i
+
+
+@gluon.jit
+def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, steps, first_step, REGIONS, stats_off,
+              stats_size, control_at, positions_at, slots_at, seq_starts_at, context_lens_at, seq_req_at,
+              req_pages_at, parts_at, tickets_at, a_ring, b_ring, kv, ready, empty, kv_ready, kv_empty, staging,
+              res_bar, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
+              NORM_F64: gl.constexpr, PART_ROWS: gl.constexpr, SPLIT_SLOTS: gl.constexpr, MAX_TOKENS: gl.constexpr,
+              REQS: gl.constexpr, STEP_LOG: gl.constexpr, VB: gl.constexpr, WB: gl.constexpr,
+              MAX_NEW: gl.constexpr, SAMPLING: gl.constexpr):
+    """Each group's fragments, tiles, items or rows once the group before is done (what they read, it wrote), then
+    the group's signal, step after step; a step's plan by program 0, then (its event) whether the loop goes on."""
+    plain: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN], gl.bfloat16)
+    gated: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN // 2], gl.bfloat16)
+    outputs = staging._reinterpret(gl.bfloat16, [BM, BN], plain)
+    gated_outputs = staging._reinterpret(gl.bfloat16, [BM, BN // 2], gated)
+    # (QKV's heads: 16-byte units swizzled by the row, `qkv.qkv_prefill`'s staging)
+    heads = staging._reinterpret(gl.bfloat16, [BM, BN], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
+    num_rows = _rows(I32, control_at)
+    P = gl.num_programs(0)
+    i = gl.to_tensor(0)  # (the stream-K ring's slots)
+    j = gl.to_tensor(0)  # (attention's)
+    phase = gl.to_tensor(0)
+    running = gl.to_tensor(1)
+    for e in range(steps * groups):
+        if running != 0:
+            kind, desc, unused = _group(DESCS, GROUPS, e % groups)
+            if kind == _ATTENTION:  # (an item's queries once the group before is done: `attention.consume_items`)
+                q_off, out_off, H, HKV, _, scale, splits, part_off, ticket_off = attention.row(desc)
+                j = attention.consume_items(ACT, F32, I32, kv, kv, kv_ready, kv_empty, control_at, seq_starts_at,
+                                            context_lens_at, seq_req_at, req_pages_at, q_off, out_off, H, HKV, scale,
+                                            splits, part_off, ticket_off, j, HD, GR_ITEM, PAGE, PAGES_PER_SEQ,
+                                            MAX_SEQS, STAGES, SPLIT_SLOTS, PART_ROWS, MAX_SPLITS, 4, 2, EVENTS, e)
+            else:
+                wait(EVENTS, e - 1, P)
+                if kind == _QKV:
+                    i = _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, heads, num_rows,
+                             positions_at, slots_at, parts_at, tickets_at, i, NORM_F64)
+                elif kind == _GATED:
+                    i, phase = _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, gated_outputs, res_bar,
+                                       num_rows, parts_at, tickets_at, i, phase, True, NORM_F64)
+                elif kind == _PLAIN:
+                    i, phase = _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, outputs, res_bar, num_rows,
+                                       parts_at, tickets_at, i, phase, False, NORM_F64)
+                elif kind == _LOGITS:
+                    i = _logits(desc, W, F32, a_ring, b_ring, ready, empty, num_rows, i, NORM_F64)
+                else:  # a step's rows around its layers (`step.py`)
+                    _step_group(kind, desc, W, ACT, F32, I32, REGIONS, first_step + e // groups, stats_off,
+                                stats_size, num_rows, PAGES_PER_SEQ, PAGE, MAX_TOKENS, REQS, STEP_LOG, VB, WB,
+                                MAX_NEW, SAMPLING, NORM_F64)
+            _signal(EVENTS, e)
+            if kind == _PLAN:
+                wait(EVENTS, e, P)
+                running = _runs(I32, REGIONS, EVENTS)
+                num_rows = _rows(I32, control_at)
+
+
+@gluon.jit
+def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, control_at, positions_at,
+                slots_at, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, parts_at, tickets_at, steps,
+                first_step, REGIONS, stats_off, stats_size, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr,
+                MAX_SEQS: gl.constexpr, NORM_F64: gl.constexpr, PART_ROWS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                SPLIT_SLOTS: gl.constexpr = 1, MAX_TOKENS: gl.constexpr = 1, REQS: gl.constexpr = 32,
+                STEP_LOG: gl.constexpr = 4096, VB: gl.constexpr = 1024, WB: gl.constexpr = 4096,
+                MAX_NEW: gl.constexpr = 1, SAMPLING: gl.constexpr = False):
+    """`chain.decode_chain`'s for steps that only decode, of 1 to BM rows (I32[control_at]): the `groups` rows of
+    GROUPS (kind, descriptor row, unused), `steps` times over (group g of step s at EVENTS[s groups + g]): the
+    projections (PLAIN, GATED, QKV) stream-K (their cut tiles' partials and tickets at F32[parts_at] and
+    F32[tickets_at]: `prefill_parts` and `tickets:prefill`), attention in decode items (split where the pairs are
+    fewer than the programs, in slots of SPLIT_SLOTS x 64 keys at least), and where the table has them a step's plan
+    (its first group: the loop stops at a plan that leaves no step it takes), embedding, the rows that need logits,
+    the LM head (LOGITS, whole tiles) and sampling, as `decode_chain` has them (`step.py`; the constexprs after
+    SPLIT_SLOTS are its). EVENTS: a counter a group a step, zero at the launch. One program an SM, each waiting for
+    all of them."""
+    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
+    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
+    halves: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HD // 2], gl.bfloat16)
+    a_ring = gl.allocate_shared_memory(gl.bfloat16, [SK_STAGES, BM, BK], x_layout)
+    b_ring = gl.allocate_shared_memory(gl.bfloat16, [SK_STAGES, BN, BK], w_layout)
+    kv = b_ring._reinterpret(gl.bfloat16, [4 * STAGES, KEYS, HD // 2], halves)  # (its first 96 KB)
+    ready, empty = _barriers(SK_STAGES)
+    kv_ready, kv_empty = _barriers(STAGES)
+    staging = gl.allocate_shared_memory(gl.bfloat16, [BM, BN], gl.NVMMASharedLayout.get_default_for([BM, BN],
+                                                                                                    gl.bfloat16))
+    res_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(res_bar.index(0), count=1)
+    gl.warp_specialize([
+        (_consumer, (DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, steps, first_step, REGIONS,
+                     stats_off, stats_size, control_at, positions_at, slots_at, seq_starts_at, context_lens_at,
+                     seq_req_at, req_pages_at, parts_at, tickets_at, a_ring, b_ring, kv, ready, empty, kv_ready,
+                     kv_empty, staging, res_bar, PAGE, PAGES_PER_SEQ, MAX_SEQS, NORM_F64, PART_ROWS, SPLIT_SLOTS,
+                     MAX_TOKENS, REQS, STEP_LOG, VB, WB, MAX_NEW, SAMPLING)),
+        (_loader, (DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, steps, REGIONS, control_at,
+                   seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, kv, ready, empty,
+                   kv_ready, kv_empty, PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS)),
+    ], [1], [LOADER_REGS])
+
+
+def constexprs(page_size: int, pages_per_seq: int, max_batch: int, norm_f64: bool, part_rows: int,
+               split_slots: int = 1, max_tokens: int = 1, sample_block: int = 1024, max_new: int = 1,
+               sample_wide: int = 4096, sampling: bool = False) -> dict:
+    """`batch_chain`'s constexprs: the step's paging, the sums' type, a split's partial rows
+    (`CompileConfig.block_m`) and slots of keys at least; for a loop over steps, `chain.decode_constexprs`' (the
+    plan's token budget, the sampler's block, the requests' output room, the cut's passes, temperatures or not)."""
+    lanes = max(32, 1 << (max_batch - 1).bit_length())
+    return dict(PAGE=page_size, PAGES_PER_SEQ=pages_per_seq, MAX_SEQS=lanes, NORM_F64=norm_f64, PART_ROWS=part_rows,
+                LOADER_REGS=linear.LOADER_REGS, SPLIT_SLOTS=split_slots, MAX_TOKENS=max_tokens, REQS=lanes,
+                STEP_LOG=STEP_LOG, VB=sample_block, WB=sample_wide, MAX_NEW=max_new, SAMPLING=sampling)
