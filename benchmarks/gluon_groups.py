@@ -273,7 +273,7 @@ def decode_row(model, batch: int, context: int, args) -> None:
           f"{graphs['triton']:.2f} ms, Gluon bodies{' with the chain' if run else ''} {graphs['chain']:.2f} ms "
           f"({persistent / graphs['chain']:.2f}x the persistent megakernel's TPOT)")
     if args.loop:
-        looped = loop_tpot_ms(chained, prompts)
+        looped = loop_tpot_ms(chained, prompts, params)
         which = "one-row loop" if batch == 1 else "batched loop"
         kernel_name = "chain.decode_chain" if batch == 1 else "batch.batch_chain"
         print(f"  the {which} (a step's plan, layers, logits and greedy tokens on the GPU, steps back to back in "
@@ -298,11 +298,11 @@ def host_to_host_ms(driver: HostDriven, prompt: list[int]) -> float:
     return min(times)
 
 
-def loop_tpot_ms(driver: HostDriven, prompts: list[list[int]]) -> float:
+def loop_tpot_ms(driver: HostDriven, prompts: list[list[int]], params: SamplingParams) -> float:
     """The prompts' decode steps after their first through the one-row loop or the batched one
     (`HostDriven.generate(loop=True)`), the second of two generations: the median step of the whole batch from the
-    loop's plans' log (`Megakernel.step_log`)."""
-    params = SamplingParams(max_tokens=DECODE_STEPS // 2, temperature=0, ignore_eos=True)
+    loop's plans' log (`Megakernel.step_log`); `params`: enough tokens that every request decodes at once for a few
+    steps, after the last prompt's prefill (`megakernel_tpot.decode_tokens`)."""
     driver.generate(prompts, params, loop=True)  # (compiles it)
     driver.generate(prompts, params, loop=True)
     return full_batch_step_ms(driver.kernel.step_log(), len(prompts))

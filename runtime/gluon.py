@@ -268,13 +268,14 @@ class GluonCoverage:
                 "TRACING": self.tracing}
 
     def batch_constexprs(self, sampling: bool = False) -> dict:
-        """`batch.batch_chain`'s constexprs for this kernel (the loop's: the kernel that also samples with
-        temperatures where `sampling`)."""
+        """`batch.batch_chain`'s constexprs for this kernel (with TRACING; the loop's: the kernel that also samples
+        with temperatures where `sampling`)."""
         from codegen.gluon import batch
         cfg = self.cfg
-        return batch.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch, self.norm_f64, cfg.block_m,
-                                self.split_slots, cfg.max_tokens_per_step, max_new=cfg.max_new_tokens,
-                                sample_wide=self.sample_wide, sampling=sampling)
+        return {**batch.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch, self.norm_f64, cfg.block_m,
+                                   self.split_slots, cfg.max_tokens_per_step, max_new=cfg.max_new_tokens,
+                                   sample_wide=self.sample_wide, sampling=sampling),
+                "TRACING": self.tracing}
 
     def gemv_rows_for(self, first: int) -> int:
         """The unit height of one-row projection group `first` on the GEMV."""
@@ -395,7 +396,7 @@ class GluonGroups(GluonCoverage):
     def _zero_events(self, events: int, one_row: bool) -> None:
         """Zeroes the stop word and `events` counters (and the stamps after them where traced), grown if short."""
         programs = self.gemv.PER_SM * self.programs
-        words = 1 + events + (8 * programs + 2 * programs * events if self.tracing and one_row else 0)
+        words = 1 + events + (8 * programs + 2 * programs * events if self.tracing else 0)
         if self._events.numel() < words:
             self._events = torch.zeros(words, dtype=torch.int32, device=self.kernel.device)
         self._events.zero_()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|batch-chain|user-path|chain-probe|gluon-tests|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|batch-chain|batch-probe|user-path|chain-probe|gluon-tests|all]
 set -uo pipefail
 # BLINK_CACHE_DIR: kernels compiled on the CPU machine and carried here (benchmarks/megakernel_tpot.py, --compile-only)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=${BLINK_CACHE_DIR:-/tmp/blink-cache}
@@ -109,6 +109,12 @@ if [[ $mode == batch-chain ]]; then  # a batched decode step's layers as one per
   step "${TEST_LIMIT:-280}" python -m pytest -q -x -s -m gpu tests/gpu -k "${CASES:-batched_decode_steps}" \
     -p no:cacheprovider &&
     step "${BENCH_LIMIT:-280}" python -m benchmarks.gluon_groups --prompts "" --decode "${DECODE-64x512,8x512}"
+fi
+if [[ $mode == batch-probe ]]; then  # ... where its time goes (each kind of group's, from the programs' clocks), one
+  # step and the loop over steps, then the decode rows (the chain and the loop against the persistent megakernel)
+  step "${CHAIN_LIMIT:-120}" python -m benchmarks.explore.chain_probe --mode on --batch "${BATCH:-64}" --repeats 5
+  step "${CHAIN_LIMIT:-120}" python -m benchmarks.explore.chain_probe --mode loop --batch "${BATCH:-64}" --steps 8
+  step "${BENCH_LIMIT:-280}" python -m benchmarks.gluon_groups --prompts "" --decode "${DECODE-64x512,8x512}"
 fi
 if [[ $mode == user-path ]]; then  # what a user does on a fresh machine: a cold compile (the kernel, the host-driven
   # and the Gluon kernels beside it), one from the cache, then `blinkc run` twice (session 66)

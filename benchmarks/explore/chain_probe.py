@@ -11,6 +11,7 @@ without waiting for the GPU.
 
     python -m benchmarks.explore.chain_probe --mode gemv      # on an H100 / H200, under a timeout
     python -m benchmarks.explore.chain_probe --mode loop --steps 8   # the loop over steps (`HostDriven.run_loop`)
+    python -m benchmarks.explore.chain_probe --mode on --batch 64     # a batched decode step (`batch.batch_chain`)
 """
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ def timeline(words: torch.Tensor, kinds: list[int], programs: int) -> None:
               f"{loaders}; the last signal past the median {l_.median():5.1f}", flush=True)
 
 
-def timed(chained: HostDriven, table: torch.Tensor, repeats: int) -> None:
+def timed(chained: HostDriven, table: torch.Tensor, repeats: int, batched: bool = False) -> None:
     """The chain alone, launched again on the step's arenas (its outputs rewritten: only the time matters here),
     traced and not, each the best of `repeats` by CUDA events."""
     g = chained.gluon
@@ -114,7 +115,7 @@ def timed(chained: HostDriven, table: torch.Tensor, repeats: int) -> None:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda._sleep(50_000_000)  # (the launch queued before the GPU gets to it)
             start.record()
-            g._launch_chain(table, True)
+            g._launch_chain(table, not batched, batched=batched)
             end.record()
             end.synchronize()
             best[tracing] = min(best.get(tracing, 1e9), start.elapsed_time(end))
@@ -129,6 +130,8 @@ def main() -> None:
     parser.add_argument("--mode", choices=["gemv", "on", "loop"], default="gemv",
                         help="the chain's projections alone, the one-row chain, or the loop over steps")
     parser.add_argument("--steps", type=int, default=8, help="--mode loop: the steps launched")
+    parser.add_argument("--batch", type=int, default=1, help="sequences decoding: more than one, the batched chain "
+                        "and loop (`batch.batch_chain`)")
     parser.add_argument("--rows", type=int, default=None, help="the GEMV's unit rows (the executor's if not given)")
     parser.add_argument("--split-slots", default="", help="attention's least slots of keys a split, e.g. 1,4,8: the "
                         "chain timed with each after the first (the executor's)")
@@ -136,29 +139,31 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10, help="the chain's launches timed each way (best kept)")
     args = parser.parse_args()
     model = resolve_model(args.preset)
-    config = decode_config(1, args.context, DECODE_STEPS)
+    batch, batched = args.batch, args.batch > 1
+    config = decode_config(batch, args.context, DECODE_STEPS)
     compile_many([(args.preset, config)], host_driven=[config])  # (the cache's, with its host-driven kernels)
     kernel = Megakernel.load(compile_model(model, config, artifact_path("decode"), WeightsSource(seed=0)).path,
                              device="cuda", timeout_s=300)
     triton = HostDriven(kernel)
-    prompt = torch.randint(0, 1000, (args.context,), generator=torch.Generator().manual_seed(0)).tolist()
-    params = SamplingParams(max_tokens=decode_tokens(1, args.context, config.max_tokens_per_step, DECODE_STEPS),
+    prompts = [torch.randint(0, 1000, (args.context,), generator=torch.Generator().manual_seed(i)).tolist()
+               for i in range(batch)]
+    params = SamplingParams(max_tokens=decode_tokens(batch, args.context, config.max_tokens_per_step, DECODE_STEPS),
                             temperature=0, ignore_eos=True)
-    step = steps_until_all_decode(triton, 1, kernel.prepare([prompt], params))
+    step = steps_until_all_decode(triton, batch, kernel.prepare(prompts, params))
     chained = HostDriven(kernel, gluon=True, chain=True)
     g = chained.gluon
     g.one_row_chain, g.gemv_rows, g.tracing = {"gemv": "gemv", "on": True, "loop": True}[args.mode], args.rows, True
-    run = g.chain_groups((1, 1))
+    run = g.chain_groups((batch, batch))
     if args.mode == "loop":  # the table over steps: an event a group a step
-        rows, why = g.loop_rows()
+        rows, why = g.loop_rows(batched)
         if why:
-            raise SystemExit(f"the one-row loop cannot run this kernel: {why}")
+            raise SystemExit(f"the loop cannot run this kernel: {why}")
         kinds = [kind for kind, _, _ in rows] * args.steps
     else:
-        table = g._chain_for((1, 1))[2]
+        table = g._chain_for((batch, batch))[2]
         kinds = table.view(-1, chain.ROW)[:, 0].tolist()
-    groups, programs = len(kinds), g.gemv.PER_SM * g.programs
-    print(f"device {torch.cuda.get_device_name()}; {args.preset}, one row at context {args.context}; the chain "
+    groups, programs = len(kinds), g.loop_programs(batched)
+    print(f"device {torch.cuda.get_device_name()}; {args.preset}, {batch} rows at context {args.context}; the chain "
           f"({args.mode}): {groups} groups, kinds {kinds[:len(kinds) // (args.steps if args.mode == 'loop' else 1)]}, "
           f"{programs} programs", flush=True)
     side = torch.cuda.Stream()  # (made before the chain runs: a host call that waits for the GPU would hang here)
@@ -166,7 +171,7 @@ def main() -> None:
     host = torch.empty(words, dtype=torch.int32, pin_memory=True)
     torch.cuda.synchronize()
     if args.mode == "loop":  # (its first step planned in it)
-        g.launch_loop(step, args.steps)
+        g.launch_loop(step, args.steps, batched=batched)
     else:
         step += 1
         size = chained.plan_step(step) or kernel.last_step_size()
@@ -191,14 +196,15 @@ def main() -> None:
         if args.mode == "loop":
             log = kernel.step_log()
             print(f"  the loop's steps (tokens, sequences) {[entry[1:] for entry in log]}; the median step "
-                  f"{full_batch_step_ms(log, 1):.3f} ms; tokens so far {kernel.completions(1)[0].tokens}", flush=True)
+                  f"{full_batch_step_ms(log, batch):.3f} ms; tokens so far {kernel.completions(1)[0].tokens}",
+                  flush=True)
             return
-        timed(chained, table, args.repeats)
+        timed(chained, table, args.repeats, batched)
         for slots in [int(v) for v in args.split_slots.split(",") if v]:
             g.split_slots = slots
             print(f"  attention's splits of {slots} slots of keys at least:", flush=True)
             g.tracing = True
-            g._launch_chain(table, True)
+            g._launch_chain(table, not batched, batched=batched)
             torch.cuda.synchronize()
             timeline(g.counters[:words].cpu(), table.view(-1, chain.ROW)[:, 0].tolist(), programs)
             timed(chained, table, args.repeats)

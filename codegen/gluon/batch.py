@@ -26,7 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from codegen.gluon import attention, gemv, linear, qkv, step
 from codegen.gluon.chain import (_ATTENTION, _GATED, _LOGITS, _PLAIN, _PLAN, _QKV, GR_ITEM, HD, IDS, KEYS, MAX_SPLITS,
-                                 SIGNATURE, STAGES, _barriers, _group, _released, _signal, _step_group)
+                                 SIGNATURE, STAGES, _barriers, _clock, _group, _released, _signal, _step_group)
 from codegen.gluon.events import wait
 from codegen.gluon.linear import _norm_sums, _region, _round
 from codegen.gluon.tiles import streamk_range, streamk_step, tile_product
@@ -104,7 +104,8 @@ def _fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, t, k, ROWS: gl.conste
 
 
 @gluon.jit
-def _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j, EVENTS, e):
+def _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j, EVENTS, e, events,
+                      TRACING: gl.constexpr):
     """A projection's chunks of this program's from ring slot i on: its first slots' weights, then (the group before
     done) their rows' chunks and the rest; returns the slot after them. Its tensor descriptors go where the group two
     before had its own, whose copies are done by then (the group before's may not be)."""
@@ -120,6 +121,7 @@ def _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty
         t, k = _chunk(kind, q, KC)
         i = _fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, t, k, False)
     wait(EVENTS, e - 1, gl.num_programs(0))
+    _clock(EVENTS, events, e, 0, TRACING)
     for q in range(c, c + early):
         s = (i0 + q - c) % SK_STAGES
         tma.async_copy_global_to_shared(x_desc, [0, (q % KC) * BK], ready.index(s), a_ring.index(s))
@@ -151,16 +153,17 @@ def _runs(I32, REGIONS, EVENTS):
 def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, steps, REGIONS, control_at,
             seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, kv, ready, empty, kv_ready,
             kv_empty, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
-            SPLIT_SLOTS: gl.constexpr):
+            SPLIT_SLOTS: gl.constexpr, TRACING: gl.constexpr):
     """Each group's chunks into its ring, step after step: a projection's first slots' weights before the group
     before is done, the rest after it; attention's keys and values before it, but for the slots that hold the step's
     own keys. A step's plan: past its event, whether the loop goes on, and the step's rows."""
     P = gl.num_programs(0)
+    events = steps * groups
     num_rows = _rows(I32, control_at)
     i = gl.to_tensor(0)  # (the stream-K ring's slots)
     j = gl.to_tensor(0)  # (attention's)
     running = gl.to_tensor(1)
-    for e in range(steps * groups):
+    for e in range(events):
         if running != 0:
             kind, desc, unused = _group(DESCS, GROUPS, e % groups)
             if kind == _PLAN:
@@ -169,6 +172,7 @@ def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, s
                 num_rows = _rows(I32, control_at)
             elif kind == _ATTENTION:
                 _released(empty, i, i, SK_STAGES)  # (the stream-K ring's slots, over the same bytes, read)
+                _clock(EVENTS, events, e, 0, TRACING)  # (its items' older keys go in before the event)
                 _, _, H, HKV, layer, _, splits, _, _ = attention.row(desc)
                 j = attention.load_items(KV, kv_plane, kv_rows, I32, kv, kv, kv_ready, kv_empty, control_at,
                                          seq_starts_at, context_lens_at, seq_req_at, req_pages_at, layer, H // HKV,
@@ -176,7 +180,7 @@ def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, s
                                          SPLIT_SLOTS, 4, 2, EVENTS, e)
             elif (kind <= _QKV) | (kind == _LOGITS):  # (a projection)
                 i = _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j,
-                                      EVENTS, e)
+                                      EVENTS, e, events, TRACING)
 
 
 @gluon.jit
@@ -254,7 +258,7 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
               res_bar, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
               NORM_F64: gl.constexpr, PART_ROWS: gl.constexpr, SPLIT_SLOTS: gl.constexpr, MAX_TOKENS: gl.constexpr,
               REQS: gl.constexpr, STEP_LOG: gl.constexpr, VB: gl.constexpr, WB: gl.constexpr,
-              MAX_NEW: gl.constexpr, SAMPLING: gl.constexpr):
+              MAX_NEW: gl.constexpr, SAMPLING: gl.constexpr, TRACING: gl.constexpr):
     """Each group's fragments, tiles, items or rows once the group before is done (what they read, it wrote), then
     the group's signal, step after step; a step's plan by program 0, then (its event) whether the loop goes on."""
     plain: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN], gl.bfloat16)
@@ -296,6 +300,7 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
                                 stats_size, num_rows, PAGES_PER_SEQ, PAGE, MAX_TOKENS, REQS, STEP_LOG, VB, WB,
                                 MAX_NEW, SAMPLING, NORM_F64)
             _signal(EVENTS, e)
+            _clock(EVENTS, steps * groups, e, 1, TRACING)
             if kind == _PLAN:
                 wait(EVENTS, e, P)
                 running = _runs(I32, REGIONS, EVENTS)
@@ -309,7 +314,7 @@ def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, 
                 MAX_SEQS: gl.constexpr, NORM_F64: gl.constexpr, PART_ROWS: gl.constexpr, LOADER_REGS: gl.constexpr,
                 SPLIT_SLOTS: gl.constexpr = 1, MAX_TOKENS: gl.constexpr = 1, REQS: gl.constexpr = 32,
                 STEP_LOG: gl.constexpr = 4096, VB: gl.constexpr = 1024, WB: gl.constexpr = 4096,
-                MAX_NEW: gl.constexpr = 1, SAMPLING: gl.constexpr = False):
+                MAX_NEW: gl.constexpr = 1, SAMPLING: gl.constexpr = False, TRACING: gl.constexpr = False):
     """`chain.decode_chain`'s for steps that only decode, of 1 to BM rows (I32[control_at]): the `groups` rows of
     GROUPS (kind, descriptor row, unused), `steps` times over (group g of step s at EVENTS[s groups + g]): the
     projections (PLAIN, GATED, QKV) stream-K (their cut tiles' partials and tickets at F32[parts_at] and
@@ -318,7 +323,8 @@ def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, 
     (its first group: the loop stops at a plan that leaves no step it takes), embedding, the rows that need logits,
     the LM head (LOGITS, whole tiles) and sampling, as `decode_chain` has them (`step.py`; the constexprs after
     SPLIT_SLOTS are its). EVENTS: a counter a group a step, zero at the launch. One program an SM, each waiting for
-    all of them."""
+    all of them. TRACING: the times of each group's event (its loader past the event before) and of each program's
+    signal after the counters, as `decode_chain` has them (`chain._clock`)."""
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
     w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
     halves: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HD // 2], gl.bfloat16)
@@ -336,10 +342,10 @@ def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, 
                      stats_off, stats_size, control_at, positions_at, slots_at, seq_starts_at, context_lens_at,
                      seq_req_at, req_pages_at, parts_at, tickets_at, a_ring, b_ring, kv, ready, empty, kv_ready,
                      kv_empty, staging, res_bar, PAGE, PAGES_PER_SEQ, MAX_SEQS, NORM_F64, PART_ROWS, SPLIT_SLOTS,
-                     MAX_TOKENS, REQS, STEP_LOG, VB, WB, MAX_NEW, SAMPLING)),
+                     MAX_TOKENS, REQS, STEP_LOG, VB, WB, MAX_NEW, SAMPLING, TRACING)),
         (_loader, (DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, steps, REGIONS, control_at,
                    seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, kv, ready, empty,
-                   kv_ready, kv_empty, PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS)),
+                   kv_ready, kv_empty, PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, TRACING)),
     ], [1], [LOADER_REGS])
 
 
