@@ -26,10 +26,10 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from codegen.gluon import attention, gemv, linear, qkv, step
 from codegen.gluon.chain import (_ATTENTION, _GATED, _LOGITS, _PLAIN, _PLAN, _QKV, GR_ITEM, HD, IDS, KEYS, MAX_SPLITS,
-                                 SIGNATURE, STAGES, _barriers, _clock, _group, _released, _signal, _step_group)
+                                 SIGNATURE, _barriers, _clock, _group, _released, _signal, _step_group)
 from codegen.gluon.events import wait
 from codegen.gluon.linear import _norm_sums, _region, _round
-from codegen.gluon.tiles import streamk_range, streamk_step, tile_product
+from codegen.gluon.tiles import finish_fragment, fragment, range_product, streamk_range, streamk_step, tile_product
 from codegen.layout import STEP_LOG
 
 BM = gl.constexpr(linear.STREAMK.bm)  # a tile's rows: the step's
@@ -38,7 +38,10 @@ BK = linear.BK
 SK_STAGES = gl.constexpr(linear.STREAMK.stages)
 GROUP = gl.constexpr(8)
 assert qkv.STREAMK.bn == BN.value and qkv.STREAMK.bm == BM.value and qkv.STREAMK.stages == SK_STAGES.value
-assert 4 * STAGES.value * KEYS.value * (HD.value // 2) <= SK_STAGES.value * BN.value * BK.value  # (attention's view)
+# attention's slots of 64 keys (a slot's key halves then its value halves, 32 KB) over the same bytes: four, where the
+# one-row loop's ring holds three (`ws_decode_attention.py`, session 63: 4 stages, b64 at context 513 in 39.9 us)
+ATT_STAGES = gl.constexpr(4)
+assert 4 * ATT_STAGES.value * KEYS.value * (HD.value // 2) <= SK_STAGES.value * BN.value * BK.value
 
 LAUNCH = linear.STREAMK.launch()  # (one consumer warp group and the loader's, the register file's whole)
 BATCH_SIGNATURE = {**SIGNATURE, "parts_at": "i64", "tickets_at": "i64", "steps": "i32", "first_step": "i32",
@@ -109,7 +112,7 @@ def _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty
     """A projection's chunks of this program's from ring slot i on: its first slots' weights, then (the group before
     done) their rows' chunks and the rest; returns the slot after them. Its tensor descriptors go where the group two
     before had its own, whose copies are done by then (the group before's may not be)."""
-    _released(kv_empty, j, j, STAGES)  # (attention's slots, over the same bytes, read)
+    _released(kv_empty, j, j, ATT_STAGES)  # (attention's slots, over the same bytes, read)
     if e % 2 == 0:
         x_desc, w_desc, K, N = _operands(desc, kind, W, ACT, num_rows)
     else:
@@ -176,7 +179,7 @@ def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, s
                 _, _, H, HKV, layer, _, splits, _, _ = attention.row(desc)
                 j = attention.load_items(KV, kv_plane, kv_rows, I32, kv, kv, kv_ready, kv_empty, control_at,
                                          seq_starts_at, context_lens_at, seq_req_at, req_pages_at, layer, H // HKV,
-                                         HKV, splits, j, HD, GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS, STAGES, IDS,
+                                         HKV, splits, j, HD, GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS, ATT_STAGES, IDS,
                                          SPLIT_SLOTS, 4, 2, EVENTS, e)
             elif (kind <= _QKV) | (kind == _LOGITS):  # (a projection)
                 i = _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j,
@@ -187,8 +190,10 @@ def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, s
 def _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_bar, num_rows, parts_at, tickets_at, i,
             phase, GATED: gl.constexpr, NORM_F64: gl.constexpr):
     """A projection's fragments of this program's stream-K range from ring slot i on, each tile it finishes through
-    `linear._epilogue` (its residual asked for once the tile's products are whole); returns the next slot and the
-    residual barrier's phase."""
+    `linear._epilogue`; returns the next slot and the residual barrier's phase. A fragment's residual is asked for
+    once its products are done, before the cut tiles' partials are stored and summed (`tiles.finish_fragment`),
+    whether or not this program finishes the tile: asked for then, it came after them, a tail of ~12 us a group where
+    the finishing program of a tile of four contributors also loaded their partials one at a time (session 67)."""
     OUT: gl.constexpr = c_smem.type.shape[1]
     layout: gl.constexpr = c_smem.type.layout
     K, N, stats_off, eps, res_off, bias_off, out_stats_off = linear.row(desc)
@@ -196,13 +201,17 @@ def _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_bar, nu
     num_n = gl.cdiv(N, BN)
     c, c1, KC, total, P = streamk_range(1, num_n, K, BK)
     while c < c1:
-        finish, acc, m, n, i, c = streamk_step(a_ring, b_ring, ready, empty, i, c, c1, KC, total, P, K, 1, num_n,
-                                               num_rows, F32, parts_at, tickets_at, SK_STAGES, GROUP)
+        t, kc0, kc1 = fragment(c, c1, KC)
+        acc, i = range_product(a_ring, b_ring, ready, empty, i, kc0 * BK, gl.minimum(kc1 * BK, K), SK_STAGES)
+        linear._residual(r_desc, c_smem, res_bar, 0, t, res_off, OUT)
+        finish, acc = finish_fragment(acc, t, kc0, kc1, KC, total, P, num_rows, F32, parts_at, tickets_at)
         if finish:
-            linear._residual(r_desc, c_smem, res_bar, m, n, res_off, OUT)
-            linear._epilogue(acc, m * BM, n * BN, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase, stats_off,
-                             eps, res_off, bias_off, out_stats_off, GATED, NORM_F64)
-            phase ^= (res_off >= 0).to(gl.int32)
+            linear._epilogue(acc, 0, t * BN, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase, stats_off, eps,
+                             res_off, bias_off, out_stats_off, GATED, NORM_F64)
+        elif res_off >= 0:  # (its residual unused: the barrier's phase moves on all the same)
+            mbarrier.wait(res_bar.index(0), phase)
+        phase ^= (res_off >= 0).to(gl.int32)
+        c += kc1 - kc0
     return i, phase
 
 
@@ -281,7 +290,7 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
                 j = attention.consume_items(ACT, F32, I32, kv, kv, kv_ready, kv_empty, control_at, seq_starts_at,
                                             context_lens_at, seq_req_at, req_pages_at, q_off, out_off, H, HKV, scale,
                                             splits, part_off, ticket_off, j, HD, GR_ITEM, PAGE, PAGES_PER_SEQ,
-                                            MAX_SEQS, STAGES, SPLIT_SLOTS, PART_ROWS, MAX_SPLITS, 4, 2, EVENTS, e)
+                                            MAX_SEQS, ATT_STAGES, SPLIT_SLOTS, PART_ROWS, MAX_SPLITS, 4, 2, EVENTS, e)
             else:
                 wait(EVENTS, e - 1, P)
                 if kind == _QKV:
@@ -330,9 +339,9 @@ def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, 
     halves: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HD // 2], gl.bfloat16)
     a_ring = gl.allocate_shared_memory(gl.bfloat16, [SK_STAGES, BM, BK], x_layout)
     b_ring = gl.allocate_shared_memory(gl.bfloat16, [SK_STAGES, BN, BK], w_layout)
-    kv = b_ring._reinterpret(gl.bfloat16, [4 * STAGES, KEYS, HD // 2], halves)  # (its first 96 KB)
+    kv = b_ring._reinterpret(gl.bfloat16, [4 * ATT_STAGES, KEYS, HD // 2], halves)
     ready, empty = _barriers(SK_STAGES)
-    kv_ready, kv_empty = _barriers(STAGES)
+    kv_ready, kv_empty = _barriers(ATT_STAGES)
     staging = gl.allocate_shared_memory(gl.bfloat16, [BM, BN], gl.NVMMASharedLayout.get_default_for([BM, BN],
                                                                                                     gl.bfloat16))
     res_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
