@@ -64,6 +64,7 @@ class GluonCoverage:
         # a one-row step's layers in the chain too (`chain_groups`; False: not; "gemv": its projections' runs only)
         self.one_row_chain: bool | str = True
         self.batch_chain = True  # a batched decode step's layers too (`batch.batch_chain`)
+        self.batch_probe = 0  # `batch.batch_chain`'s timing-only PROBE (`benchmarks/explore/chain_probe.py`)
         self.min_rows = (cfg.wide_m or (32 if cfg.max_batch <= 32 else 64)) + 1  # (`CompileConfig.wide_rows`)
         self.covered: dict[int, int] = {}  # first task of a group -> its descriptor's row
         self.kinds: dict[int, Kind] = {}
@@ -275,7 +276,7 @@ class GluonCoverage:
         return {**batch.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch, self.norm_f64, cfg.block_m,
                                    self.split_slots, cfg.max_tokens_per_step, max_new=cfg.max_new_tokens,
                                    sample_wide=self.sample_wide, sampling=sampling),
-                "TRACING": self.tracing}
+                "TRACING": self.tracing, "PROBE": self.batch_probe}
 
     def gemv_rows_for(self, first: int) -> int:
         """The unit height of one-row projection group `first` on the GEMV."""

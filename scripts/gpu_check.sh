@@ -112,7 +112,9 @@ if [[ $mode == batch-chain ]]; then  # a batched decode step's layers as one per
 fi
 if [[ $mode == batch-probe ]]; then  # ... where its time goes (each kind of group's, from the programs' clocks), one
   # step and the loop over steps, then the decode rows (the chain and the loop against the persistent megakernel)
-  step "${CHAIN_LIMIT:-120}" python -m benchmarks.explore.chain_probe --mode on --batch "${BATCH:-64}" --repeats 5
+  [[ -n ${PROBE_TESTS:-} ]] && step 240 python -m pytest -q -x -s -m gpu tests/gpu -k "$PROBE_TESTS" -p no:cacheprovider
+  step "${CHAIN_LIMIT:-120}" python -m benchmarks.explore.chain_probe --mode on --batch "${BATCH:-64}" --repeats 5 \
+    --probes "${PROBES:-}"
   step "${CHAIN_LIMIT:-120}" python -m benchmarks.explore.chain_probe --mode loop --batch "${BATCH:-64}" --steps 8
   step "${BENCH_LIMIT:-280}" python -m benchmarks.gluon_groups --prompts "" --decode "${DECODE-64x512,8x512}"
 fi

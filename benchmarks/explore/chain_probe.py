@@ -135,6 +135,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=None, help="the GEMV's unit rows (the executor's if not given)")
     parser.add_argument("--split-slots", default="", help="attention's least slots of keys a split, e.g. 1,4,8: the "
                         "chain timed with each after the first (the executor's)")
+    parser.add_argument("--probes", default="", help="with --batch: the chain timed again with each of these "
+                        "timing-only PROBE values of `batch.batch_chain` (1: no rows copied, 2: no partials "
+                        "exchanged, 3: both), e.g. 1,2,3")
     parser.add_argument("--wait", type=float, default=15.0, help="seconds before the step counts as stuck")
     parser.add_argument("--repeats", type=int, default=10, help="the chain's launches timed each way (best kept)")
     args = parser.parse_args()
@@ -200,6 +203,16 @@ def main() -> None:
                   flush=True)
             return
         timed(chained, table, args.repeats, batched)
+        for probe in [int(v) for v in args.probes.split(",") if v]:
+            g.batch_probe = probe
+            print(f"  PROBE {probe} (timing only):", flush=True)
+            timed(chained, table, args.repeats, batched)
+            if probe in (1, 2):  # (where each kind of group's time went without it)
+                g.tracing = True
+                g._launch_chain(table, False, batched=True)
+                torch.cuda.synchronize()
+                timeline(g.counters[:words].cpu(), kinds, programs)
+        g.batch_probe = 0
         for slots in [int(v) for v in args.split_slots.split(",") if v]:
             g.split_slots = slots
             print(f"  attention's splits of {slots} slots of keys at least:", flush=True)

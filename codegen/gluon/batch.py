@@ -29,14 +29,13 @@ from codegen.gluon.chain import (_ATTENTION, _GATED, _LOGITS, _PLAIN, _PLAN, _QK
                                  SIGNATURE, _barriers, _clock, _group, _released, _signal, _step_group)
 from codegen.gluon.events import wait
 from codegen.gluon.linear import _norm_sums, _region, _round
-from codegen.gluon.tiles import finish_fragment, fragment, range_product, streamk_range, streamk_step, tile_product
+from codegen.gluon.tiles import finish_fragment, fragment, range_product, streamk_range, tile_product
 from codegen.layout import STEP_LOG
 
 BM = gl.constexpr(linear.STREAMK.bm)  # a tile's rows: the step's
 BN = gl.constexpr(linear.STREAMK.bn)  # its weight rows (QKV: a head's)
 BK = linear.BK
 SK_STAGES = gl.constexpr(linear.STREAMK.stages)
-GROUP = gl.constexpr(8)
 assert qkv.STREAMK.bn == BN.value and qkv.STREAMK.bm == BM.value and qkv.STREAMK.stages == SK_STAGES.value
 # attention's slots of 64 keys (a slot's key halves then its value halves, 32 KB) over the same bytes: four, where the
 # one-row loop's ring holds three (`ws_decode_attention.py`, session 63: 4 stages, b64 at context 513 in 39.9 us)
@@ -93,22 +92,22 @@ def _chunk(kind, q, KC):
 
 
 @gluon.jit
-def _fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, t, k, ROWS: gl.constexpr):
+def _fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, t, k, ROWS: gl.constexpr, PROBE: gl.constexpr):
     """Ring slot use i: tile t's weight chunk at column k and (ROWS) the rows' chunk beside it (the step's rows are
     one row block), once the consumers have released the slot's use before; returns i + 1. Without ROWS the slot
     still expects the rows' bytes (`_projection_loads` sends them later)."""
     s = i % SK_STAGES
     mbarrier.wait(empty.index(s), ((i // SK_STAGES) & 1) ^ 1)  # (a barrier starts as if its phase 1 were done)
-    mbarrier.expect(ready.index(s), (BM + BN) * BK * 2)
+    mbarrier.expect(ready.index(s), (BN if PROBE & 1 else BM + BN) * BK * 2)
     tma.async_copy_global_to_shared(w_desc, [t * BN, k], ready.index(s), b_ring.index(s))
-    if ROWS:
+    if ROWS and not PROBE & 1:
         tma.async_copy_global_to_shared(x_desc, [0, k], ready.index(s), a_ring.index(s))
     return i + 1
 
 
 @gluon.jit
 def _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j, EVENTS, e, events,
-                      TRACING: gl.constexpr):
+                      TRACING: gl.constexpr, PROBE: gl.constexpr):
     """A projection's chunks of this program's from ring slot i on: its first slots' weights, then (the group before
     done) their rows' chunks and the rest; returns the slot after them. Its tensor descriptors go where the group two
     before had its own, whose copies are done by then (the group before's may not be)."""
@@ -122,15 +121,16 @@ def _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty
     i0 = i
     for q in range(c, c + early):
         t, k = _chunk(kind, q, KC)
-        i = _fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, t, k, False)
+        i = _fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, t, k, False, PROBE)
     wait(EVENTS, e - 1, gl.num_programs(0))
     _clock(EVENTS, events, e, 0, TRACING)
     for q in range(c, c + early):
-        s = (i0 + q - c) % SK_STAGES
-        tma.async_copy_global_to_shared(x_desc, [0, (q % KC) * BK], ready.index(s), a_ring.index(s))
+        if not PROBE & 1:
+            s = (i0 + q - c) % SK_STAGES
+            tma.async_copy_global_to_shared(x_desc, [0, (q % KC) * BK], ready.index(s), a_ring.index(s))
     for q in range(c + early, c1):
         t, k = _chunk(kind, q, KC)
-        i = _fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, t, k, True)
+        i = _fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, t, k, True, PROBE)
     return i
 
 
@@ -156,7 +156,7 @@ def _runs(I32, REGIONS, EVENTS):
 def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, steps, REGIONS, control_at,
             seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, kv, ready, empty, kv_ready,
             kv_empty, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
-            SPLIT_SLOTS: gl.constexpr, TRACING: gl.constexpr):
+            SPLIT_SLOTS: gl.constexpr, TRACING: gl.constexpr, PROBE: gl.constexpr):
     """Each group's chunks into its ring, step after step: a projection's first slots' weights before the group
     before is done, the rest after it; attention's keys and values before it, but for the slots that hold the step's
     own keys. A step's plan: past its event, whether the loop goes on, and the step's rows."""
@@ -183,12 +183,12 @@ def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, s
                                          SPLIT_SLOTS, 4, 2, EVENTS, e)
             elif (kind <= _QKV) | (kind == _LOGITS):  # (a projection)
                 i = _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j,
-                                      EVENTS, e, events, TRACING)
+                                      EVENTS, e, events, TRACING, PROBE)
 
 
 @gluon.jit
 def _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_bar, num_rows, parts_at, tickets_at, i,
-            phase, GATED: gl.constexpr, NORM_F64: gl.constexpr):
+            phase, GATED: gl.constexpr, NORM_F64: gl.constexpr, PROBE: gl.constexpr):
     """A projection's fragments of this program's stream-K range from ring slot i on, each tile it finishes through
     `linear._epilogue`; returns the next slot and the residual barrier's phase. A fragment's residual is asked for
     once its products are done, before the cut tiles' partials are stored and summed (`tiles.finish_fragment`),
@@ -204,7 +204,10 @@ def _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_bar, nu
         t, kc0, kc1 = fragment(c, c1, KC)
         acc, i = range_product(a_ring, b_ring, ready, empty, i, kc0 * BK, gl.minimum(kc1 * BK, K), SK_STAGES)
         linear._residual(r_desc, c_smem, res_bar, 0, t, res_off, OUT)
-        finish, acc = finish_fragment(acc, t, kc0, kc1, KC, total, P, num_rows, F32, parts_at, tickets_at)
+        if PROBE & 2:  # (timing only: every fragment finishes its tile alone)
+            finish = True
+        else:
+            finish, acc = finish_fragment(acc, t, kc0, kc1, KC, total, P, num_rows, F32, parts_at, tickets_at)
         if finish:
             linear._epilogue(acc, 0, t * BN, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase, stats_off, eps,
                              res_off, bias_off, out_stats_off, GATED, NORM_F64)
@@ -217,7 +220,7 @@ def _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_bar, nu
 
 @gluon.jit
 def _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, stage, num_rows, positions_at, slots_at,
-         parts_at, tickets_at, i, NORM_F64: gl.constexpr):
+         parts_at, tickets_at, i, NORM_F64: gl.constexpr, PROBE: gl.constexpr):
     """QKV's fragments of this program's stream-K range from ring slot i on (a tile a head), each head it finishes
     through `qkv._tile_epilogue` (1/rms, bias, q/k norm, rotary, q or the paged cache); returns the next slot."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
@@ -228,12 +231,17 @@ def _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, sta
     num_n = gl.cdiv((HQ + 2 * HKV) * HD, BN)
     c, c1, KC, total, P = streamk_range(1, num_n, K, BK)
     while c < c1:
-        finish, acc, m, n, i, c = streamk_step(a_ring, b_ring, ready, empty, i, c, c1, KC, total, P, K, 1, num_n,
-                                               num_rows, F32, parts_at, tickets_at, SK_STAGES, GROUP)
+        t, kc0, kc1 = fragment(c, c1, KC)
+        acc, i = range_product(a_ring, b_ring, ready, empty, i, kc0 * BK, gl.minimum(kc1 * BK, K), SK_STAGES)
+        if PROBE & 2:  # (timing only: every fragment finishes its tile alone)
+            finish = True
+        else:
+            finish, acc = finish_fragment(acc, t, kc0, kc1, KC, total, P, num_rows, F32, parts_at, tickets_at)
+        c += kc1 - kc0
         if finish:
-            sums, rows, pos, slot = qkv._rows_of(m * BM, num_rows, F32, I32, stats_off, positions_at, slots_at,
+            sums, rows, pos, slot = qkv._rows_of(0, num_rows, F32, I32, stats_off, positions_at, slots_at,
                                                  acc_layout, half, NORM_F64, BM)
-            qkv._tile_epilogue(acc, n, sums, rows, pos, slot, stage, num_rows, K, stats_off, eps, bias_off, HQ, HKV,
+            qkv._tile_epilogue(acc, t, sums, rows, pos, slot, stage, num_rows, K, stats_off, eps, bias_off, HQ, HKV,
                                q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, step_kv_off,
                                W, ACT, F32, KV, kv_plane, HD)
     return i
@@ -267,7 +275,7 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
               res_bar, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
               NORM_F64: gl.constexpr, PART_ROWS: gl.constexpr, SPLIT_SLOTS: gl.constexpr, MAX_TOKENS: gl.constexpr,
               REQS: gl.constexpr, STEP_LOG: gl.constexpr, VB: gl.constexpr, WB: gl.constexpr,
-              MAX_NEW: gl.constexpr, SAMPLING: gl.constexpr, TRACING: gl.constexpr):
+              MAX_NEW: gl.constexpr, SAMPLING: gl.constexpr, TRACING: gl.constexpr, PROBE: gl.constexpr):
     """Each group's fragments, tiles, items or rows once the group before is done (what they read, it wrote), then
     the group's signal, step after step; a step's plan by program 0, then (its event) whether the loop goes on."""
     plain: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN], gl.bfloat16)
@@ -295,13 +303,13 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
                 wait(EVENTS, e - 1, P)
                 if kind == _QKV:
                     i = _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, heads, num_rows,
-                             positions_at, slots_at, parts_at, tickets_at, i, NORM_F64)
+                             positions_at, slots_at, parts_at, tickets_at, i, NORM_F64, PROBE)
                 elif kind == _GATED:
                     i, phase = _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, gated_outputs, res_bar,
-                                       num_rows, parts_at, tickets_at, i, phase, True, NORM_F64)
+                                       num_rows, parts_at, tickets_at, i, phase, True, NORM_F64, PROBE)
                 elif kind == _PLAIN:
                     i, phase = _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, outputs, res_bar, num_rows,
-                                       parts_at, tickets_at, i, phase, False, NORM_F64)
+                                       parts_at, tickets_at, i, phase, False, NORM_F64, PROBE)
                 elif kind == _LOGITS:
                     i = _logits(desc, W, F32, a_ring, b_ring, ready, empty, num_rows, i, NORM_F64)
                 else:  # a step's rows around its layers (`step.py`)
@@ -323,7 +331,8 @@ def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, 
                 MAX_SEQS: gl.constexpr, NORM_F64: gl.constexpr, PART_ROWS: gl.constexpr, LOADER_REGS: gl.constexpr,
                 SPLIT_SLOTS: gl.constexpr = 1, MAX_TOKENS: gl.constexpr = 1, REQS: gl.constexpr = 32,
                 STEP_LOG: gl.constexpr = 4096, VB: gl.constexpr = 1024, WB: gl.constexpr = 4096,
-                MAX_NEW: gl.constexpr = 1, SAMPLING: gl.constexpr = False, TRACING: gl.constexpr = False):
+                MAX_NEW: gl.constexpr = 1, SAMPLING: gl.constexpr = False, TRACING: gl.constexpr = False,
+                PROBE: gl.constexpr = 0):
     """`chain.decode_chain`'s for steps that only decode, of 1 to BM rows (I32[control_at]): the `groups` rows of
     GROUPS (kind, descriptor row, unused), `steps` times over (group g of step s at EVENTS[s groups + g]): the
     projections (PLAIN, GATED, QKV) stream-K (their cut tiles' partials and tickets at F32[parts_at] and
@@ -333,7 +342,9 @@ def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, 
     the LM head (LOGITS, whole tiles) and sampling, as `decode_chain` has them (`step.py`; the constexprs after
     SPLIT_SLOTS are its). EVENTS: a counter a group a step, zero at the launch. One program an SM, each waiting for
     all of them. TRACING: the times of each group's event (its loader past the event before) and of each program's
-    signal after the counters, as `decode_chain` has them (`chain._clock`)."""
+    signal after the counters, as `decode_chain` has them (`chain._clock`). PROBE (timing only, the outputs wrong: 0
+    in use): 1, the step's rows never copied, a slot waiting for its weights alone; 2, no fragment waits for the
+    others of its tile (each finishes it alone), to see what the rows' copies and the partials' exchange cost."""
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
     w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
     halves: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HD // 2], gl.bfloat16)
@@ -351,10 +362,10 @@ def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, 
                      stats_off, stats_size, control_at, positions_at, slots_at, seq_starts_at, context_lens_at,
                      seq_req_at, req_pages_at, parts_at, tickets_at, a_ring, b_ring, kv, ready, empty, kv_ready,
                      kv_empty, staging, res_bar, PAGE, PAGES_PER_SEQ, MAX_SEQS, NORM_F64, PART_ROWS, SPLIT_SLOTS,
-                     MAX_TOKENS, REQS, STEP_LOG, VB, WB, MAX_NEW, SAMPLING, TRACING)),
+                     MAX_TOKENS, REQS, STEP_LOG, VB, WB, MAX_NEW, SAMPLING, TRACING, PROBE)),
         (_loader, (DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, steps, REGIONS, control_at,
                    seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, kv, ready, empty,
-                   kv_ready, kv_empty, PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, TRACING)),
+                   kv_ready, kv_empty, PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, TRACING, PROBE)),
     ], [1], [LOADER_REGS])
 
 
@@ -367,4 +378,5 @@ def constexprs(page_size: int, pages_per_seq: int, max_batch: int, norm_f64: boo
     lanes = max(32, 1 << (max_batch - 1).bit_length())
     return dict(PAGE=page_size, PAGES_PER_SEQ=pages_per_seq, MAX_SEQS=lanes, NORM_F64=norm_f64, PART_ROWS=part_rows,
                 LOADER_REGS=linear.LOADER_REGS, SPLIT_SLOTS=split_slots, MAX_TOKENS=max_tokens, REQS=lanes,
-                STEP_LOG=STEP_LOG, VB=sample_block, WB=sample_wide, MAX_NEW=max_new, SAMPLING=sampling)
+                STEP_LOG=STEP_LOG, VB=sample_block, WB=sample_wide, MAX_NEW=max_new, SAMPLING=sampling,
+                TRACING=False, PROBE=0)
