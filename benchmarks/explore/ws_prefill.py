@@ -274,7 +274,7 @@ def auto_splits(tokens, n, k, bm, bn, bk, sms):
     return splits
 
 
-def run_gpu(specs, tokens, warps, group, reps, shapes, min_splits=1):
+def run_gpu(specs, tokens, warps, group, reps, shapes, min_splits=1, max_splits=0, builds=tuple(BUILDS)):
     dev = "cuda"
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bw = probe_header(f"one program an SM, {warps} consumer warps + a loader warp; {tokens} tokens")
@@ -297,9 +297,10 @@ def run_gpu(specs, tokens, warps, group, reps, shapes, min_splits=1):
             splits = auto_splits(tokens, n, k, bm, bn, bk, sms)
             while 1 < splits < min_splits and k % (2 * splits * bk) == 0:  # finer splits: more, shorter tiles
                 splits *= 2
+            splits = min(splits, max_splits or splits)
             part = torch.empty(splits * -(-tokens // bm) * bm, n, device=dev, dtype=torch.float32)
             for build, (has_prefill, has_decode) in BUILDS.items():
-                if claim and build != "prefill":
+                if claim and build != "prefill" or build not in builds:
                     continue
                 opts = options(bm, bn, bk, stages, gated, warps, group, build, split=splits > 1, claim=claim)
                 for run in [r for r, on in (("prefill", has_prefill), ("decode", has_decode)) if on]:
@@ -348,13 +349,16 @@ def main():
     parser.add_argument("--shapes", default="", help="only these projections (comma-separated names)")
     parser.add_argument("--min-splits", type=int, default=1, help="split K at least this many ways where the tiles "
                         "are split at all (a power of two; the rule splits only as far as fills the programs)")
+    parser.add_argument("--max-splits", type=int, default=0, help="split K at most this many ways (1: whole-K "
+                        "tiles only, however few; 0: no cap)")
+    parser.add_argument("--builds", default=",".join(BUILDS), help="the kernels built: prefill, decode, both")
     args = parser.parse_args()
     specs = variants(args.variants)
     if args.compile_only:
         compile_only(specs, args.warps, args.group)
     else:
         run_gpu(specs, args.tokens, args.warps, args.group, args.reps, [s for s in args.shapes.split(",") if s],
-                args.min_splits)
+                args.min_splits, args.max_splits, tuple(args.builds.split(",")))
 
 
 if __name__ == "__main__":
