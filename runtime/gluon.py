@@ -154,6 +154,13 @@ class GluonCoverage:
         sequences)."""
         return first in self.streamk and 1 < size[0] <= self.streamk_rows
 
+    def batch_narrow(self, first: int) -> bool:
+        """Whether `batch.batch_chain` takes projection group `first` in whole-K tiles of NARROW_BN weight rows, a
+        tile a program (a plain projection whose tiles are no more than the programs), not stream-K."""
+        from codegen.gluon.batch import NARROW_BN
+        return self.kinds.get(first) == Kind.LINEAR and not self.gated.get(first) and \
+            -(-self.columns[first] // NARROW_BN.value) <= self.programs
+
     def batched(self, size: tuple[int, int] | None) -> bool:
         """Whether a step of `size` (tokens, sequences) is one `batch.batch_chain` takes the layers of: a step that
         only decodes, 2 to `streamk_rows` sequences."""
@@ -243,7 +250,7 @@ class GluonCoverage:
             elif (first in self.streamk) if batched else (first in self.one_row and self.rows_kind[first] == 0):
                 kind = self.kinds.get(first, Kind.LINEAR if first in self.out_kind else Kind.QKV)
                 rows.append((chain.QKV if kind == Kind.QKV else chain.GATED if self.gated.get(first) else chain.PLAIN,
-                             self.descriptor(first), 0))
+                             self.descriptor(first), int(batched and self.batch_narrow(first))))
             else:
                 why = (self.streamk_skipped if batched else self.one_row_skipped).get(first) or \
                     self.skipped.get(first) or ("not a stream-K body" if batched else "not a one-row body")
@@ -388,7 +395,8 @@ class GluonGroups(GluonCoverage):
             rows = [(codes.get(kinds[first], chain.GATED if self.gated.get(first) else chain.PLAIN),
                      self.descriptor(first),
                      int(prefill and kinds[first] != Kind.ATTENTION and (self.tiles or self.linear.tiles_for(
-                         size[0], self.columns[first], self.programs)) == self.linear.NARROW))
+                         size[0], self.columns[first], self.programs)) == self.linear.NARROW) if prefill else
+                     int(self.batch_narrow(first)))
                     for first in run if first not in self.merges]
             table = torch.tensor(rows, dtype=torch.int32).flatten().to(self.kernel.device) if run else None
             self._chains[key] = (set(run), run[0], table) if run else None

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from codegen.gluon import attention, gemv, linear, qkv, step
 from codegen.gluon.chain import (_ATTENTION, _GATED, _LOGITS, _PLAIN, _PLAN, _QKV, GR_ITEM, HD, IDS, KEYS, MAX_SPLITS,
@@ -41,6 +41,17 @@ assert qkv.STREAMK.bn == BN.value and qkv.STREAMK.bm == BM.value and qkv.STREAMK
 # one-row loop's ring holds three (`ws_decode_attention.py`, session 63: 4 stages, b64 at context 513 in 39.9 us)
 ATT_STAGES = gl.constexpr(4)
 assert 4 * ATT_STAGES.value * KEYS.value * (HD.value // 2) <= SK_STAGES.value * BN.value * BK.value
+
+# a plain projection of few weight rows (N <= NARROW_BN x the programs: Llama-3-8B's o_proj and down) in whole-K tiles
+# of NARROW_BN, a tile a program: no partials to exchange (their stores, tickets and sums were ~1 ms of a b64 step,
+# session 67: `chain_probe --probes 2`), the step's rows read whole by every program instead (from L2: not copying
+# them at all saved 2%, `--probes 1`). A ring slot holds NARROW_K columns of K: the rows' [BM, NARROW_K] over the
+# weight chunk's bytes, the weights' [NARROW_BN, NARROW_K] over the rows' chunk's, the same 24 KB.
+# (`ws_prefill --tokens 64 --max-splits 1 --variants 64x32x128/8`: o_proj 14.0 us, down 39.2, as fast as [64, 128]
+# tiles split 8 ways with their sums left out, 13.8 and 38.7.)
+NARROW_BN = gl.constexpr(32)
+NARROW_K = gl.constexpr(2 * BK.value)
+assert BM.value * NARROW_K.value <= BN.value * BK.value and NARROW_BN.value * NARROW_K.value <= BM.value * BK.value
 
 LAUNCH = linear.STREAMK.launch()  # (one consumer warp group and the loader's, the register file's whole)
 BATCH_SIGNATURE = {**SIGNATURE, "parts_at": "i64", "tickets_at": "i64", "steps": "i32", "first_step": "i32",
@@ -135,6 +146,64 @@ def _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty
 
 
 @gluon.jit
+def _narrow_views(a_ring, b_ring):
+    """The ring's slots as a narrow group's: the rows' two [BM, BK] boxes over the weight chunk's bytes, the weights'
+    two [NARROW_BN, BK] over the rows' chunk's."""
+    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
+    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NARROW_BN, BK], gl.bfloat16)
+    xs = b_ring._reinterpret(gl.bfloat16, [2 * SK_STAGES, BM, BK], x_layout)
+    ws = a_ring._reinterpret(gl.bfloat16, [2 * SK_STAGES, NARROW_BN, BK], w_layout)
+    return xs, ws
+
+
+@gluon.jit
+def _narrow_loads(desc, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j, EVENTS, e, events,
+                  TRACING: gl.constexpr):
+    """A narrow group's tile (this program's: tile pid, if any) from ring slot i on, NARROW_K columns a slot: its
+    first slots' weights, then (the group before done) their rows' boxes and the rest; returns the slot after them."""
+    _released(kv_empty, j, j, ATT_STAGES)  # (attention's slots, over the same bytes, read)
+    xs, ws = _narrow_views(a_ring, b_ring)
+    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
+    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NARROW_BN, BK], gl.bfloat16)
+    K, N, _, _, _, _, _ = linear.row(desc)
+    x_off, w_off = gl.load(desc + linear.WORDS[0]), gl.load(desc + linear.WORDS[3])
+    if e % 2 == 0:
+        x_desc = tma.make_tensor_descriptor(ACT + x_off, [num_rows, K], [K.to(gl.int64), 1], [BM, BK], x_layout)
+        w_desc = tma.make_tensor_descriptor(W + w_off, [N, K], [K.to(gl.int64), 1], [NARROW_BN, BK], w_layout)
+    else:
+        x_desc = tma.make_tensor_descriptor(ACT + x_off, [num_rows, K], [K.to(gl.int64), 1], [BM, BK], x_layout)
+        w_desc = tma.make_tensor_descriptor(W + w_off, [N, K], [K.to(gl.int64), 1], [NARROW_BN, BK], w_layout)
+    t = gl.program_id(0)
+    chunks = gl.where(t < gl.cdiv(N, NARROW_BN), gl.cdiv(K, NARROW_K), 0)
+    early = gl.minimum(chunks, SK_STAGES)
+    i0 = i
+    for q in range(0, early):
+        i = _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, t, q * NARROW_K, False)
+    wait(EVENTS, e - 1, gl.num_programs(0))
+    _clock(EVENTS, events, e, 0, TRACING)
+    for q in range(0, early):
+        s = (i0 + q) % SK_STAGES
+        for b in gl.static_range(2):
+            tma.async_copy_global_to_shared(x_desc, [0, q * NARROW_K + b * BK], ready.index(s), xs.index(2 * s + b))
+    for q in range(early, chunks):
+        i = _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, t, q * NARROW_K, True)
+    return i
+
+
+@gluon.jit
+def _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, t, k, ROWS: gl.constexpr):
+    """`_fill` for a narrow group: tile t's weight boxes at columns k, k + BK and (ROWS) the rows' beside them."""
+    s = i % SK_STAGES
+    mbarrier.wait(empty.index(s), ((i // SK_STAGES) & 1) ^ 1)
+    mbarrier.expect(ready.index(s), (BM + NARROW_BN) * NARROW_K * 2)
+    for b in gl.static_range(2):
+        tma.async_copy_global_to_shared(w_desc, [t * NARROW_BN, k + b * BK], ready.index(s), ws.index(2 * s + b))
+        if ROWS:
+            tma.async_copy_global_to_shared(x_desc, [0, k + b * BK], ready.index(s), xs.index(2 * s + b))
+    return i + 1
+
+
+@gluon.jit
 def _rows(I32, control_at):
     """The step's rows (a step that decodes: its sequences), as the plan wrote them (`volatile`: a later step's plan
     writes the word again)."""
@@ -181,6 +250,9 @@ def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, s
                                          seq_starts_at, context_lens_at, seq_req_at, req_pages_at, layer, H // HKV,
                                          HKV, splits, j, HD, GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS, ATT_STAGES, IDS,
                                          SPLIT_SLOTS, 4, 2, EVENTS, e)
+            elif (kind == _PLAIN) & (unused != 0):  # (a narrow group: whole-K tiles)
+                i = _narrow_loads(desc, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j, EVENTS, e,
+                                  events, TRACING)
             elif (kind <= _QKV) | (kind == _LOGITS):  # (a projection)
                 i = _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j,
                                       EVENTS, e, events, TRACING, PROBE)
@@ -215,6 +287,38 @@ def _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_bar, nu
             mbarrier.wait(res_bar.index(0), phase)
         phase ^= (res_off >= 0).to(gl.int32)
         c += kc1 - kc0
+    return i, phase
+
+
+@gluon.jit
+def _narrow_linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_bar, num_rows, i, phase,
+                   NORM_F64: gl.constexpr):
+    """A narrow group's tile (this program's, if any) over all of K from ring slot i on, then `linear._epilogue`
+    (its residual asked for before the products); returns the next slot and the residual barrier's phase."""
+    layout: gl.constexpr = c_smem.type.layout
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                          instr_shape=[16, NARROW_BN, 16])
+    xs, ws = _narrow_views(a_ring, b_ring)
+    K, N, stats_off, eps, res_off, bias_off, out_stats_off = linear.row(desc)
+    t = gl.program_id(0)
+    if t < gl.cdiv(N, NARROW_BN):
+        o_desc, r_desc = linear.outputs(desc, ACT, num_rows, BM, NARROW_BN, layout, False)
+        linear._residual(r_desc, c_smem, res_bar, 0, t, res_off, NARROW_BN)
+        acc = gl.zeros([BM, NARROW_BN], gl.float32, acc_layout)
+        for k in range(0, K, NARROW_K):
+            s = i % SK_STAGES
+            mbarrier.wait(ready.index(s), (i // SK_STAGES) & 1)
+            acc = warpgroup_mma(xs.index(2 * s), ws.index(2 * s).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma(xs.index(2 * s + 1), ws.index(2 * s + 1).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc, ))
+            # the slot before's products are done: it goes back to the loader
+            mbarrier.arrive(empty.index((i + SK_STAGES - 1) % SK_STAGES), count=1, pred=k > 0)
+            i += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty.index((i + SK_STAGES - 1) % SK_STAGES), count=1)
+        linear._epilogue(acc, 0, t * NARROW_BN, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase, stats_off,
+                         eps, res_off, bias_off, out_stats_off, False, NORM_F64)
+        phase ^= (res_off >= 0).to(gl.int32)
     return i, phase
 
 
@@ -282,6 +386,8 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
     gated: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN // 2], gl.bfloat16)
     outputs = staging._reinterpret(gl.bfloat16, [BM, BN], plain)
     gated_outputs = staging._reinterpret(gl.bfloat16, [BM, BN // 2], gated)
+    narrow: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, NARROW_BN], gl.bfloat16)
+    narrow_outputs = staging._reinterpret(gl.bfloat16, [BM, NARROW_BN], narrow)
     # (QKV's heads: 16-byte units swizzled by the row, `qkv.qkv_prefill`'s staging)
     heads = staging._reinterpret(gl.bfloat16, [BM, BN], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
     num_rows = _rows(I32, control_at)
@@ -307,6 +413,9 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
                 elif kind == _GATED:
                     i, phase = _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, gated_outputs, res_bar,
                                        num_rows, parts_at, tickets_at, i, phase, True, NORM_F64, PROBE)
+                elif (kind == _PLAIN) & (unused != 0):
+                    i, phase = _narrow_linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, narrow_outputs,
+                                              res_bar, num_rows, i, phase, NORM_F64)
                 elif kind == _PLAIN:
                     i, phase = _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, outputs, res_bar, num_rows,
                                        parts_at, tickets_at, i, phase, False, NORM_F64, PROBE)
@@ -334,7 +443,8 @@ def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, 
                 MAX_NEW: gl.constexpr = 1, SAMPLING: gl.constexpr = False, TRACING: gl.constexpr = False,
                 PROBE: gl.constexpr = 0):
     """`chain.decode_chain`'s for steps that only decode, of 1 to BM rows (I32[control_at]): the `groups` rows of
-    GROUPS (kind, descriptor row, unused), `steps` times over (group g of step s at EVENTS[s groups + g]): the
+    GROUPS (kind, descriptor row, narrow: a PLAIN group in whole-K tiles of NARROW_BN, one a program), `steps` times
+    over (group g of step s at EVENTS[s groups + g]): the
     projections (PLAIN, GATED, QKV) stream-K (their cut tiles' partials and tickets at F32[parts_at] and
     F32[tickets_at]: `prefill_parts` and `tickets:prefill`), attention in decode items (split where the pairs are
     fewer than the programs, in slots of SPLIT_SLOTS x 64 keys at least), and where the table has them a step's plan
