@@ -280,9 +280,11 @@ class GluonCoverage:
         with temperatures where `sampling`)."""
         from codegen.gluon import batch
         cfg = self.cfg
+        # (the sampler's passes of 4,096 logits, where the one-row loop's are of 1,024: a b64 step's sampling took 88
+        # us, twice the Triton group's, each program's passes over its chunks one after another; the same tokens)
         return {**batch.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch, self.norm_f64, cfg.block_m,
-                                   self.split_slots, cfg.max_tokens_per_step, max_new=cfg.max_new_tokens,
-                                   sample_wide=self.sample_wide, sampling=sampling),
+                                   self.split_slots, cfg.max_tokens_per_step, sample_block=4096,
+                                   max_new=cfg.max_new_tokens, sample_wide=self.sample_wide, sampling=sampling),
                 "TRACING": self.tracing, "PROBE": self.batch_probe}
 
     def gemv_rows_for(self, first: int) -> int:

@@ -1,4 +1,4 @@
-"""A batched decode step's layers as one persistent Gluon kernel: 2 to 64 rows, the projections stream-K.
+"""A batched decode step's layers as one persistent Gluon kernel: 1 to 64 rows, and the loop over such steps.
 
 The one-row loop (`chain.decode_chain`) runs its projections on the GEMV (CUDA cores), which a step of many rows
 cannot afford; the stream-K bodies (`tiles.py`: [64, 128] tiles on one consumer warp group, the programs sharing the
@@ -6,17 +6,27 @@ flattened (tile, K chunk) space in equal contiguous ranges) run them on `wgmma`,
 paid its ramp and its tail (session 63: o_proj 27.6 us for 34.7 MB, down 47.4 for 120 MB, at 64 rows). This kernel
 runs them as the one-row loop runs its groups: one program an SM walks the table's groups (QKV, attention, o_proj,
 gate/up, down, layer after layer), events between them, and its loader copies the first slots of a projection's
-weights before the group before is done (they do not depend on it), the step's rows beside them once it is; so a
-group's first products start as soon as its inputs exist, from weights already in shared memory.
+weights before the group before is done (they do not depend on it), the step's rows beside them once it is. Over
+steps (`steps` > 1, the table from `GluonCoverage.loop_rows(batched=True)`) each step is planned, embedded, its
+logits computed (the LM head in whole [64, 128] tiles) and sampled in it too, as the one-row loop does.
 
 One program an SM (the stream-K scratch holds two partials a program for 132 programs: `prefill_parts`): a loader
-warp and one consumer warp group. 208 KB of shared memory: the stream-K ring, 8 slots of a [64, 64] input chunk and a
-[128, 64] weight chunk (128 KB of weights in flight: session 63 found the stream bound by them), whose weight chunks'
-first 96 KB are also attention's ring (3 slots of 64 keys, a slot's key halves then its value halves, as the one-row
-loop's), each ring with its own barriers and slot count; a 16 KB staging buffer for a tile's outputs (a projection's,
-through which they leave by one TMA copy; QKV's heads). A ring's first copies wait until the consumers have released
-the other ring's slots (the views overlap). Attention takes decode items of 64 rows (`attention.py`), in splits where
-the step's (sequence, KV head) pairs are fewer than the programs.
+warp and one consumer warp group. 208 KB of shared memory: a ring of 8 slots, each a [64, 64] chunk of the step's
+rows and a [128, 64] weight chunk (128 KB of weights in flight: session 63 found the stream bound by them), whose
+weight chunks are also attention's ring (4 slots of 64 keys, a slot's key halves then its value halves) and, for a
+narrow group, the rows' [64, 128] chunk (the weights' [32, 128] then over the rows' chunk's bytes); each ring with its
+own barriers and slot count; a 16 KB staging buffer for a tile's outputs (a projection's, through which they leave by
+one TMA copy; QKV's heads). A ring's first copies wait until the consumers have released the other ring's slots (the
+views overlap). Attention takes decode items of 64 rows (`attention.py`), in splits where the step's (sequence, KV
+head) pairs are fewer than the programs.
+
+H200, Llama-3-8B at 64 rows and context 512 (session 67, `benchmarks/explore/chain_probe.py --batch 64`, a layer's
+groups traced, medians): QKV 27.1 us (of which the last program's tail past the median one: 12.4, its tiles' partials
+summed one at a time), attention 47.2, o_proj 17.8 (whole-K tiles; stream-K: 24.7, a tail of 10.5), gate/up 68.7,
+down 38.8 (stream-K: 44.2); the 160 groups 6.39 ms; over steps 6.80 ms a step with the LM head (267 us), sampling
+(88) and the plan (23), against the persistent Triton megakernel's TPOT of 6.67: level with it, not yet faster, so
+the runtime runs batches on that kernel. The host-driven executor takes a batched step's layers here with `chain`
+(`GluonCoverage.batch_chain`), and its decode steps in the loop (`HostDriven.generate(loop=True)`).
 """
 from __future__ import annotations
 
