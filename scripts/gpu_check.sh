@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|batch-chain|batch-probe|user-path|chain-probe|gluon-tests|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|batch-chain|batch-probe|session67|user-path|chain-probe|gluon-tests|all]
 set -uo pipefail
 # BLINK_CACHE_DIR: kernels compiled on the CPU machine and carried here (benchmarks/megakernel_tpot.py, --compile-only)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=${BLINK_CACHE_DIR:-/tmp/blink-cache}
@@ -117,6 +117,13 @@ if [[ $mode == batch-probe ]]; then  # ... where its time goes (each kind of gro
     --probes "${PROBES:-}"
   step "${CHAIN_LIMIT:-120}" python -m benchmarks.explore.chain_probe --mode loop --batch "${BATCH:-64}" --steps 8
   step "${BENCH_LIMIT:-280}" python -m benchmarks.gluon_groups --prompts "" --decode "${DECODE-64x512,8x512}"
+fi
+if [[ $mode == session67 ]]; then  # the one-row loop again after its step groups took the step's rows (`step.copy_rows`,
+  # `step.sample`), the batch-1 rows, then the batched loop's steps
+  step "${TEST_LIMIT:-300}" python -m pytest -q -s -m gpu tests/gpu -p no:cacheprovider \
+    -k "one_request_on_the_gluon or gemv_for_one_sequence or loop_samples"
+  step "${BENCH_LIMIT:-200}" python -m benchmarks.decode --decode 1x512 --ttft 512 --json "$OUT/decode.json"
+  step "${CHAIN_LIMIT:-100}" python -m benchmarks.explore.chain_probe --mode loop --batch 64 --steps 8
 fi
 if [[ $mode == user-path ]]; then  # what a user does on a fresh machine: a cold compile (the kernel, the host-driven
   # and the Gluon kernels beside it), one from the cache, then `blinkc run` twice (session 66)
