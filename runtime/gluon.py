@@ -302,11 +302,9 @@ class GluonCoverage:
 
     def one_request_launches(self) -> list[tuple]:
         """(kernel, signature, constexprs, launch options) of each Gluon launch `OneRequest` makes for this kernel: the
-        prefill chain, the LM head's GEMV, the one-row loop greedy and sampling, and for a prompt (chunk) of fewer
-        tokens than the chain takes, the stream-K projections and attention in items of 128 rows; and the batched
-        loop's (`batch.batch_chain`, greedy and sampling; a batched decode step's layers in the host-driven executor):
-        what `blinkc.build` compiles ahead of time (`runtime.gluon_kernels.precompile`). A loop whose table this kernel
-        does not fit (`loop_rows`) is left out."""
+        prefill chain, the LM head's GEMV, the loop greedy and sampling, and for a prompt (chunk) of fewer tokens than
+        the chain takes, the stream-K projections and attention in items of 128 rows: what `blinkc.build` compiles
+        ahead of time (`runtime.gluon_kernels.precompile`)."""
         from codegen.bodies.linear import OUT_F32
         from codegen.gluon import chain
         gemv = self.gemv
@@ -322,14 +320,20 @@ class GluonCoverage:
         launches += [(gemv.linear_gemv, gemv.SIGNATURE, gemv.constexprs(self.gemv_rows_for(first), self.gated[first],
                                                                           OUT_F32, self.norm_f64), gemv.LAUNCH)
                      for first in self.one_row if self.rows_kind[first] == 1 and self.out_kind[first] == OUT_F32]
-        if not self.loop_rows()[1]:
-            launches += [(chain.decode_chain, chain.DECODE_SIGNATURE, self.loop_constexprs(sampling),
-                          chain.DECODE_LAUNCH) for sampling in (False, True)]
-        if not self.loop_rows(batched=True)[1]:  # (a batched decode step's layers, and the batched loop)
-            from codegen.gluon import batch
-            launches += [(batch.batch_chain, batch.BATCH_SIGNATURE, self.batch_constexprs(sampling), batch.LAUNCH)
-                         for sampling in (False, True)]
+        launches += [(chain.decode_chain, chain.DECODE_SIGNATURE, self.loop_constexprs(sampling), chain.DECODE_LAUNCH)
+                     for sampling in (False, True)]
         return launches
+
+    def batch_launches(self) -> list[tuple]:
+        """(kernel, signature, constexprs, launch options) of the batched loop, greedy and sampling
+        (`batch.batch_chain`; a batched decode step's layers in the host-driven executor are the greedy one's): none
+        where its table does not fit this kernel. Not compiled at `blinkc compile`: the runtime does not run batches
+        on it yet (`benchmarks/explore/precompile_gluon.py` compiles them for the benchmarks)."""
+        from codegen.gluon import batch
+        if self.loop_rows(batched=True)[1]:
+            return []
+        return [(batch.batch_chain, batch.BATCH_SIGNATURE, self.batch_constexprs(sampling), batch.LAUNCH)
+                for sampling in (False, True)]
 
     def applies(self, first: int, size: tuple[int, int] | None) -> bool:
         """Whether the group of tasks from `first` is the Gluon bodies' in a step of `size` (tokens, sequences)."""
@@ -639,6 +643,6 @@ def precompile_one_request(tasks: torch.Tensor, descs: list[list[int]], config: 
     from runtime import gluon_kernels
     coverage = GluonCoverage(tasks, descs, SimpleNamespace(**config), contiguous_groups(tasks[:, 3].tolist()),
                              programs, room)
-    if coverage.loop_rows()[1] and coverage.loop_rows(batched=True)[1]:
+    if coverage.loop_rows()[1]:
         return []
     return [gluon_kernels.precompile(*launch) for launch in coverage.one_request_launches()]
