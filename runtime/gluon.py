@@ -155,11 +155,14 @@ class GluonCoverage:
         return first in self.streamk and 1 < size[0] <= self.streamk_rows
 
     def batch_narrow(self, first: int) -> bool:
-        """Whether `batch.batch_chain` takes projection group `first` in whole-K tiles of NARROW_BN weight rows, a
-        tile a program (a plain projection whose tiles are no more than the programs), not stream-K."""
+        """Whether `batch.batch_chain` takes projection group `first` in whole-K tiles of NARROW_BN weight rows, not
+        stream-K: a plain projection whose tiles are no more than the programs (a tile a program), or QKV in two
+        rounds at most (its heads whole in NARROW_BN tiles)."""
         from codegen.gluon.batch import NARROW_BN
-        return self.kinds.get(first) == Kind.LINEAR and not self.gated.get(first) and \
-            -(-self.columns[first] // NARROW_BN.value) <= self.programs
+        tiles = -(-self.columns[first] // NARROW_BN.value)
+        if self.kinds.get(first) == Kind.QKV:
+            return tiles <= 2 * self.programs and self.attention.HEAD_DIM % NARROW_BN.value == 0
+        return self.kinds.get(first) == Kind.LINEAR and not self.gated.get(first) and tiles <= self.programs
 
     def batched(self, size: tuple[int, int] | None) -> bool:
         """Whether a step of `size` (tokens, sequences) is one `batch.batch_chain` takes the layers of: a step that

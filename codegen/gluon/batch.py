@@ -36,7 +36,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from codegen.gluon import attention, gemv, linear, qkv, step
 from codegen.gluon.chain import (_ATTENTION, _GATED, _LOGITS, _PLAIN, _PLAN, _QKV, GR_ITEM, HD, IDS, KEYS, MAX_SPLITS,
-                                 SIGNATURE, _barriers, _clock, _group, _released, _signal, _step_group)
+                                 SIGNATURE, _barriers, _clock, _gemv_operands, _group, _released, _signal,
+                                 _step_group)
 from codegen.gluon.events import wait
 from codegen.gluon.linear import _norm_sums, _region, _round
 from codegen.gluon.tiles import finish_fragment, fragment, range_product, streamk_range, tile_product
@@ -167,36 +168,37 @@ def _narrow_views(a_ring, b_ring):
 
 
 @gluon.jit
-def _narrow_loads(desc, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j, EVENTS, e, events,
+def _narrow_loads(desc, is_qkv, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j, EVENTS, e, events,
                   TRACING: gl.constexpr):
-    """A narrow group's tile (this program's: tile pid, if any) from ring slot i on, NARROW_K columns a slot: its
+    """A narrow group's tiles (this program's: pid, pid + P, ..) from ring slot i on, NARROW_K columns a slot: its
     first slots' weights, then (the group before done) their rows' boxes and the rest; returns the slot after them."""
     _released(kv_empty, j, j, ATT_STAGES)  # (attention's slots, over the same bytes, read)
     xs, ws = _narrow_views(a_ring, b_ring)
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
     w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NARROW_BN, BK], gl.bfloat16)
-    K, N, _, _, _, _, _ = linear.row(desc)
-    x_off, w_off = gl.load(desc + linear.WORDS[0]), gl.load(desc + linear.WORDS[3])
+    x_off, K, w_off, N = _gemv_operands(desc, is_qkv)
     if e % 2 == 0:
         x_desc = tma.make_tensor_descriptor(ACT + x_off, [num_rows, K], [K.to(gl.int64), 1], [BM, BK], x_layout)
         w_desc = tma.make_tensor_descriptor(W + w_off, [N, K], [K.to(gl.int64), 1], [NARROW_BN, BK], w_layout)
     else:
         x_desc = tma.make_tensor_descriptor(ACT + x_off, [num_rows, K], [K.to(gl.int64), 1], [BM, BK], x_layout)
         w_desc = tma.make_tensor_descriptor(W + w_off, [N, K], [K.to(gl.int64), 1], [NARROW_BN, BK], w_layout)
-    t = gl.program_id(0)
-    chunks = gl.where(t < gl.cdiv(N, NARROW_BN), gl.cdiv(K, NARROW_K), 0)
+    pid, P = gl.program_id(0), gl.num_programs(0)
+    KC = gl.cdiv(K, NARROW_K)  # (a tile's slots; its chunk u: tile pid + (u // KC) P's columns (u % KC) NARROW_K)
+    chunks = gl.maximum(gl.cdiv(gl.cdiv(N, NARROW_BN) - pid, P), 0) * KC
     early = gl.minimum(chunks, SK_STAGES)
     i0 = i
-    for q in range(0, early):
-        i = _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, t, q * NARROW_K, False)
-    wait(EVENTS, e - 1, gl.num_programs(0))
+    for u in range(0, early):
+        i = _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, pid + (u // KC) * P, (u % KC) * NARROW_K, False)
+    wait(EVENTS, e - 1, P)
     _clock(EVENTS, events, e, 0, TRACING)
-    for q in range(0, early):
-        s = (i0 + q) % SK_STAGES
+    for u in range(0, early):
+        s = (i0 + u) % SK_STAGES
         for b in gl.static_range(2):
-            tma.async_copy_global_to_shared(x_desc, [0, q * NARROW_K + b * BK], ready.index(s), xs.index(2 * s + b))
-    for q in range(early, chunks):
-        i = _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, t, q * NARROW_K, True)
+            tma.async_copy_global_to_shared(x_desc, [0, (u % KC) * NARROW_K + b * BK], ready.index(s),
+                                            xs.index(2 * s + b))
+    for u in range(early, chunks):
+        i = _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, pid + (u // KC) * P, (u % KC) * NARROW_K, True)
     return i
 
 
@@ -260,9 +262,9 @@ def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, s
                                          seq_starts_at, context_lens_at, seq_req_at, req_pages_at, layer, H // HKV,
                                          HKV, splits, j, HD, GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS, ATT_STAGES, IDS,
                                          SPLIT_SLOTS, 4, 2, EVENTS, e)
-            elif (kind == _PLAIN) & (unused != 0):  # (a narrow group: whole-K tiles)
-                i = _narrow_loads(desc, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j, EVENTS, e,
-                                  events, TRACING)
+            elif ((kind == _PLAIN) | (kind == _QKV)) & (unused != 0):  # (a narrow group: whole-K tiles)
+                i = _narrow_loads(desc, kind == _QKV, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j,
+                                  EVENTS, e, events, TRACING)
             elif (kind <= _QKV) | (kind == _LOGITS):  # (a projection)
                 i = _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j,
                                       EVENTS, e, events, TRACING, PROBE)
@@ -306,30 +308,84 @@ def _narrow_linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_
     """A narrow group's tile (this program's, if any) over all of K from ring slot i on, then `linear._epilogue`
     (its residual asked for before the products); returns the next slot and the residual barrier's phase."""
     layout: gl.constexpr = c_smem.type.layout
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                          instr_shape=[16, NARROW_BN, 16])
-    xs, ws = _narrow_views(a_ring, b_ring)
     K, N, stats_off, eps, res_off, bias_off, out_stats_off = linear.row(desc)
     t = gl.program_id(0)
     if t < gl.cdiv(N, NARROW_BN):
         o_desc, r_desc = linear.outputs(desc, ACT, num_rows, BM, NARROW_BN, layout, False)
         linear._residual(r_desc, c_smem, res_bar, 0, t, res_off, NARROW_BN)
-        acc = gl.zeros([BM, NARROW_BN], gl.float32, acc_layout)
-        for k in range(0, K, NARROW_K):
-            s = i % SK_STAGES
-            mbarrier.wait(ready.index(s), (i // SK_STAGES) & 1)
-            acc = warpgroup_mma(xs.index(2 * s), ws.index(2 * s).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma(xs.index(2 * s + 1), ws.index(2 * s + 1).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc, ))
-            # the slot before's products are done: it goes back to the loader
-            mbarrier.arrive(empty.index((i + SK_STAGES - 1) % SK_STAGES), count=1, pred=k > 0)
-            i += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(empty.index((i + SK_STAGES - 1) % SK_STAGES), count=1)
+        acc, i = _narrow_product(a_ring, b_ring, ready, empty, i, K)
         linear._epilogue(acc, 0, t * NARROW_BN, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase, stats_off,
                          eps, res_off, bias_off, out_stats_off, False, NORM_F64)
         phase ^= (res_off >= 0).to(gl.int32)
     return i, phase
+
+
+@gluon.jit
+def _narrow_product(a_ring, b_ring, ready, empty, i, K):
+    """A narrow tile's fp32 [BM, NARROW_BN] products over all of K from ring slot i on; returns them and the next
+    tile's slot."""
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                          instr_shape=[16, NARROW_BN, 16])
+    xs, ws = _narrow_views(a_ring, b_ring)
+    acc = gl.zeros([BM, NARROW_BN], gl.float32, acc_layout)
+    for k in range(0, K, NARROW_K):
+        s = i % SK_STAGES
+        mbarrier.wait(ready.index(s), (i // SK_STAGES) & 1)
+        acc = warpgroup_mma(xs.index(2 * s), ws.index(2 * s).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(xs.index(2 * s + 1), ws.index(2 * s + 1).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc, ))
+        # the slot before's products are done: it goes back to the loader
+        mbarrier.arrive(empty.index((i + SK_STAGES - 1) % SK_STAGES), count=1, pred=k > 0)
+        i += 1
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    mbarrier.arrive(empty.index((i + SK_STAGES - 1) % SK_STAGES), count=1)
+    return acc, i
+
+
+@gluon.jit
+def _narrow_qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, num_rows, positions_at, slots_at,
+                parts_at, tickets_at, i, NORM_F64: gl.constexpr):
+    """QKV in whole-K tiles of NARROW_BN (this program's: pid, pid + P, ..), each tile's values (1/rms, bias, rounded
+    to bf16, as `_prefill_epilogue`) into a bf16 scratch of the step's [rows, heads x HD] at F32[parts_at], then its
+    head's ticket at F32[tickets_at + head]; the tile that completes a head (the last of its HD / NARROW_BN) reads the
+    head back and runs `qkv._store_head` (q/k norm, rotary, q or the paged cache) for it, as the one-row GEMV's
+    units do (`gemv.qkv_units`). Returns the next slot."""
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                          instr_shape=[16, NARROW_BN, 16])
+    half: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+    HALF: gl.constexpr = HD // 2
+    PER_HEAD: gl.constexpr = HD // NARROW_BN
+    K, HQ, HKV, stats_off, eps, bias_off, q_norm_off, k_norm_off, qk_eps, q_out_off, layer, rope_off, has_qk_norm, \
+        step_kv_off = qkv.row(desc)
+    heads = HQ + 2 * HKV
+    N = heads * HD
+    scratch = (F32 + _region(parts_at)).to(gl.pointer_type(gl.bfloat16), bitcast=True)
+    rows = gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
+    sums = qkv._row_sums(0, num_rows, F32, stats_off, acc_layout, NORM_F64, BM)
+    for t in range(gl.program_id(0), gl.cdiv(N, NARROW_BN), gl.num_programs(0)):
+        acc, i = _narrow_product(a_ring, b_ring, ready, empty, i, K)
+        y = qkv._scaled(acc, t, sums, K, eps, stats_off, bias_off, W, heads, HD).to(gl.bfloat16)
+        cols = t * NARROW_BN + gl.arange(0, NARROW_BN, layout=gl.SliceLayout(0, acc_layout))
+        gl.store(scratch + rows[:, None] * N + cols[None, :], y, mask=(rows < num_rows)[:, None])
+        gl.thread_barrier()  # every thread's values stored before the ticket publishes them
+        head = t // PER_HEAD
+        arrived = gl.atomic_add(F32 + tickets_at + head, 1.0, sem="acq_rel")
+        gl.thread_barrier()
+        if arrived == PER_HEAD - 1:
+            gl.store(F32 + tickets_at + head, 0.0)  # (for the group after)
+            hrows = gl.arange(0, BM, layout=gl.SliceLayout(1, half))
+            j = gl.arange(0, HALF, layout=gl.SliceLayout(0, half))
+            mask = (hrows < num_rows)[:, None] & (j < HALF)[None, :]
+            at = scratch + hrows[:, None] * N + head * HD + j[None, :]
+            lo = gl.load(at, mask=mask, other=0.0, cache_modifier=".cg").to(gl.float32)
+            hi = gl.load(at + HALF, mask=mask, other=0.0, cache_modifier=".cg").to(gl.float32)
+            pos, slot = qkv._row_words(hrows, hrows < num_rows, I32, positions_at, slots_at)
+            angles = F32 + _region(rope_off) + pos[:, None] * HD + j[None, :]
+            pos_cos = _round(gl.load(angles, mask=mask, other=0.0))
+            pos_sin = _round(gl.load(angles + HALF, mask=mask, other=0.0))
+            qkv._store_head(lo, hi, head, hrows, j, mask, pos_cos, pos_sin, W, ACT, KV, kv_plane, HQ, HKV,
+                            q_norm_off, k_norm_off, qk_eps, q_out_off, layer, has_qk_norm, step_kv_off, slot, HD)
+    return i
 
 
 @gluon.jit
@@ -417,7 +473,10 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
                                             MAX_SEQS, ATT_STAGES, SPLIT_SLOTS, PART_ROWS, MAX_SPLITS, 4, 2, EVENTS, e)
             else:
                 wait(EVENTS, e - 1, P)
-                if kind == _QKV:
+                if (kind == _QKV) & (unused != 0):
+                    i = _narrow_qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, num_rows,
+                                    positions_at, slots_at, parts_at, tickets_at, i, NORM_F64)
+                elif kind == _QKV:
                     i = _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, heads, num_rows,
                              positions_at, slots_at, parts_at, tickets_at, i, NORM_F64, PROBE)
                 elif kind == _GATED:
