@@ -1,7 +1,7 @@
 """The Gluon kernels of every artifact in Blink's cache, compiled (again) into it for 132 SMs: what `blinkc compile`
-does beside a kernel's compile (`runtime.gluon.precompile_one_request`), and the batched loop's
-(`GluonCoverage.batch_launches`), for artifacts the cache already holds, whose Gluon kernels an edit under codegen/gluon
-has made stale (their keys hold its source; the artifacts' do not).
+does beside a kernel's compile (`GluonCoverage.one_request_launches`, here whether or not the one-row loop takes the
+kernel), and the batched loop's (`GluonCoverage.batch_launches`), for artifacts the cache already holds, whose Gluon
+kernels an edit under codegen/gluon has made stale (their keys hold its source; the artifacts' do not).
 
     BLINK_CACHE_DIR=.blink-cache/c67 python -m benchmarks.explore.precompile_gluon
 """
@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from blinkc.build import HOPPER_SMS
 from blinkc.env import cache_dir
 from runtime import gluon_kernels
-from runtime.gluon import GluonCoverage, precompile_one_request
+from runtime.gluon import GluonCoverage
 from runtime.host_driven import contiguous_groups
 
 
@@ -30,11 +30,10 @@ def main() -> None:
         regions = manifest["layout"]["regions"]
         room = tuple(regions[name][2] if name in regions else 0 for name in ("prefill_parts", "tickets:prefill"))
         start = time.perf_counter()
-        paths = precompile_one_request(tables["tasks"], tables["descs"].tolist(), manifest["config"], HOPPER_SMS,
-                                       room)
         coverage = GluonCoverage(tables["tasks"], tables["descs"].tolist(), SimpleNamespace(**manifest["config"]),
                                  contiguous_groups(tables["tasks"][:, 3].tolist()), HOPPER_SMS, room)
-        paths += [gluon_kernels.precompile(*launch) for launch in coverage.batch_launches()]
+        launches = coverage.one_request_launches() + coverage.batch_launches()  # (the prefill's whatever the loop)
+        paths = [gluon_kernels.precompile(*launch) for launch in launches]
         print(f"{manifest_path.parent.name}: {len(paths)} Gluon kernels in {time.perf_counter() - start:.0f} s",
               flush=True)
 
