@@ -257,7 +257,8 @@ class GluonCoverage:
             else:
                 why = (self.streamk_skipped if batched else self.one_row_skipped).get(first) or \
                     self.skipped.get(first) or ("not a stream-K body" if batched else "not a one-row body")
-                return rows, f"a group (task {first}) the {'batched' if batched else 'one-row'} bodies do not take: {why}"
+                which = "batched" if batched else "one-row"
+                return rows, f"a group (task {first}) the {which} bodies do not take: {why}"
         return rows, None
 
     def prefill_chain_constexprs(self) -> dict:

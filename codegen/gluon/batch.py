@@ -14,17 +14,17 @@ One program an SM (the stream-K scratch holds two partials a program for 132 pro
 warp and one consumer warp group. 208 KB of shared memory: a ring of 8 slots, each a [64, 64] chunk of the step's
 rows and a [128, 64] weight chunk (128 KB of weights in flight: session 63 found the stream bound by them), whose
 weight chunks are also attention's ring (4 slots of 64 keys, a slot's key halves then its value halves) and, for a
-narrow group, the rows' [64, 128] chunk (the weights' [32, 128] then over the rows' chunk's bytes); each ring with its
-own barriers and slot count; a 16 KB staging buffer for a tile's outputs (a projection's, through which they leave by
-one TMA copy; QKV's heads). A ring's first copies wait until the consumers have released the other ring's slots (the
-views overlap). Attention takes decode items of 64 rows (`attention.py`), in splits where the step's (sequence, KV
-head) pairs are fewer than the programs.
+narrow group (o_proj, down, QKV: whole-K tiles of 32 weight rows), the rows' [64, 128] chunk (the weights' [32, 128]
+then over the rows' chunk's bytes); each ring with its own barriers and slot count; a 16 KB staging buffer for a
+tile's outputs (a projection's, through which they leave by one TMA copy; QKV's heads). A ring's first copies wait
+until the consumers have released the other ring's slots (the views overlap). Attention takes decode items of 64
+rows (`attention.py`), in splits where the step's (sequence, KV head) pairs are fewer than the programs.
 
 H200, Llama-3-8B at 64 rows and context 512 (session 67, `benchmarks/explore/chain_probe.py --batch 64`, a layer's
-groups traced, medians): QKV 27.1 us (of which the last program's tail past the median one: 12.4, its tiles' partials
-summed one at a time), attention 47.2, o_proj 17.8 (whole-K tiles; stream-K: 24.7, a tail of 10.5), gate/up 68.7,
-down 38.8 (stream-K: 44.2); the 160 groups 6.39 ms; over steps 6.80 ms a step with the LM head (267 us), sampling
-(88) and the plan (23), against the persistent Triton megakernel's TPOT of 6.67: level with it, not yet faster, so
+groups traced, medians): QKV 27.2 us (whole-K tiles in two rounds; stream-K: 27.1, a 12.4-us tail of its tiles'
+partials summed one at a time), attention 46.2, o_proj 17.7 (whole-K; stream-K: 24.7, a tail of 10.5), gate/up 68.3,
+down 37.3 (stream-K: 44.2); the 160 groups 6.31 ms; over steps 6.73 ms a step with the LM head (268 us), sampling
+(81) and the plan (23), against the persistent Triton megakernel's TPOT of 6.63: level with it, not yet faster, so
 the runtime runs batches on that kernel. The host-driven executor takes a batched step's layers here with `chain`
 (`GluonCoverage.batch_chain`), and its decode steps in the loop (`HostDriven.generate(loop=True)`).
 """

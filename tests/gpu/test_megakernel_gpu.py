@@ -369,7 +369,7 @@ def test_a_batched_decode_steps_layers_in_one_launch_on_gpu(batch, tmp_path):
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     out = driver.generate(prompts, params)
     assert_within_bf16_tolerance(driver.kernel, model, [p + c.tokens for p, c in zip(prompts, out)])
-    looped = driver.generate(prompts, params, loop=True)  # (from the second decode step: `batch.batch_chain` over steps)
+    looped = driver.generate(prompts, params, loop=True)  # (from the second decode step: `batch_chain` over steps)
     assert all(len(c.tokens) == 4 for c in looped)
     assert_within_bf16_tolerance(driver.kernel, model, [p + c.tokens for p, c in zip(prompts, looped)])
     driver.gluon.batch_chain = False
