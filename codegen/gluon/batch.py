@@ -34,10 +34,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from codegen.gluon import attention, gemv, linear, qkv, step
-from codegen.gluon.chain import (_ATTENTION, _GATED, _LOGITS, _PLAIN, _PLAN, _QKV, GR_ITEM, HD, IDS, KEYS, MAX_SPLITS,
-                                 SIGNATURE, _barriers, _clock, _gemv_operands, _group, _released, _signal,
-                                 _step_group)
+from codegen.gluon import gemv, linear, qkv, step
+from codegen.gluon.chain import (_ATTENTION, _GATED, _LOGITS, _PLAIN, _PLAN, _QKV, HD, KEYS, SIGNATURE, _barriers,
+                                 _clock, _gemv_operands, _group, _released, _signal, _step_group,
+                                 decode_attention_items, decode_attention_loads)
 from codegen.gluon.events import wait
 from codegen.gluon.linear import _norm_sums, _region, _round
 from codegen.gluon.tiles import finish_fragment, fragment, range_product, streamk_range, tile_product
@@ -257,11 +257,9 @@ def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, s
             elif kind == _ATTENTION:
                 _released(empty, i, i, SK_STAGES)  # (the stream-K ring's slots, over the same bytes, read)
                 _clock(EVENTS, events, e, 0, TRACING)  # (its items' older keys go in before the event)
-                _, _, H, HKV, layer, _, splits, _, _ = attention.row(desc)
-                j = attention.load_items(KV, kv_plane, kv_rows, I32, kv, kv, kv_ready, kv_empty, control_at,
-                                         seq_starts_at, context_lens_at, seq_req_at, req_pages_at, layer, H // HKV,
-                                         HKV, splits, j, HD, GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS, ATT_STAGES, IDS,
-                                         SPLIT_SLOTS, 4, 2, EVENTS, e)
+                j = decode_attention_loads(desc, KV, kv_plane, kv_rows, I32, kv, kv_ready, kv_empty, control_at,
+                                           seq_starts_at, context_lens_at, seq_req_at, req_pages_at, j, EVENTS, e,
+                                           PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS)
             elif ((kind == _PLAIN) | (kind == _QKV)) & (unused != 0):  # (a narrow group: whole-K tiles)
                 i = _narrow_loads(desc, kind == _QKV, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j,
                                   EVENTS, e, events, TRACING)
@@ -465,12 +463,10 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
     for e in range(steps * groups):
         if running != 0:
             kind, desc, unused = _group(DESCS, GROUPS, e % groups)
-            if kind == _ATTENTION:  # (an item's queries once the group before is done: `attention.consume_items`)
-                q_off, out_off, H, HKV, _, scale, splits, part_off, ticket_off = attention.row(desc)
-                j = attention.consume_items(ACT, F32, I32, kv, kv, kv_ready, kv_empty, control_at, seq_starts_at,
-                                            context_lens_at, seq_req_at, req_pages_at, q_off, out_off, H, HKV, scale,
-                                            splits, part_off, ticket_off, j, HD, GR_ITEM, PAGE, PAGES_PER_SEQ,
-                                            MAX_SEQS, ATT_STAGES, SPLIT_SLOTS, PART_ROWS, MAX_SPLITS, 4, 2, EVENTS, e)
+            if kind == _ATTENTION:
+                j = decode_attention_items(desc, ACT, F32, I32, kv, kv_ready, kv_empty, control_at, seq_starts_at,
+                                           context_lens_at, seq_req_at, req_pages_at, j, EVENTS, e, PAGE,
+                                           PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, PART_ROWS)
             else:
                 wait(EVENTS, e - 1, P)
                 if (kind == _QKV) & (unused != 0):

@@ -393,11 +393,9 @@ def _decode_loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, gr
                 _released(empty, i, i, SLOTS_)
                 _stamp(EVENTS, events, 1, 1, TRACING)
                 _clock(EVENTS, events, e, 0, TRACING)
-                _, _, H, HKV, layer, _, splits, _, _ = attention.row(desc)
-                j = attention.load_items(KV, kv_plane, kv_rows, I32, kv, kv, kv_ready, kv_empty, control_at,
-                                         seq_starts_at, context_lens_at, seq_req_at, req_pages_at, layer, H // HKV,
-                                         HKV, splits, j, HD, GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS, STAGES, IDS,
-                                         SPLIT_SLOTS, 4, 2, EVENTS, e)
+                j = decode_attention_loads(desc, KV, kv_plane, kv_rows, I32, kv, kv_ready, kv_empty, control_at,
+                                           seq_starts_at, context_lens_at, seq_req_at, req_pages_at, j, EVENTS, e,
+                                           PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS)
             elif (kind <= _QKV) | (kind == _LOGITS):  # (a projection)
                 i = _gemv_loads(desc, kind == _QKV, W, ACT, w_ring, x_ring, ready, empty, kv_empty, i, j,
                                 ends_before, EVENTS, events, e, GR, SLOTS_, TRACING)
@@ -465,11 +463,9 @@ def _decode_consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, grou
             _stamp(EVENTS, events, 5, 1, TRACING)
             _stamp(EVENTS, events, 6, i, TRACING)
             if kind == _ATTENTION:  # (an item's queries once the group before is done: `attention.consume_items`)
-                q_off, out_off, H, HKV, _, scale, splits, part_off, ticket_off = attention.row(desc)
-                j = attention.consume_items(ACT, F32, I32, kv, kv, kv_ready, kv_empty, control_at, seq_starts_at,
-                                            context_lens_at, seq_req_at, req_pages_at, q_off, out_off, H, HKV, scale,
-                                            splits, part_off, ticket_off, j, HD, GR_ITEM, PAGE, PAGES_PER_SEQ,
-                                            MAX_SEQS, STAGES, SPLIT_SLOTS, PART_ROWS, MAX_SPLITS, 4, 2, EVENTS, e)
+                j = decode_attention_items(desc, ACT, F32, I32, kv, kv_ready, kv_empty, control_at, seq_starts_at,
+                                           context_lens_at, seq_req_at, req_pages_at, j, EVENTS, e, PAGE,
+                                           PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, PART_ROWS)
             elif kind == _QKV:
                 i = _decode_qkv(desc, W, ACT, F32, I32, KV, kv_plane, w_ring, x_ring, ready, empty, positions_at,
                                 slots_at, i, EVENTS, e, SLOTS_, NORM_F64)
@@ -494,6 +490,35 @@ def _decode_consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, grou
             if kind == _PLAN:
                 wait(EVENTS, e, P)
                 running = _runs(I32, REGIONS, EVENTS)
+
+
+@gluon.jit
+def decode_attention_loads(desc, KV, kv_plane, kv_rows, I32, kv, kv_ready, kv_empty, control_at, seq_starts_at,
+                           context_lens_at, seq_req_at, req_pages_at, j, EVENTS, e, PAGE: gl.constexpr,
+                           PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, SPLIT_SLOTS: gl.constexpr):
+    """A decode loop's attention group's keys and values into `kv` (its ring's slots, kv_ready's count of them: a
+    slot's key halves then its value halves) from slot j on, items of GR_ITEM rows, the older keys before the group
+    before is done (`attention.load_items`); returns the slot after them."""
+    SLOTS: gl.constexpr = kv_ready.type.shape[0]
+    _, _, H, HKV, layer, _, splits, _, _ = attention.row(desc)
+    return attention.load_items(KV, kv_plane, kv_rows, I32, kv, kv, kv_ready, kv_empty, control_at, seq_starts_at,
+                                context_lens_at, seq_req_at, req_pages_at, layer, H // HKV, HKV, splits, j, HD,
+                                GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS, SLOTS, IDS, SPLIT_SLOTS, 4, 2, EVENTS, e)
+
+
+@gluon.jit
+def decode_attention_items(desc, ACT, F32, I32, kv, kv_ready, kv_empty, control_at, seq_starts_at, context_lens_at,
+                           seq_req_at, req_pages_at, j, EVENTS, e, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr,
+                           MAX_SEQS: gl.constexpr, SPLIT_SLOTS: gl.constexpr, PART_ROWS: gl.constexpr):
+    """`decode_attention_loads`' items: each one's queries once the group before is done, its online softmax over
+    the ring's slots from j on, its outputs or its split's partial (`attention.consume_items`); returns the slot
+    after them."""
+    SLOTS: gl.constexpr = kv_ready.type.shape[0]
+    q_off, out_off, H, HKV, _, scale, splits, part_off, ticket_off = attention.row(desc)
+    return attention.consume_items(ACT, F32, I32, kv, kv, kv_ready, kv_empty, control_at, seq_starts_at,
+                                   context_lens_at, seq_req_at, req_pages_at, q_off, out_off, H, HKV, scale, splits,
+                                   part_off, ticket_off, j, HD, GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS, SLOTS,
+                                   SPLIT_SLOTS, PART_ROWS, MAX_SPLITS, 4, 2, EVENTS, e)
 
 
 @gluon.jit
