@@ -401,12 +401,12 @@ class GluonGroups(GluonCoverage):
             codes = {Kind.QKV: chain.QKV, Kind.ATTENTION: chain.ATTENTION}
             # (a group the GEMV takes in one-row steps is a projection's where it is not QKV's)
             kinds = {first: self.kinds.get(first, Kind.LINEAR if first in self.out_kind else Kind.QKV) for first in run}
-            prefill = size[0] > size[1]
+            prefill, batched = size[0] > size[1], self.batched(size)
             rows = [(codes.get(kinds[first], chain.GATED if self.gated.get(first) else chain.PLAIN),
                      self.descriptor(first),
                      int(prefill and kinds[first] != Kind.ATTENTION and (self.tiles or self.linear.tiles_for(
-                         size[0], self.columns[first], self.programs)) == self.linear.NARROW) if prefill else
-                     int(self.batch_narrow(first)))
+                         size[0], self.columns[first], self.programs)) == self.linear.NARROW or
+                         batched and self.batch_narrow(first)))
                     for first in run if first not in self.merges]
             table = torch.tensor(rows, dtype=torch.int32).flatten().to(self.kernel.device) if run else None
             self._chains[key] = (set(run), run[0], table) if run else None

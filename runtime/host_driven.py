@@ -124,7 +124,7 @@ class HostDriven:
             size = self.kernel.last_step_size() if loop and step > 0 else None
             if size == (1, 1) and len(prompts) == 1:
                 step = self.run_loop(step, limit - step, sampling)
-            elif size is not None and 1 < size[0] == size[1] <= self.gluon.streamk_rows:
+            elif self.gluon is not None and self.gluon.batched(size):
                 step = self.run_loop(step, limit - step, sampling, batched=True)
             else:
                 self.step(step)
