@@ -65,6 +65,9 @@ class GluonCoverage:
         self.one_row_chain: bool | str = True
         self.batch_chain = True  # a batched decode step's layers too (`batch.batch_chain`)
         self.batch_probe = 0  # `batch.batch_chain`'s timing-only PROBE (`benchmarks/explore/chain_probe.py`)
+        # the batched loop sampler's passes of logits, where the one-row loop's are of 1,024: a b64 step's sampling
+        # took 88 us in passes of 1,024 (twice the Triton group's, each program's passes one after another), 81 in 4,096
+        self.batch_sample_block = 4096
         self.min_rows = (cfg.wide_m or (32 if cfg.max_batch <= 32 else 64)) + 1  # (`CompileConfig.wide_rows`)
         self.covered: dict[int, int] = {}  # first task of a group -> its descriptor's row
         self.kinds: dict[int, Kind] = {}
@@ -284,10 +287,8 @@ class GluonCoverage:
         with temperatures where `sampling`)."""
         from codegen.gluon import batch
         cfg = self.cfg
-        # (the sampler's passes of 4,096 logits, where the one-row loop's are of 1,024: a b64 step's sampling took 88
-        # us, twice the Triton group's, each program's passes over its chunks one after another; the same tokens)
         return {**batch.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch, self.norm_f64, cfg.block_m,
-                                   self.split_slots, cfg.max_tokens_per_step, sample_block=4096,
+                                   self.split_slots, cfg.max_tokens_per_step, sample_block=self.batch_sample_block,
                                    max_new=cfg.max_new_tokens, sample_wide=self.sample_wide, sampling=sampling),
                 "TRACING": self.tracing, "PROBE": self.batch_probe}
 

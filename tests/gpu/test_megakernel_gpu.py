@@ -381,6 +381,26 @@ def test_a_batched_decode_steps_layers_in_one_launch_on_gpu(batch, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+def test_the_batched_loop_samples_on_gpu(tmp_path):
+    """The batched loop's sampling with temperatures (`step.sample` over every sequence: each one's chunks, partials,
+    ticket and cut scratch its own) draws the tokens the Triton sample tasks draw for the same requests and seeds (the
+    host-driven executor's group kernels, after the same layers), one request greedy among them, and a seed's draws
+    repeat bit for bit. (Top-k 1 at a temperature is not greedy here: random weights' bf16 logits tie at the top, and
+    a draw among the tied need not be the first.)"""
+    driver, model = gluon_driver(tmp_path, case_config(8), True)
+    g = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in (5, 17, 30, 9)]
+    params = [SamplingParams(max_tokens=6, temperature=t, top_k=k, top_p=p, seed=7 + r, ignore_eos=True)
+              for r, (t, k, p) in enumerate(((0.8, 50, 0.9), (0.0, 0, 1.0), (1.2, 1, 1.0), (0.5, 0, 0.8)))]
+    looped = driver.generate(prompts, params, loop=True)
+    assert [c.tokens for c in driver.generate(prompts, params, loop=True)] == [c.tokens for c in looped]
+    assert all(len(c.tokens) == 6 for c in looped)
+    assert [c.tokens for c in driver.generate(prompts, params)] == [c.tokens for c in looped]
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("way", ["groups", "chain", "loop"])
 def test_gluon_gemv_for_one_sequence_on_gpu(way, tmp_path):
     """One prompt of 200 tokens, then decode steps of its one row: every projection and the LM head in the GEMV
