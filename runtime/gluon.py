@@ -413,7 +413,7 @@ class GluonGroups(GluonCoverage):
             self._chains[key] = (set(run), run[0], table) if run else None
         return self._chains[key]
 
-    def _zero_events(self, events: int, one_row: bool) -> None:
+    def _zero_events(self, events: int) -> None:
         """Zeroes the stop word and `events` counters (and the stamps after them where traced), grown if short."""
         programs = self.gemv.PER_SM * self.programs
         words = 1 + events + (8 * programs + 2 * programs * events if self.tracing else 0)
@@ -432,7 +432,7 @@ class GluonGroups(GluonCoverage):
         attention = next(first for first, kind in self.kinds.items() if kind == Kind.ATTENTION)
         rows, programs = table.numel() // chain.ROW, self.gemv.PER_SM * self.programs
         if not zeroed:
-            self._zero_events(rows * steps, one_row)
+            self._zero_events(rows * steps)
         args = (k.descs, k.weights, k.act, k.f32, k.i32, k.kv, k.kv_plane, k.kv.numel() // self.columns[attention],
                 table, self.counters, rows, self.control_at, self.positions_at, self.slots_at,
                 *self.plan_at)
@@ -482,7 +482,7 @@ class GluonGroups(GluonCoverage):
         rows = len(self.loop_kinds(batched))
         if self._counts.numel() < rows * steps:
             self._counts = torch.empty(rows * steps, dtype=torch.int32, pin_memory=True)
-        self._zero_events(rows * steps, True)
+        self._zero_events(rows * steps)
 
     def launch_loop(self, first_step: int, steps: int, sampling: bool = False, prepared: bool = False,
                     batched: bool = False) -> int:

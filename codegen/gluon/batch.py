@@ -40,7 +40,7 @@ from codegen.gluon.chain import (_ATTENTION, _GATED, _LOGITS, _PLAIN, _PLAN, _QK
                                  decode_attention_items, decode_attention_loads)
 from codegen.gluon.events import wait
 from codegen.gluon.linear import _norm_sums, _region, _round
-from codegen.gluon.tiles import finish_fragment, fragment, range_product, streamk_range, tile_product
+from codegen.gluon.tiles import finish_fragment, fragment, operands, range_product, streamk_range, tile_product
 from codegen.layout import STEP_LOG
 
 BM = gl.constexpr(linear.STREAMK.bm)  # a tile's rows: the step's
@@ -53,8 +53,8 @@ assert qkv.STREAMK.bn == BN.value and qkv.STREAMK.bm == BM.value and qkv.STREAMK
 ATT_STAGES = gl.constexpr(4)
 assert 4 * ATT_STAGES.value * KEYS.value * (HD.value // 2) <= SK_STAGES.value * BN.value * BK.value
 
-# a plain projection of few weight rows (N <= NARROW_BN x the programs: Llama-3-8B's o_proj and down) in whole-K tiles
-# of NARROW_BN, a tile a program: no partials to exchange (their stores, tickets and sums were ~1 ms of a b64 step,
+# a plain projection of few weight rows (N <= NARROW_BN x the programs: Llama-3-8B's o_proj and down; QKV in two
+# rounds, `GluonCoverage.batch_narrow`) in whole-K tiles of NARROW_BN, a tile a program: no partials to exchange (their stores, tickets and sums were ~1 ms of a b64 step,
 # session 67: `chain_probe --probes 2`), the step's rows read whole by every program instead (from L2: not copying
 # them at all saved 2%, `--probes 1`). A ring slot holds NARROW_K columns of K: the rows' [BM, NARROW_K] over the
 # weight chunk's bytes, the weights' [NARROW_BN, NARROW_K] over the rows' chunk's, the same 24 KB.
@@ -79,10 +79,7 @@ def _operands(desc, kind, W, ACT, num_rows):
         N = (HQ + 2 * HKV) * HD
     elif kind == _LOGITS:  # (the sequences' rows, `gather`'s copy: as many as the step's in a step that decodes)
         x_off, K, w_off, N, _, _, _, _, _, _ = gemv.linear_row(desc)
-        x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
-        w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
-        x_desc = tma.make_tensor_descriptor(ACT + x_off, [num_rows, K], [K.to(gl.int64), 1], [BM, BK], x_layout)
-        w_desc = tma.make_tensor_descriptor(W + w_off, [N, K], [K.to(gl.int64), 1], [BN, BK], w_layout)
+        x_desc, w_desc = operands(ACT + x_off, K.to(gl.int64), num_rows, W + w_off, N, K, BM, BN, BK)
     else:
         x_desc, w_desc = linear.inputs(desc, W, ACT, num_rows, BM, BN)
         K, N, _, _, _, _, _ = linear.row(desc)
@@ -174,15 +171,11 @@ def _narrow_loads(desc, is_qkv, W, ACT, num_rows, a_ring, b_ring, ready, empty, 
     first slots' weights, then (the group before done) their rows' boxes and the rest; returns the slot after them."""
     _released(kv_empty, j, j, ATT_STAGES)  # (attention's slots, over the same bytes, read)
     xs, ws = _narrow_views(a_ring, b_ring)
-    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
-    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NARROW_BN, BK], gl.bfloat16)
     x_off, K, w_off, N = _gemv_operands(desc, is_qkv)
     if e % 2 == 0:
-        x_desc = tma.make_tensor_descriptor(ACT + x_off, [num_rows, K], [K.to(gl.int64), 1], [BM, BK], x_layout)
-        w_desc = tma.make_tensor_descriptor(W + w_off, [N, K], [K.to(gl.int64), 1], [NARROW_BN, BK], w_layout)
+        x_desc, w_desc = operands(ACT + x_off, K.to(gl.int64), num_rows, W + w_off, N, K, BM, NARROW_BN, BK)
     else:
-        x_desc = tma.make_tensor_descriptor(ACT + x_off, [num_rows, K], [K.to(gl.int64), 1], [BM, BK], x_layout)
-        w_desc = tma.make_tensor_descriptor(W + w_off, [N, K], [K.to(gl.int64), 1], [NARROW_BN, BK], w_layout)
+        x_desc, w_desc = operands(ACT + x_off, K.to(gl.int64), num_rows, W + w_off, N, K, BM, NARROW_BN, BK)
     pid, P = gl.program_id(0), gl.num_programs(0)
     KC = gl.cdiv(K, NARROW_K)  # (a tile's slots; its chunk u: tile pid + (u // KC) P's columns (u % KC) NARROW_K)
     chunks = gl.maximum(gl.cdiv(gl.cdiv(N, NARROW_BN) - pid, P), 0) * KC
