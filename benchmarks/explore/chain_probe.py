@@ -138,6 +138,9 @@ def main() -> None:
     parser.add_argument("--probes", default="", help="with --batch: the chain timed again with each of these "
                         "timing-only PROBE values of `batch.batch_chain` (1: no rows copied, 2: no partials "
                         "exchanged, 3: both), e.g. 1,2,3")
+    parser.add_argument("--tiles", default="", help="with --batch: the chain timed again with a layer's groups' "
+                        "third column of the table (1: whole-K narrow tiles, 0: stream-K; `GluonCoverage.batch_narrow`)"
+                        " set to each of these, e.g. 1,0,1,0,1/0,0,0,0,0 (QKV, attention, o_proj, gate/up, down)")
     parser.add_argument("--wait", type=float, default=15.0, help="seconds before the step counts as stuck")
     parser.add_argument("--repeats", type=int, default=10, help="the chain's launches timed each way (best kept)")
     args = parser.parse_args()
@@ -213,6 +216,19 @@ def main() -> None:
                 torch.cuda.synchronize()
                 timeline(g.counters[:words].cpu(), kinds, programs)
         g.batch_probe = 0
+        for pattern in [v for v in args.tiles.split("/") if v]:
+            print(f"  a layer's tiles {pattern}:", flush=True)
+            changed = table.clone().view(-1, chain.ROW)
+            layer = [int(v) for v in pattern.split(",")]
+            first = kinds.index(chain.QKV)
+            for g_at in range(first, first + (len(kinds) - first) // len(layer) * len(layer)):
+                changed[g_at, 2] = layer[(g_at - first) % len(layer)]
+            changed = changed.flatten()
+            timed(chained, changed, args.repeats, batched)
+            g.tracing = True
+            g._launch_chain(changed, False, batched=True)
+            torch.cuda.synchronize()
+            timeline(g.counters[:words].cpu(), kinds, programs)
         for slots in [int(v) for v in args.split_slots.split(",") if v]:
             g.split_slots = slots
             print(f"  attention's splits of {slots} slots of keys at least:", flush=True)

@@ -1,0 +1,94 @@
+"""How fast a program an SM streams a weight through TMA boxes of one shape or another, with nothing else to do: is the
+batched step's ~3.4 TB/s (gate/up in [64, 128] stream-K tiles or whole-K [224, 64] chunks, session 68) the boxes'
+pattern (128 bytes of a row a box, 8 KB apart: each a new DRAM page) or something else in the kernel?
+
+Each program reads its whole-K block of ROWS rows of a [N, K] bf16 weight in chunks of GROUPS row boxes by RUN column
+boxes (a row's RUN boxes copied one after another), K fastest, into a ring of STAGES chunks, and only waits for them
+(no products). A variant: `box_rows x box_cols [sw|plain] run G groups, S stages`. A probe, not part of the kernel:
+
+    python -m benchmarks.explore.tma_stream                     # gate/up's [28672, 4096], 128 programs of 224 rows
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from benchmarks.baselines import median_ms, read_bandwidth_tbs, tb_per_s
+
+
+@gluon.jit
+def _issue(w_desc, ring, bars, c, r0, KC, BOX_R: gl.constexpr, BOX_C: gl.constexpr, RUN: gl.constexpr,
+           GROUPS: gl.constexpr, STAGES: gl.constexpr):
+    s = c % STAGES
+    rows = r0 + (c // KC) * GROUPS * BOX_R
+    cols = (c % KC) * RUN * BOX_C
+    mbarrier.expect(bars.index(s), GROUPS * RUN * BOX_R * BOX_C * 2)
+    for g in gl.static_range(GROUPS):
+        for r in gl.static_range(RUN):
+            tma.async_copy_global_to_shared(w_desc, [rows + g * BOX_R, cols + r * BOX_C], bars.index(s),
+                                            ring.index((s * GROUPS + g) * RUN + r))
+
+
+@gluon.jit
+def stream(w_desc, K, ROWS: gl.constexpr, BOX_R: gl.constexpr, BOX_C: gl.constexpr, RUN: gl.constexpr,
+           GROUPS: gl.constexpr, STAGES: gl.constexpr):
+    ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES * GROUPS * RUN, BOX_R, BOX_C], w_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(bars.index(s), count=1)
+    r0 = gl.program_id(0) * ROWS
+    KC = K // (RUN * BOX_C)
+    chunks = (ROWS // (GROUPS * BOX_R)) * KC
+    for c in range(0, gl.minimum(chunks, STAGES)):
+        _issue(w_desc, ring, bars, c, r0, KC, BOX_R, BOX_C, RUN, GROUPS, STAGES)
+    for c in range(0, chunks):
+        mbarrier.wait(bars.index(c % STAGES), (c // STAGES) & 1)
+        if c + STAGES < chunks:  # (the slot's bytes are not read: it is free again at once)
+            _issue(w_desc, ring, bars, c + STAGES, r0, KC, BOX_R, BOX_C, RUN, GROUPS, STAGES)
+
+
+def parse(variant: str) -> dict:
+    """`32x64 sw 1 7 6`: box rows x columns, swizzled (sw) or not (plain), run, groups, stages."""
+    box, swizzle, run, groups, stages = variant.split()
+    box_r, box_c = (int(v) for v in box.split("x"))
+    return dict(BOX_R=box_r, BOX_C=box_c, swizzle=swizzle == "sw", RUN=int(run), GROUPS=int(groups),
+                STAGES=int(stages))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="28672x4096")
+    parser.add_argument("--programs", type=int, default=128)
+    parser.add_argument("--variants", default="32x64 sw 1 7 6/32x64 sw 2 7 3/32x64 sw 4 1 10/32x64 sw 8 1 5/"
+                        "16x256 plain 2 1 10/32x64 sw 1 7 3/32x64 sw 1 7 4")
+    args = parser.parse_args()
+    n, k = (int(v) for v in args.shape.split("x"))
+    rows = n // args.programs
+    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    bandwidth = read_bandwidth_tbs("cuda")
+    print(f"device {torch.cuda.get_device_name()}; a [{n}, {k}] bf16 weight ({n * k * 2 / 1e6:.0f} MB), "
+          f"{args.programs} programs of {rows} rows; read bandwidth {bandwidth:.2f} TB/s (torch.sum)", flush=True)
+    for variant in args.variants.split("/"):
+        v = parse(variant)
+        swizzle = 128 if v["swizzle"] else 0
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=2)
+        desc = TensorDescriptor.from_tensor(weight, [v["BOX_R"], v["BOX_C"]], layout)
+        chunk = v["BOX_R"] * v["BOX_C"] * v["RUN"] * v["GROUPS"] * 2
+
+        def run():
+            stream[(args.programs, )](desc, k, rows, v["BOX_R"], v["BOX_C"], v["RUN"], v["GROUPS"], v["STAGES"],
+                                      num_warps=4)
+        ms = median_ms(run, torch.device("cuda"), num_warmup=3, num_reps=20)
+        moved = args.programs * rows * k * 2
+        print(f"  {variant:<22} chunk {chunk // 1024:>3} KB, {chunk * v['STAGES'] // 1024:>3} KB in flight: "
+              f"{ms * 1e3:7.1f} us, {tb_per_s(moved, ms):.2f} TB/s ({tb_per_s(moved, ms) / bandwidth:.0%})",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
