@@ -50,9 +50,17 @@ def occupancy(kernel) -> str:
             f"{kernel.metadata.num_warps} warps; {blocks.value if rc == 0 else f'(cuda error {rc})'} programs an SM")
 
 
-def summary(words: torch.Tensor, groups: int, programs: int) -> None:
-    """The counters and the stamps (`chain._stamp`) of a chain of `groups` groups on `programs` programs."""
-    print("  signalled, by group:", words[:groups].tolist())
+def summary(words: torch.Tensor, groups: int, programs: int, stamped: bool = True) -> None:
+    """The counters and (`stamped`: the one-row chain's, `chain._stamp`) the stamps of a chain of `groups` groups on
+    `programs` programs."""
+    counts = words[:groups].tolist()
+    short = [g for g, count in enumerate(counts) if count != programs]
+    if short:
+        print(f"  signalled, by group: every program the first {short[0]}, then {counts[short[0]:short[0] + 16]}")
+    else:
+        print(f"  every group signalled by all {programs} programs")
+    if not stamped:  # (`batch.batch_chain` keeps clocks, not stamps)
+        return
     stamps = words[groups:groups + 8 * programs].view(programs, 8)
     loader = Counter((int(g) - 1, LOADER_STAGES.get(int(s), s)) for g, s in stamps[:, :2].tolist())
     consumer = Counter((int(g) - 1, CONSUMER_STAGES.get(int(s), s)) for g, s in stamps[:, 4:6].tolist())
@@ -197,7 +205,7 @@ def main() -> None:
         time.sleep(0.1)
     if done.query():
         print(f"  the chain finished within {time.time() - start:.2f} s of waiting", flush=True)
-        summary(g.counters[:words].cpu(), groups, programs)
+        summary(g.counters[:words].cpu(), groups, programs, stamped=not batched)
         timeline(g.counters[:words].cpu(), kinds, programs)
         if args.mode == "loop":
             log = kernel.step_log()
@@ -242,7 +250,7 @@ def main() -> None:
     with torch.cuda.stream(side):
         host.copy_(g.counters[:words], non_blocking=True)
     side.synchronize()
-    summary(host, groups, programs)
+    summary(host, groups, programs, stamped=not batched)
     os._exit(3)
 
 
