@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|batch-chain|batch-probe|session67|user-path|chain-probe|gluon-tests|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|batch-chain|batch-probe|session67|stream|user-path|chain-probe|gluon-tests|all]
 set -uo pipefail
 # BLINK_CACHE_DIR: kernels compiled on the CPU machine and carried here (benchmarks/megakernel_tpot.py, --compile-only)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=${BLINK_CACHE_DIR:-/tmp/blink-cache}
@@ -124,6 +124,12 @@ if [[ $mode == session67 ]]; then  # the one-row loop again after its step group
     -k "one_request_on_the_gluon or gemv_for_one_sequence or loop_samples"
   step "${BENCH_LIMIT:-200}" python -m benchmarks.decode --decode 1x512 --ttft 512 --json "$OUT/decode.json"
   step "${CHAIN_LIMIT:-100}" python -m benchmarks.explore.chain_probe --mode loop --batch 64 --steps 8
+fi
+if [[ $mode == stream ]]; then  # what a b64 step's projections stream at (session 68): a weight alone through TMA
+  # boxes of each pattern, then the batched chain's groups (TILES: a layer's table column patterns to time besides)
+  step 120 python -m benchmarks.explore.tma_stream
+  step "${CHAIN_LIMIT:-180}" python -m benchmarks.explore.chain_probe --mode on --batch 64 --repeats 5 \
+    --tiles "${TILES:-1,0,1,0,1/0,0,0,0,0}"
 fi
 if [[ $mode == user-path ]]; then  # what a user does on a fresh machine: a cold compile (the kernel, the host-driven
   # and the Gluon kernels beside it), one from the cache, then `blinkc run` twice (session 66)
