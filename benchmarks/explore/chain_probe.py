@@ -131,6 +131,16 @@ def timed(chained: HostDriven, table: torch.Tensor, repeats: int, batched: bool 
           flush=True)
 
 
+def traced(chained: HostDriven, table: torch.Tensor, batched: bool, kinds: list[int], programs: int,
+           words: int) -> None:
+    """The chain launched once more, traced, and where its time went (`timeline`)."""
+    g = chained.gluon
+    g.tracing = True
+    g._launch_chain(table, not batched, batched=batched)
+    torch.cuda.synchronize()
+    timeline(g.counters[:words].cpu(), kinds, programs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="llama3-8b")
@@ -219,10 +229,7 @@ def main() -> None:
             print(f"  PROBE {probe} (timing only):", flush=True)
             timed(chained, table, args.repeats, batched)
             if probe in (1, 2):  # (where each kind of group's time went without it)
-                g.tracing = True
-                g._launch_chain(table, False, batched=True)
-                torch.cuda.synchronize()
-                timeline(g.counters[:words].cpu(), kinds, programs)
+                traced(chained, table, batched, kinds, programs, words)
         g.batch_probe = 0
         for pattern in [v for v in args.tiles.split("/") if v]:
             print(f"  a layer's tiles {pattern}:", flush=True)
@@ -233,17 +240,11 @@ def main() -> None:
                 changed[g_at, 2] = layer[(g_at - first) % len(layer)]
             changed = changed.flatten()
             timed(chained, changed, args.repeats, batched)
-            g.tracing = True
-            g._launch_chain(changed, False, batched=True)
-            torch.cuda.synchronize()
-            timeline(g.counters[:words].cpu(), kinds, programs)
+            traced(chained, changed, batched, kinds, programs, words)
         for slots in [int(v) for v in args.split_slots.split(",") if v]:
             g.split_slots = slots
             print(f"  attention's splits of {slots} slots of keys at least:", flush=True)
-            g.tracing = True
-            g._launch_chain(table, not batched, batched=batched)
-            torch.cuda.synchronize()
-            timeline(g.counters[:words].cpu(), table.view(-1, chain.ROW)[:, 0].tolist(), programs)
+            traced(chained, table, batched, kinds, programs, words)
             timed(chained, table, args.repeats)
         return
     print(f"  the chain has not finished after {args.wait:.0f} s; its stamps:", flush=True)
