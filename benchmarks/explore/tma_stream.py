@@ -24,6 +24,7 @@ from benchmarks.baselines import median_ms, read_bandwidth_tbs, tb_per_s
 @gluon.jit
 def _issue(w_desc, ring, bars, c, r0, KC, BOX_R: gl.constexpr, BOX_C: gl.constexpr, RUN: gl.constexpr,
            GROUPS: gl.constexpr, STAGES: gl.constexpr):
+    """Chunk c of the program's block (rows from r0; KC chunks a row group) into ring slot c % STAGES."""
     s = c % STAGES
     rows = r0 + (c // KC) * GROUPS * BOX_R
     cols = (c % KC) * RUN * BOX_C
@@ -75,6 +76,8 @@ def main() -> None:
           f"{args.programs} programs of {rows} rows; read bandwidth {bandwidth:.2f} TB/s (torch.sum)", flush=True)
     for variant in args.variants.split("/"):
         v = parse(variant)
+        if rows % (v["GROUPS"] * v["BOX_R"]) or k % (v["RUN"] * v["BOX_C"]):
+            raise SystemExit(f"{variant!r}: its chunks do not tile a program's {rows} rows of {k} columns")
         swizzle = 128 if v["swizzle"] else 0
         layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=2)
         desc = TensorDescriptor.from_tensor(weight, [v["BOX_R"], v["BOX_C"]], layout)
