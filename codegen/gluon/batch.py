@@ -125,17 +125,60 @@ def _fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, t, k, ROWS: gl.conste
 
 
 @gluon.jit
+def _prefetch(W, desc, is_qkv, row0, ROWS: gl.constexpr, k0, k1):
+    """Weight rows row0 .. row0 + ROWS (those below the weight's N) of a projection, their columns k0 .. k1 (multiples
+    of 8), asked into L2 (`cp.async.bulk.prefetch`: nothing waits for them), a row a request."""
+    _, K, w_off, N = _gemv_operands(desc, is_qkv)
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])  # (the loader's warp)
+    rows = row0 + gl.arange(0, ROWS, layout=layout)
+    at = W + w_off + rows.to(gl.int64) * K + k0
+    size = gl.full([ROWS], 0, gl.int32, layout) + (k1 - k0) * 2
+    gl.inline_asm_elementwise("{ .reg .pred p; setp.lt.s32 p, $3, $4; @p cp.async.bulk.prefetch.L2.global [$1], $2; "
+                              "mov.u32 $0, 0; }", "=r,l,r,r,r", [at, size, rows, N + gl.zeros_like(rows)],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _ahead(W, desc, is_qkv, q, ahead, q1, KC, tile0, step, D: gl.constexpr, ROWS: gl.constexpr, CK: gl.constexpr):
+    """Keeps a program's next D chunks of a projection's weights (`_prefetch_chunks`' chunks, up to q1) asked into L2
+    ahead of its copies, the next being chunk q's: those from `ahead` (the first not asked yet) on, D / 2 of them at a
+    time, so that DRAM sees runs of D / 2 x CK columns a weight row where the copies ask for CK. Returns the first
+    chunk not asked for. D = 0: nothing asked (the copies read DRAM)."""
+    if D > 0:
+        if (ahead < q1) & (ahead <= q + D // 2):
+            end = gl.minimum(q1, gl.maximum(ahead, q) + gl.where(ahead == q, D, D // 2))
+            _prefetch_chunks(W, desc, is_qkv, gl.maximum(ahead, q), end, KC, tile0, step, ROWS, CK)
+            ahead = end
+    return ahead
+
+
+@gluon.jit
+def _prefetch_chunks(W, desc, is_qkv, q, q1, KC, tile0, step, ROWS: gl.constexpr, CK: gl.constexpr):
+    """`_prefetch` of a program's chunks q .. q1 of a projection: chunk q is tile tile0 + (q // KC) step's columns
+    (q % KC) CK .. + CK (tiles of ROWS weight rows and KC chunks), a tile's run of them at a time."""
+    while q < q1:
+        k0 = q % KC
+        k1 = gl.minimum(KC, k0 + (q1 - q))
+        _prefetch(W, desc, is_qkv, (tile0 + (q // KC) * step) * ROWS, ROWS, k0 * CK, k1 * CK)
+        q += k1 - k0
+
+
+@gluon.jit
 def _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j, EVENTS, e, events,
-                      TRACING: gl.constexpr, PROBE: gl.constexpr):
+                      TRACING: gl.constexpr, PROBE: gl.constexpr, PREFETCH: gl.constexpr):
     """A projection's chunks of this program's from ring slot i on: its first slots' weights, then (the group before
     done) their rows' chunks and the rest; returns the slot after them. Its tensor descriptors go where the group two
-    before had its own, whose copies are done by then (the group before's may not be)."""
-    _released(kv_empty, j, j, ATT_STAGES)  # (attention's slots, over the same bytes, read)
+    before had its own, whose copies are done by then (the group before's may not be). PREFETCH: `_ahead`."""
     if e % 2 == 0:
         x_desc, w_desc, K, N = _operands(desc, kind, W, ACT, num_rows)
     else:
         x_desc, w_desc, K, N = _operands(desc, kind, W, ACT, num_rows)
     c, c1, KC = _chunks(kind, K, N)
+    logits = kind == _LOGITS  # (its chunk u: tile pid + (u // KC) P's, `_chunk`)
+    tile0, step = gl.where(logits, gl.program_id(0), 0), gl.where(logits, gl.num_programs(0), 1)
+    D: gl.constexpr = PREFETCH * 1024 // (BN * BK * 2)  # (chunks)
+    ahead = _ahead(W, desc, kind == _QKV, c, c, c1, KC, tile0, step, D, BN, BK)
+    _released(kv_empty, j, j, ATT_STAGES)  # (attention's slots, over the same bytes, read)
     early = gl.minimum(c1 - c, SK_STAGES)
     i0 = i
     for q in range(c, c + early):
@@ -149,6 +192,7 @@ def _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty
             tma.async_copy_global_to_shared(x_desc, [0, (q % KC) * BK], ready.index(s), a_ring.index(s))
     for q in range(c + early, c1):
         t, k = _chunk(kind, q, KC)
+        ahead = _ahead(W, desc, kind == _QKV, q, ahead, c1, KC, tile0, step, D, BN, BK)
         i = _fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, t, k, True, PROBE)
     return i
 
@@ -166,10 +210,10 @@ def _narrow_views(a_ring, b_ring):
 
 @gluon.jit
 def _narrow_loads(desc, is_qkv, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j, EVENTS, e, events,
-                  TRACING: gl.constexpr):
+                  TRACING: gl.constexpr, PREFETCH: gl.constexpr):
     """A narrow group's tiles (this program's: pid, pid + P, ..) from ring slot i on, NARROW_K columns a slot: its
-    first slots' weights, then (the group before done) their rows' boxes and the rest; returns the slot after them."""
-    _released(kv_empty, j, j, ATT_STAGES)  # (attention's slots, over the same bytes, read)
+    first slots' weights, then (the group before done) their rows' boxes and the rest; returns the slot after them.
+    PREFETCH: `_ahead`."""
     xs, ws = _narrow_views(a_ring, b_ring)
     x_off, K, w_off, N = _gemv_operands(desc, is_qkv)
     if e % 2 == 0:
@@ -179,6 +223,9 @@ def _narrow_loads(desc, is_qkv, W, ACT, num_rows, a_ring, b_ring, ready, empty, 
     pid, P = gl.program_id(0), gl.num_programs(0)
     KC = gl.cdiv(K, NARROW_K)  # (a tile's slots; its chunk u: tile pid + (u // KC) P's columns (u % KC) NARROW_K)
     chunks = gl.maximum(gl.cdiv(gl.cdiv(N, NARROW_BN) - pid, P), 0) * KC
+    D: gl.constexpr = PREFETCH * 1024 // (NARROW_BN * NARROW_K * 2)  # (chunks)
+    ahead = _ahead(W, desc, is_qkv, gl.to_tensor(0), gl.to_tensor(0), chunks, KC, pid, P, D, NARROW_BN, NARROW_K)
+    _released(kv_empty, j, j, ATT_STAGES)  # (attention's slots, over the same bytes, read)
     early = gl.minimum(chunks, SK_STAGES)
     i0 = i
     for u in range(0, early):
@@ -191,6 +238,7 @@ def _narrow_loads(desc, is_qkv, W, ACT, num_rows, a_ring, b_ring, ready, empty, 
             tma.async_copy_global_to_shared(x_desc, [0, (u % KC) * NARROW_K + b * BK], ready.index(s),
                                             xs.index(2 * s + b))
     for u in range(early, chunks):
+        ahead = _ahead(W, desc, is_qkv, u, ahead, chunks, KC, pid, P, D, NARROW_BN, NARROW_K)
         i = _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, pid + (u // KC) * P, (u % KC) * NARROW_K, True)
     return i
 
@@ -230,7 +278,7 @@ def _runs(I32, REGIONS, EVENTS):
 def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, steps, REGIONS, control_at,
             seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, kv, ready, empty, kv_ready,
             kv_empty, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
-            SPLIT_SLOTS: gl.constexpr, TRACING: gl.constexpr, PROBE: gl.constexpr):
+            SPLIT_SLOTS: gl.constexpr, TRACING: gl.constexpr, PROBE: gl.constexpr, PREFETCH: gl.constexpr):
     """Each group's chunks into its ring, step after step: a projection's first slots' weights before the group
     before is done, the rest after it; attention's keys and values before it, but for the slots that hold the step's
     own keys. A step's plan: past its event, whether the loop goes on, and the step's rows."""
@@ -255,10 +303,10 @@ def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, s
                                            PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS)
             elif ((kind == _PLAIN) | (kind == _QKV)) & (unused != 0):  # (a narrow group: whole-K tiles)
                 i = _narrow_loads(desc, kind == _QKV, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j,
-                                  EVENTS, e, events, TRACING)
+                                  EVENTS, e, events, TRACING, PREFETCH)
             elif (kind <= _QKV) | (kind == _LOGITS):  # (a projection)
                 i = _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j,
-                                      EVENTS, e, events, TRACING, PROBE)
+                                      EVENTS, e, events, TRACING, PROBE, PREFETCH)
 
 
 @gluon.jit
@@ -499,7 +547,7 @@ def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, 
                 SPLIT_SLOTS: gl.constexpr = 1, MAX_TOKENS: gl.constexpr = 1, REQS: gl.constexpr = 32,
                 STEP_LOG: gl.constexpr = 4096, VB: gl.constexpr = 1024, WB: gl.constexpr = 4096,
                 MAX_NEW: gl.constexpr = 1, SAMPLING: gl.constexpr = False, TRACING: gl.constexpr = False,
-                PROBE: gl.constexpr = 0):
+                PROBE: gl.constexpr = 0, PREFETCH: gl.constexpr = 0):
     """`chain.decode_chain`'s for steps that only decode, of 1 to BM rows (I32[control_at]): the `groups` rows of
     GROUPS (kind, descriptor row, narrow: a PLAIN group in whole-K tiles of NARROW_BN, one a program), `steps` times
     over (group g of step s at EVENTS[s groups + g]): the
@@ -512,7 +560,10 @@ def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, 
     all of them. TRACING: the times of each group's event (its loader past the event before) and of each program's
     signal after the counters, as `decode_chain` has them (`chain._clock`). PROBE (timing only, the outputs wrong: 0
     in use): 1, the step's rows never copied, a slot waiting for its weights alone; 2, no fragment waits for the
-    others of its tile (each finishes it alone), to see what the rows' copies and the partials' exchange cost."""
+    others of its tile (each finishes it alone), to see what the rows' copies and the partials' exchange cost.
+    PREFETCH (0 in use): KB of a projection's weights each program keeps asked into L2 ahead of its copies
+    (`_ahead`; session 69: 64, asked at each group's start only, took o_proj at 64 rows from 17.8 to 14.4 us and
+    stalled gate/up's loader 2 us; 256 there slowed every group: the programs' own streams wait behind them)."""
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
     w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
     halves: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HD // 2], gl.bfloat16)
@@ -533,7 +584,7 @@ def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, 
                      MAX_TOKENS, REQS, STEP_LOG, VB, WB, MAX_NEW, SAMPLING, TRACING, PROBE)),
         (_loader, (DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, steps, REGIONS, control_at,
                    seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, kv, ready, empty,
-                   kv_ready, kv_empty, PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, TRACING, PROBE)),
+                   kv_ready, kv_empty, PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, TRACING, PROBE, PREFETCH)),
     ], [1], [LOADER_REGS])
 
 
@@ -547,4 +598,4 @@ def constexprs(page_size: int, pages_per_seq: int, max_batch: int, norm_f64: boo
     return dict(PAGE=page_size, PAGES_PER_SEQ=pages_per_seq, MAX_SEQS=lanes, NORM_F64=norm_f64, PART_ROWS=part_rows,
                 LOADER_REGS=linear.LOADER_REGS, SPLIT_SLOTS=split_slots, MAX_TOKENS=max_tokens, REQS=lanes,
                 STEP_LOG=STEP_LOG, VB=sample_block, WB=sample_wide, MAX_NEW=max_new, SAMPLING=sampling,
-                TRACING=False, PROBE=0)
+                TRACING=False, PROBE=0, PREFETCH=0)
