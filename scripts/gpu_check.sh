@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|batch-chain|batch-probe|session67|stream|user-path|chain-probe|gluon-tests|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|batch-chain|batch-probe|session67|stream|user-path|chain-probe|b64-variants|gluon-tests|all]
 set -uo pipefail
 # BLINK_CACHE_DIR: kernels compiled on the CPU machine and carried here (benchmarks/megakernel_tpot.py, --compile-only)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=${BLINK_CACHE_DIR:-/tmp/blink-cache}
@@ -138,6 +138,16 @@ if [[ $mode == user-path ]]; then  # what a user does on a fresh machine: a cold
   step 30 $B compile llama3-8b --random-weights -o /tmp/l8b.cubin
   for i in 1 2; do step 120 bash -c "time $B run /tmp/l8.cubin --prompt 'The quick brown fox jumps over the lazy dog' \
     --max-tokens 32 --json"; done
+fi
+if [[ $mode == b64-variants ]]; then  # session 69's candidates for a b64 step, one call (compiled on the CPU machine:
+  # `precompile_gluon --traced --prefetch 32,64,128 --variants-of <the b64 artifact>`): the batched chain's groups
+  # with PREFETCH KB of weights kept asked into L2 and (TILES) a layer's table column patterns, then (TESTS=1) the
+  # batched loop's GPU tests, which a patch under test (benchmarks/explore/patches) must pass before it lands
+  step "${CHAIN_LIMIT:-240}" python -m benchmarks.explore.chain_probe --mode on --batch 64 --repeats 5 \
+    --prefetch "${PREFETCH-32,64,128}" --tiles "${TILES-}"
+  if [[ ${TESTS:-0} == 1 ]]; then
+    step 260 python -m pytest -q -x -s -m gpu tests/gpu -k "batched_decode_steps or batched_loop_samples" -p no:cacheprovider
+  fi
 fi
 if [[ $mode == chain-probe ]]; then  # ... read back where its programs stop (`benchmarks/explore/chain_probe.py`)
   step "${CHAIN_LIMIT:-100}" python -m benchmarks.explore.chain_probe --mode gemv ${PROBE_ARGS:-}
