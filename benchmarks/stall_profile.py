@@ -88,10 +88,15 @@ def summarize(report: str, tsv: str | None, top: int, source: str | None) -> Non
     for pc in samples:
         info = action.source_info(pc)
         where[pc] = (os.path.basename(info.file_name()) if info else "?", info.line() if info else 0)
-    code = Path(source).read_text().splitlines() if source else []
+    codes = {}  # a file's lines: the rendered kernel's (`source`), or a Gluon kernel's own module (codegen/gluon)
+    for file, _ in where.values():
+        found = Path(source) if source else Path(__file__).parents[1] / "codegen" / "gluon" / file
+        if file not in codes:
+            codes[file] = found.read_text().splitlines() if found.is_file() else []
 
     def line_of(pc: int) -> str:
         file, line = where[pc]
+        code = codes.get(file, [])
         text = code[line - 1].strip() if 0 < line <= len(code) else ""
         return f"{file}:{line} {text}".rstrip()
 
@@ -134,7 +139,8 @@ def main() -> None:
     parser.add_argument("--tsv", help="summarize: also write every sampled instruction's counts here")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--source-out", help="launch: also copy the rendered kernel source here")
-    parser.add_argument("--source", help="summarize: the rendered kernel source, to print each line's code")
+    parser.add_argument("--source", help="summarize: the rendered kernel source, to print each line's code (without "
+                        "it, a Gluon kernel's lines are its modules' under codegen/gluon)")
     args = parser.parse_args()
     if args.command == "compile":
         compile_variants(args.targets, args.preset, args.tokens)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|batch-chain|batch-probe|session67|stream|user-path|chain-probe|b64-variants|gluon-tests|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|batch-chain|batch-probe|session67|stream|user-path|chain-probe|b64-variants|b64-stalls|gluon-tests|all]
 set -uo pipefail
 # BLINK_CACHE_DIR: kernels compiled on the CPU machine and carried here (benchmarks/megakernel_tpot.py, --compile-only)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=${BLINK_CACHE_DIR:-/tmp/blink-cache}
@@ -148,6 +148,16 @@ if [[ $mode == b64-variants ]]; then  # session 69's candidates for a b64 step, 
   if [[ ${TESTS:-0} == 1 ]]; then
     step 260 python -m pytest -q -x -s -m gpu tests/gpu -k "batched_decode_steps or batched_loop_samples" -p no:cacheprovider
   fi
+fi
+if [[ $mode == b64-stalls ]]; then  # why a b64 step's programs stream at ~27 GB/s (session 69): one launch of the
+  # batched chain under ncu, its warps' stall reasons per line of codegen/gluon (the consumers waiting on `ready`:
+  # starved of bytes; the loader on `empty`: held by the consumers; `events.wait`: a group's barrier), DRAM and L2
+  step "${NCU_LIMIT:-300}" ncu --metrics group:smsp__pcsamp_warp_stall_reasons,dram__bytes_read.sum,gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct \
+    --warp-sampling-interval "${INTERVAL:-14}" --clock-control none -k regex:batch_chain --launch-count 1 -f \
+    -o "$OUT/b64-stalls" python -m benchmarks.explore.chain_probe --mode on --batch 64 --repeats 1
+  step 150 python -m benchmarks.stall_profile summarize "$OUT/b64-stalls.ncu-rep" --tsv "$OUT/b64-stalls.tsv" ||
+    ncu -i "$OUT/b64-stalls.ncu-rep" --page source --csv --print-source sass > "$OUT/b64-stalls.csv"
+  timeout 60 ncu -i "$OUT/b64-stalls.ncu-rep" --page raw --csv 2>/dev/null | grep -E "dram__|gpu__time|lts__t_sector_hit" | head
 fi
 if [[ $mode == chain-probe ]]; then  # ... read back where its programs stop (`benchmarks/explore/chain_probe.py`)
   step "${CHAIN_LIMIT:-100}" python -m benchmarks.explore.chain_probe --mode gemv ${PROBE_ARGS:-}
