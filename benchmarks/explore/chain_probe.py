@@ -155,7 +155,7 @@ def main() -> None:
                         "chain timed with each after the first (the executor's)")
     parser.add_argument("--probes", default="", help="with --batch: the chain timed again with each of these "
                         "timing-only PROBE values of `batch.batch_chain` (1: no rows copied, 2: no partials "
-                        "exchanged, 3: both), e.g. 1,2,3")
+                        "exchanged, 3: both, 4: no products), e.g. 1,2,3,4")
     parser.add_argument("--tiles", default="", help="with --batch: the chain timed again with a layer's groups' "
                         "third column of the table (1: whole-K narrow tiles, 0: stream-K; `GluonCoverage.batch_narrow`)"
                         " set to each of these, e.g. 1,0,1,0,1/0,0,0,0,0 (QKV, attention, o_proj, gate/up, down)")
@@ -231,7 +231,7 @@ def main() -> None:
             g.batch_probe = probe
             print(f"  PROBE {probe} (timing only):", flush=True)
             timed(chained, table, args.repeats, batched)
-            if probe in (1, 2):  # (where each kind of group's time went without it)
+            if probe in (1, 2, 4):  # (where each kind of group's time went without it)
                 traced(chained, table, batched, kinds, programs, words)
         g.batch_probe = 0
         for pattern in [v for v in args.tiles.split("/") if v]:

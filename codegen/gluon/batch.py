@@ -325,7 +325,10 @@ def _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_bar, nu
     c, c1, KC, total, P = streamk_range(1, num_n, K, BK)
     while c < c1:
         t, kc0, kc1 = fragment(c, c1, KC)
-        acc, i = range_product(a_ring, b_ring, ready, empty, i, kc0 * BK, gl.minimum(kc1 * BK, K), SK_STAGES)
+        if PROBE & 4:  # (timing only: no products)
+            acc, i = _drained(ready, empty, i, kc1 - kc0, BN)
+        else:
+            acc, i = range_product(a_ring, b_ring, ready, empty, i, kc0 * BK, gl.minimum(kc1 * BK, K), SK_STAGES)
         linear._residual(r_desc, c_smem, res_bar, 0, t, res_off, OUT)
         if PROBE & 2:  # (timing only: every fragment finishes its tile alone)
             finish = True
@@ -343,7 +346,7 @@ def _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_bar, nu
 
 @gluon.jit
 def _narrow_linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_bar, num_rows, i, phase,
-                   NORM_F64: gl.constexpr):
+                   NORM_F64: gl.constexpr, PROBE: gl.constexpr):
     """A narrow group's tile (this program's, if any) over all of K from ring slot i on, then `linear._epilogue`
     (its residual asked for before the products); returns the next slot and the residual barrier's phase."""
     layout: gl.constexpr = c_smem.type.layout
@@ -352,7 +355,7 @@ def _narrow_linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_
     if t < gl.cdiv(N, NARROW_BN):
         o_desc, r_desc = linear.outputs(desc, ACT, num_rows, BM, NARROW_BN, layout, False)
         linear._residual(r_desc, c_smem, res_bar, 0, t, res_off, NARROW_BN)
-        acc, i = _narrow_product(a_ring, b_ring, ready, empty, i, K)
+        acc, i = _narrow_product(a_ring, b_ring, ready, empty, i, K, PROBE)
         linear._epilogue(acc, 0, t * NARROW_BN, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase, stats_off,
                          eps, res_off, bias_off, out_stats_off, False, NORM_F64)
         phase ^= (res_off >= 0).to(gl.int32)
@@ -360,9 +363,33 @@ def _narrow_linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_
 
 
 @gluon.jit
-def _narrow_product(a_ring, b_ring, ready, empty, i, K):
+def _narrow_product(a_ring, b_ring, ready, empty, i, K, PROBE: gl.constexpr):
     """A narrow tile's fp32 [BM, NARROW_BN] products over all of K from ring slot i on; returns them and the next
-    tile's slot."""
+    tile's slot. PROBE & 4 (timing only): none, each slot released once it is full (`_drained`)."""
+    if PROBE & 4:
+        acc, i = _drained(ready, empty, i, gl.cdiv(K, NARROW_K), NARROW_BN)
+    else:
+        acc, i = _narrow_mma(a_ring, b_ring, ready, empty, i, K)
+    return acc, i
+
+
+@gluon.jit
+def _drained(ready, empty, i, chunks, BW: gl.constexpr):
+    """(timing only) `chunks` ring slots from i on released as soon as they are full, no products: zeros [BM, BW]
+    in a product's layout, and the slot after them."""
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                      instr_shape=[16, BW, 16])
+    for _ in range(chunks):
+        s = i % SK_STAGES
+        mbarrier.wait(ready.index(s), (i // SK_STAGES) & 1)
+        mbarrier.arrive(empty.index(s), count=1)
+        i += 1
+    return gl.zeros([BM, BW], gl.float32, layout), i
+
+
+@gluon.jit
+def _narrow_mma(a_ring, b_ring, ready, empty, i, K):
+    """`_narrow_product`'s products."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                           instr_shape=[16, NARROW_BN, 16])
     xs, ws = _narrow_views(a_ring, b_ring)
@@ -383,7 +410,7 @@ def _narrow_product(a_ring, b_ring, ready, empty, i, K):
 
 @gluon.jit
 def _narrow_qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, num_rows, positions_at, slots_at,
-                parts_at, tickets_at, i, NORM_F64: gl.constexpr):
+                parts_at, tickets_at, i, NORM_F64: gl.constexpr, PROBE: gl.constexpr):
     """QKV in whole-K tiles of NARROW_BN (this program's: pid, pid + P, ..), each tile's values (1/rms, bias, rounded
     to bf16, as `_prefill_epilogue`) into a bf16 scratch of the step's [rows, heads x HD] at F32[parts_at], then its
     head's ticket at F32[tickets_at + head]; the tile that completes a head (the last of its HD / NARROW_BN) reads the
@@ -402,7 +429,7 @@ def _narrow_qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, emp
     rows = gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
     sums = qkv._row_sums(0, num_rows, F32, stats_off, acc_layout, NORM_F64, BM)
     for t in range(gl.program_id(0), gl.cdiv(N, NARROW_BN), gl.num_programs(0)):
-        acc, i = _narrow_product(a_ring, b_ring, ready, empty, i, K)
+        acc, i = _narrow_product(a_ring, b_ring, ready, empty, i, K, PROBE)
         y = qkv._scaled(acc, t, sums, K, eps, stats_off, bias_off, W, heads, HD).to(gl.bfloat16)
         cols = t * NARROW_BN + gl.arange(0, NARROW_BN, layout=gl.SliceLayout(0, acc_layout))
         gl.store(scratch + rows[:, None] * N + cols[None, :], y, mask=(rows < num_rows)[:, None])
@@ -441,7 +468,10 @@ def _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, sta
     c, c1, KC, total, P = streamk_range(1, num_n, K, BK)
     while c < c1:
         t, kc0, kc1 = fragment(c, c1, KC)
-        acc, i = range_product(a_ring, b_ring, ready, empty, i, kc0 * BK, gl.minimum(kc1 * BK, K), SK_STAGES)
+        if PROBE & 4:  # (timing only: no products)
+            acc, i = _drained(ready, empty, i, kc1 - kc0, BN)
+        else:
+            acc, i = range_product(a_ring, b_ring, ready, empty, i, kc0 * BK, gl.minimum(kc1 * BK, K), SK_STAGES)
         if PROBE & 2:  # (timing only: every fragment finishes its tile alone)
             finish = True
         else:
@@ -512,7 +542,7 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
                 wait(EVENTS, e - 1, P)
                 if (kind == _QKV) & (unused != 0):
                     i = _narrow_qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, num_rows,
-                                    positions_at, slots_at, parts_at, tickets_at, i, NORM_F64)
+                                    positions_at, slots_at, parts_at, tickets_at, i, NORM_F64, PROBE)
                 elif kind == _QKV:
                     i = _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, heads, num_rows,
                              positions_at, slots_at, parts_at, tickets_at, i, NORM_F64, PROBE)
@@ -521,7 +551,7 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
                                        num_rows, parts_at, tickets_at, i, phase, True, NORM_F64, PROBE)
                 elif (kind == _PLAIN) & (unused != 0):
                     i, phase = _narrow_linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, narrow_outputs,
-                                              res_bar, num_rows, i, phase, NORM_F64)
+                                              res_bar, num_rows, i, phase, NORM_F64, PROBE)
                 elif kind == _PLAIN:
                     i, phase = _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, outputs, res_bar, num_rows,
                                        parts_at, tickets_at, i, phase, False, NORM_F64, PROBE)
@@ -560,8 +590,9 @@ def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, 
     all of them. TRACING: the times of each group's event (its loader past the event before) and of each program's
     signal after the counters, as `decode_chain` has them (`chain._clock`). PROBE (timing only, the outputs wrong: 0
     in use): 1, the step's rows never copied, a slot waiting for its weights alone; 2, no fragment waits for the
-    others of its tile (each finishes it alone), to see what the rows' copies and the partials' exchange cost.
-    PREFETCH (0 in use): KB of a projection's weights each program keeps asked into L2 ahead of its copies
+    others of its tile (each finishes it alone), to see what the rows' copies and the partials' exchange cost; 4, no
+    products (a projection's slots released as soon as they are full, `_drained`), to see whether its consumers or
+    its bytes bound a group. PREFETCH (0 in use): KB of a projection's weights each program keeps asked into L2 ahead of its copies
     (`_ahead`; session 69: 64, asked at each group's start only, took o_proj at 64 rows from 17.8 to 14.4 us and
     stalled gate/up's loader 2 us; 256 there slowed every group: the programs' own streams wait behind them)."""
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
