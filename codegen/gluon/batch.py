@@ -54,12 +54,13 @@ ATT_STAGES = gl.constexpr(4)
 assert 4 * ATT_STAGES.value * KEYS.value * (HD.value // 2) <= SK_STAGES.value * BN.value * BK.value
 
 # a plain projection of few weight rows (N <= NARROW_BN x the programs: Llama-3-8B's o_proj and down; QKV in two
-# rounds, `GluonCoverage.batch_narrow`) in whole-K tiles of NARROW_BN, a tile a program: no partials to exchange (their stores, tickets and sums were ~1 ms of a b64 step,
-# session 67: `chain_probe --probes 2`), the step's rows read whole by every program instead (from L2: not copying
-# them at all saved 2%, `--probes 1`). A ring slot holds NARROW_K columns of K: the rows' [BM, NARROW_K] over the
-# weight chunk's bytes, the weights' [NARROW_BN, NARROW_K] over the rows' chunk's, the same 24 KB.
-# (`ws_prefill --tokens 64 --max-splits 1 --variants 64x32x128/8`: o_proj 14.0 us, down 39.2, as fast as [64, 128]
-# tiles split 8 ways with their sums left out, 13.8 and 38.7.)
+# rounds, `GluonCoverage.batch_narrow`) in whole-K tiles of NARROW_BN, a tile a program: no partials to exchange
+# (their stores, tickets and sums were ~1 ms of a b64 step, session 67: `chain_probe --probes 2`), the step's rows
+# read whole by every program instead (from L2: not copying them saved 2% where `--probes 1` reached them then, the
+# stream-K groups; it reaches the narrow ones too since session 69). A ring slot holds NARROW_K columns of K: the
+# rows' [BM, NARROW_K] over the weight chunk's bytes, the weights' [NARROW_BN, NARROW_K] over the rows' chunk's, the
+# same 24 KB. (`ws_prefill --tokens 64 --max-splits 1 --variants 64x32x128/8`: o_proj 14.0 us, down 39.2, as fast as
+# [64, 128] tiles split 8 ways with their sums left out, 13.8 and 38.7.)
 NARROW_BN = gl.constexpr(32)
 NARROW_K = gl.constexpr(2 * BK.value)
 assert BM.value * NARROW_K.value <= BN.value * BK.value and NARROW_BN.value * NARROW_K.value <= BM.value * BK.value
@@ -210,7 +211,7 @@ def _narrow_views(a_ring, b_ring):
 
 @gluon.jit
 def _narrow_loads(desc, is_qkv, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j, EVENTS, e, events,
-                  TRACING: gl.constexpr, PREFETCH: gl.constexpr):
+                  TRACING: gl.constexpr, PROBE: gl.constexpr, PREFETCH: gl.constexpr):
     """A narrow group's tiles (this program's: pid, pid + P, ..) from ring slot i on, NARROW_K columns a slot: its
     first slots' weights, then (the group before done) their rows' boxes and the rest; returns the slot after them.
     PREFETCH: `_ahead`."""
@@ -229,29 +230,33 @@ def _narrow_loads(desc, is_qkv, W, ACT, num_rows, a_ring, b_ring, ready, empty, 
     early = gl.minimum(chunks, SK_STAGES)
     i0 = i
     for u in range(0, early):
-        i = _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, pid + (u // KC) * P, (u % KC) * NARROW_K, False)
+        i = _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, pid + (u // KC) * P, (u % KC) * NARROW_K, False,
+                         PROBE)
     wait(EVENTS, e - 1, P)
     _clock(EVENTS, events, e, 0, TRACING)
     for u in range(0, early):
         s = (i0 + u) % SK_STAGES
         for b in gl.static_range(2):
-            tma.async_copy_global_to_shared(x_desc, [0, (u % KC) * NARROW_K + b * BK], ready.index(s),
-                                            xs.index(2 * s + b))
+            if not PROBE & 1:
+                tma.async_copy_global_to_shared(x_desc, [0, (u % KC) * NARROW_K + b * BK], ready.index(s),
+                                                xs.index(2 * s + b))
     for u in range(early, chunks):
         ahead = _ahead(W, desc, is_qkv, u, ahead, chunks, KC, pid, P, D, NARROW_BN, NARROW_K)
-        i = _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, pid + (u // KC) * P, (u % KC) * NARROW_K, True)
+        i = _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, pid + (u // KC) * P, (u % KC) * NARROW_K, True,
+                         PROBE)
     return i
 
 
 @gluon.jit
-def _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, t, k, ROWS: gl.constexpr):
-    """`_fill` for a narrow group: tile t's weight boxes at columns k, k + BK and (ROWS) the rows' beside them."""
+def _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, t, k, ROWS: gl.constexpr, PROBE: gl.constexpr):
+    """`_fill` for a narrow group: tile t's weight boxes at columns k, k + BK and (ROWS) the rows' beside them (none
+    with PROBE & 1: timing only)."""
     s = i % SK_STAGES
     mbarrier.wait(empty.index(s), ((i // SK_STAGES) & 1) ^ 1)
-    mbarrier.expect(ready.index(s), (BM + NARROW_BN) * NARROW_K * 2)
+    mbarrier.expect(ready.index(s), (NARROW_BN if PROBE & 1 else BM + NARROW_BN) * NARROW_K * 2)
     for b in gl.static_range(2):
         tma.async_copy_global_to_shared(w_desc, [t * NARROW_BN, k + b * BK], ready.index(s), ws.index(2 * s + b))
-        if ROWS:
+        if ROWS and not PROBE & 1:
             tma.async_copy_global_to_shared(x_desc, [0, k + b * BK], ready.index(s), xs.index(2 * s + b))
     return i + 1
 
@@ -303,7 +308,7 @@ def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, s
                                            PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS)
             elif ((kind == _PLAIN) | (kind == _QKV)) & (unused != 0):  # (a narrow group: whole-K tiles)
                 i = _narrow_loads(desc, kind == _QKV, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j,
-                                  EVENTS, e, events, TRACING, PREFETCH)
+                                  EVENTS, e, events, TRACING, PROBE, PREFETCH)
             elif (kind <= _QKV) | (kind == _LOGITS):  # (a projection)
                 i = _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j,
                                       EVENTS, e, events, TRACING, PROBE, PREFETCH)
@@ -589,12 +594,13 @@ def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, 
     SPLIT_SLOTS are its). EVENTS: a counter a group a step, zero at the launch. One program an SM, each waiting for
     all of them. TRACING: the times of each group's event (its loader past the event before) and of each program's
     signal after the counters, as `decode_chain` has them (`chain._clock`). PROBE (timing only, the outputs wrong: 0
-    in use): 1, the step's rows never copied, a slot waiting for its weights alone; 2, no fragment waits for the
-    others of its tile (each finishes it alone), to see what the rows' copies and the partials' exchange cost; 4, no
-    products (a projection's slots released as soon as they are full, `_drained`), to see whether its consumers or
-    its bytes bound a group. PREFETCH (0 in use): KB of a projection's weights each program keeps asked into L2 ahead of its copies
-    (`_ahead`; session 69: 64, asked at each group's start only, took o_proj at 64 rows from 17.8 to 14.4 us and
-    stalled gate/up's loader 2 us; 256 there slowed every group: the programs' own streams wait behind them)."""
+    in use): 1, the step's rows never copied (a narrow group's too), a slot waiting for its weights alone; 2, no
+    fragment waits for the others of its tile (each finishes it alone), to see what the rows' copies and the
+    partials' exchange cost; 4, no products (a projection's slots released as soon as they are full, `_drained`), to
+    see whether its consumers or its bytes bound a group. PREFETCH (0 in use): KB of a projection's weights each
+    program keeps asked into L2 ahead of its copies (`_ahead`; session 69: 64, asked at each group's start only, took
+    o_proj at 64 rows from 17.8 to 14.4 us and stalled gate/up's loader 2 us; 256 there slowed every group: the
+    programs' own streams wait behind them)."""
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
     w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
     halves: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HD // 2], gl.bfloat16)
