@@ -141,14 +141,15 @@ def _prefetch(W, desc, is_qkv, row0, ROWS: gl.constexpr, k0, k1):
 
 @gluon.jit
 def _ahead(W, desc, is_qkv, q, ahead, q1, KC, tile0, step, D: gl.constexpr, ROWS: gl.constexpr, CK: gl.constexpr):
-    """Keeps a program's next D chunks of a projection's weights (`_prefetch_chunks`' chunks, up to q1) asked into L2
-    ahead of its copies, the next being chunk q's: those from `ahead` (the first not asked yet) on, D / 2 of them at a
-    time, so that DRAM sees runs of D / 2 x CK columns a weight row where the copies ask for CK. Returns the first
-    chunk not asked for. D = 0: nothing asked (the copies read DRAM)."""
+    """Keeps a program's chunks of a projection's weights up to q + D (`_prefetch_chunks`' chunks, below q1) asked
+    into L2, the next copy being chunk q's: those from `ahead` (the first not asked yet) on, once D / 2 at least are
+    wanted, so that DRAM sees runs of D / 2 x CK columns a weight row or more where the copies ask for CK. Returns the
+    first chunk not asked for. D = 0: nothing asked (the copies read DRAM). A group's first call, q past its ring's
+    first copies and `ahead` at them, asks for those too: they wait for the ring's slots, their bytes need not."""
     if D > 0:
         if (ahead < q1) & (ahead <= q + D // 2):
-            end = gl.minimum(q1, gl.maximum(ahead, q) + gl.where(ahead == q, D, D // 2))
-            _prefetch_chunks(W, desc, is_qkv, gl.maximum(ahead, q), end, KC, tile0, step, ROWS, CK)
+            end = gl.minimum(q1, q + D)
+            _prefetch_chunks(W, desc, is_qkv, ahead, end, KC, tile0, step, ROWS, CK)
             ahead = end
     return ahead
 
@@ -178,9 +179,9 @@ def _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty
     logits = kind == _LOGITS  # (its chunk u: tile pid + (u // KC) P's, `_chunk`)
     tile0, step = gl.where(logits, gl.program_id(0), 0), gl.where(logits, gl.num_programs(0), 1)
     D: gl.constexpr = PREFETCH * 1024 // (BN * BK * 2)  # (chunks)
-    ahead = _ahead(W, desc, kind == _QKV, c, c, c1, KC, tile0, step, D, BN, BK)
-    _released(kv_empty, j, j, ATT_STAGES)  # (attention's slots, over the same bytes, read)
     early = gl.minimum(c1 - c, SK_STAGES)
+    ahead = _ahead(W, desc, kind == _QKV, c + early, c, c1, KC, tile0, step, D, BN, BK)
+    _released(kv_empty, j, j, ATT_STAGES)  # (attention's slots, over the same bytes, read)
     i0 = i
     for q in range(c, c + early):
         t, k = _chunk(kind, q, KC)
@@ -225,9 +226,9 @@ def _narrow_loads(desc, is_qkv, W, ACT, num_rows, a_ring, b_ring, ready, empty, 
     KC = gl.cdiv(K, NARROW_K)  # (a tile's slots; its chunk u: tile pid + (u // KC) P's columns (u % KC) NARROW_K)
     chunks = gl.maximum(gl.cdiv(gl.cdiv(N, NARROW_BN) - pid, P), 0) * KC
     D: gl.constexpr = PREFETCH * 1024 // (NARROW_BN * NARROW_K * 2)  # (chunks)
-    ahead = _ahead(W, desc, is_qkv, gl.to_tensor(0), gl.to_tensor(0), chunks, KC, pid, P, D, NARROW_BN, NARROW_K)
-    _released(kv_empty, j, j, ATT_STAGES)  # (attention's slots, over the same bytes, read)
     early = gl.minimum(chunks, SK_STAGES)
+    ahead = _ahead(W, desc, is_qkv, early, gl.to_tensor(0), chunks, KC, pid, P, D, NARROW_BN, NARROW_K)
+    _released(kv_empty, j, j, ATT_STAGES)  # (attention's slots, over the same bytes, read)
     i0 = i
     for u in range(0, early):
         i = _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, pid + (u // KC) * P, (u % KC) * NARROW_K, False,
