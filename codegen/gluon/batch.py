@@ -36,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from codegen.gluon import gemv, linear, qkv, step
 from codegen.gluon.chain import (_ATTENTION, _GATED, _LOGITS, _PLAIN, _PLAN, _QKV, HD, KEYS, SIGNATURE, _barriers,
-                                 _clock, _gemv_operands, _group, _released, _signal, _step_group,
+                                 _clock, _gemv_operands, _go, _group, _hand, _handed, _released, _signal, _step_group,
                                  decode_attention_items, decode_attention_loads)
 from codegen.gluon.events import wait
 from codegen.gluon.linear import _norm_sums, _region, _round
@@ -71,9 +71,9 @@ BATCH_SIGNATURE = {**SIGNATURE, "parts_at": "i64", "tickets_at": "i64", "steps":
 
 
 @gluon.jit
-def _operands(desc, kind, W, ACT, num_rows):
+def _operands(desc, kind, W, ACT, num_rows, PROBE: gl.constexpr):
     """A projection's input rows and weight as tensor descriptors of [BM, BK] and [BN, BK] boxes, K and its weight
-    rows."""
+    rows (with PROBE & 8, the weight as `_tiled`'s)."""
     if kind == _QKV:
         x_desc, w_desc = qkv.inputs(desc, W, ACT, num_rows, HD, BM, BN)
         K, HQ, HKV, _, _, _, _, _, _, _, _, _, _, _ = qkv.row(desc)
@@ -84,7 +84,31 @@ def _operands(desc, kind, W, ACT, num_rows):
     else:
         x_desc, w_desc = linear.inputs(desc, W, ACT, num_rows, BM, BN)
         K, N, _, _, _, _, _ = linear.row(desc)
+    if PROBE & 8:
+        _, _, w_off, _ = _gemv_operands(desc, kind == _QKV)
+        w_desc = _tiled(W + w_off, N, K, BN)
     return x_desc, w_desc, K, N
+
+
+@gluon.jit
+def _tiled(w, N, K, ROWS: gl.constexpr):
+    """(timing only, PROBE & 8) The [N, K] weight at w as if laid out tile after tile: a [N K / BK, BK] view whose
+    [ROWS, BK] box at row (t KC + k / BK) ROWS (`_weight_at`) is ROWS x 128 contiguous bytes, where the real layout's
+    box reads 128 bytes of each of ROWS rows K x 2 bytes apart. The same bytes, other values: what the weights'
+    layout costs the stream."""
+    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BK], gl.bfloat16)
+    return tma.make_tensor_descriptor(w, [N * K // BK, BK], [BK, 1], [ROWS, BK], layout)
+
+
+@gluon.jit
+def _weight_at(t, k, K, ROWS: gl.constexpr, PROBE: gl.constexpr):
+    """The coordinates of tile t's weight box at column k (tiles of ROWS weight rows): [t ROWS, k], or with PROBE & 8
+    `_tiled`'s."""
+    if PROBE & 8:
+        row, col = (t * gl.cdiv(K, BK) + k // BK) * ROWS, k * 0
+    else:
+        row, col = t * ROWS, k
+    return row, col
 
 
 @gluon.jit
@@ -112,14 +136,15 @@ def _chunk(kind, q, KC):
 
 
 @gluon.jit
-def _fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, t, k, ROWS: gl.constexpr, PROBE: gl.constexpr):
+def _fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, t, k, K, ROWS: gl.constexpr, PROBE: gl.constexpr):
     """Ring slot use i: tile t's weight chunk at column k and (ROWS) the rows' chunk beside it (the step's rows are
     one row block), once the consumers have released the slot's use before; returns i + 1. Without ROWS the slot
     still expects the rows' bytes (`_projection_loads` sends them later)."""
     s = i % SK_STAGES
     mbarrier.wait(empty.index(s), ((i // SK_STAGES) & 1) ^ 1)  # (a barrier starts as if its phase 1 were done)
     mbarrier.expect(ready.index(s), (BN if PROBE & 1 else BM + BN) * BK * 2)
-    tma.async_copy_global_to_shared(w_desc, [t * BN, k], ready.index(s), b_ring.index(s))
+    w_row, w_col = _weight_at(t, k, K, BN, PROBE)
+    tma.async_copy_global_to_shared(w_desc, [w_row, w_col], ready.index(s), b_ring.index(s))
     if ROWS and not PROBE & 1:
         tma.async_copy_global_to_shared(x_desc, [0, k], ready.index(s), a_ring.index(s))
     return i + 1
@@ -172,9 +197,9 @@ def _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty
     done) their rows' chunks and the rest; returns the slot after them. Its tensor descriptors go where the group two
     before had its own, whose copies are done by then (the group before's may not be). PREFETCH: `_ahead`."""
     if e % 2 == 0:
-        x_desc, w_desc, K, N = _operands(desc, kind, W, ACT, num_rows)
+        x_desc, w_desc, K, N = _operands(desc, kind, W, ACT, num_rows, PROBE)
     else:
-        x_desc, w_desc, K, N = _operands(desc, kind, W, ACT, num_rows)
+        x_desc, w_desc, K, N = _operands(desc, kind, W, ACT, num_rows, PROBE)
     c, c1, KC = _chunks(kind, K, N)
     logits = kind == _LOGITS  # (its chunk u: tile pid + (u // KC) P's, `_chunk`)
     tile0, step = gl.where(logits, gl.program_id(0), 0), gl.where(logits, gl.num_programs(0), 1)
@@ -185,8 +210,9 @@ def _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty
     i0 = i
     for q in range(c, c + early):
         t, k = _chunk(kind, q, KC)
-        i = _fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, t, k, False, PROBE)
-    wait(EVENTS, e - 1, gl.num_programs(0))
+        i = _fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, t, k, K, False, PROBE)
+    if not PROBE & 16:
+        wait(EVENTS, e - 1, gl.num_programs(0))
     _clock(EVENTS, events, e, 0, TRACING)
     for q in range(c, c + early):
         if not PROBE & 1:
@@ -195,7 +221,7 @@ def _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty
     for q in range(c + early, c1):
         t, k = _chunk(kind, q, KC)
         ahead = _ahead(W, desc, kind == _QKV, q, ahead, c1, KC, tile0, step, D, BN, BK)
-        i = _fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, t, k, True, PROBE)
+        i = _fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, t, k, K, True, PROBE)
     return i
 
 
@@ -219,9 +245,9 @@ def _narrow_loads(desc, is_qkv, W, ACT, num_rows, a_ring, b_ring, ready, empty, 
     xs, ws = _narrow_views(a_ring, b_ring)
     x_off, K, w_off, N = _gemv_operands(desc, is_qkv)
     if e % 2 == 0:
-        x_desc, w_desc = operands(ACT + x_off, K.to(gl.int64), num_rows, W + w_off, N, K, BM, NARROW_BN, BK)
+        x_desc, w_desc = _narrow_operands(ACT + x_off, K, num_rows, W + w_off, N, PROBE)
     else:
-        x_desc, w_desc = operands(ACT + x_off, K.to(gl.int64), num_rows, W + w_off, N, K, BM, NARROW_BN, BK)
+        x_desc, w_desc = _narrow_operands(ACT + x_off, K, num_rows, W + w_off, N, PROBE)
     pid, P = gl.program_id(0), gl.num_programs(0)
     KC = gl.cdiv(K, NARROW_K)  # (a tile's slots; its chunk u: tile pid + (u // KC) P's columns (u % KC) NARROW_K)
     chunks = gl.maximum(gl.cdiv(gl.cdiv(N, NARROW_BN) - pid, P), 0) * KC
@@ -231,9 +257,10 @@ def _narrow_loads(desc, is_qkv, W, ACT, num_rows, a_ring, b_ring, ready, empty, 
     _released(kv_empty, j, j, ATT_STAGES)  # (attention's slots, over the same bytes, read)
     i0 = i
     for u in range(0, early):
-        i = _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, pid + (u // KC) * P, (u % KC) * NARROW_K, False,
+        i = _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, pid + (u // KC) * P, (u % KC) * NARROW_K, K, False,
                          PROBE)
-    wait(EVENTS, e - 1, P)
+    if not PROBE & 16:
+        wait(EVENTS, e - 1, P)
     _clock(EVENTS, events, e, 0, TRACING)
     for u in range(0, early):
         s = (i0 + u) % SK_STAGES
@@ -243,20 +270,31 @@ def _narrow_loads(desc, is_qkv, W, ACT, num_rows, a_ring, b_ring, ready, empty, 
                                                 xs.index(2 * s + b))
     for u in range(early, chunks):
         ahead = _ahead(W, desc, is_qkv, u, ahead, chunks, KC, pid, P, D, NARROW_BN, NARROW_K)
-        i = _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, pid + (u // KC) * P, (u % KC) * NARROW_K, True,
+        i = _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, pid + (u // KC) * P, (u % KC) * NARROW_K, K, True,
                          PROBE)
     return i
 
 
 @gluon.jit
-def _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, t, k, ROWS: gl.constexpr, PROBE: gl.constexpr):
+def _narrow_operands(x, K, num_rows, w, N, PROBE: gl.constexpr):
+    """A narrow group's rows and weight as tensor descriptors of [BM, BK] and [NARROW_BN, BK] boxes (with PROBE & 8,
+    the weight as `_tiled`'s)."""
+    x_desc, w_desc = operands(x, K.to(gl.int64), num_rows, w, N, K, BM, NARROW_BN, BK)
+    if PROBE & 8:
+        w_desc = _tiled(w, N, K, NARROW_BN)
+    return x_desc, w_desc
+
+
+@gluon.jit
+def _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, t, k, K, ROWS: gl.constexpr, PROBE: gl.constexpr):
     """`_fill` for a narrow group: tile t's weight boxes at columns k, k + BK and (ROWS) the rows' beside them (none
     with PROBE & 1: timing only)."""
     s = i % SK_STAGES
     mbarrier.wait(empty.index(s), ((i // SK_STAGES) & 1) ^ 1)
     mbarrier.expect(ready.index(s), (NARROW_BN if PROBE & 1 else BM + NARROW_BN) * NARROW_K * 2)
     for b in gl.static_range(2):
-        tma.async_copy_global_to_shared(w_desc, [t * NARROW_BN, k + b * BK], ready.index(s), ws.index(2 * s + b))
+        w_row, w_col = _weight_at(t, k + b * BK, K, NARROW_BN, PROBE)
+        tma.async_copy_global_to_shared(w_desc, [w_row, w_col], ready.index(s), ws.index(2 * s + b))
         if ROWS and not PROBE & 1:
             tma.async_copy_global_to_shared(x_desc, [0, k + b * BK], ready.index(s), xs.index(2 * s + b))
     return i + 1
@@ -283,14 +321,16 @@ def _runs(I32, REGIONS, EVENTS):
 @gluon.jit
 def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, steps, REGIONS, control_at,
             seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, kv, ready, empty, kv_ready,
-            kv_empty, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
+            kv_empty, go, go_bar, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
             SPLIT_SLOTS: gl.constexpr, TRACING: gl.constexpr, PROBE: gl.constexpr, PREFETCH: gl.constexpr):
     """Each group's chunks into its ring, step after step: a projection's first slots' weights before the group
     before is done, the rest after it; attention's keys and values before it, but for the slots that hold the step's
-    own keys. A step's plan: past its event, whether the loop goes on, and the step's rows."""
+    own keys. A step's plan: past its event, whether the loop goes on (as the consumers decided: `chain._handed`),
+    and the step's rows."""
     P = gl.num_programs(0)
     events = steps * groups
     num_rows = _rows(I32, control_at)
+    plans = gl.to_tensor(0)
     i = gl.to_tensor(0)  # (the stream-K ring's slots)
     j = gl.to_tensor(0)  # (attention's)
     running = gl.to_tensor(1)
@@ -299,7 +339,7 @@ def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, s
             kind, desc, unused = _group(DESCS, GROUPS, e % groups)
             if kind == _PLAN:
                 wait(EVENTS, e, P)
-                running = _runs(I32, REGIONS, EVENTS)
+                running, plans = _handed(go, go_bar, plans)
                 num_rows = _rows(I32, control_at)
             elif kind == _ATTENTION:
                 _released(empty, i, i, SK_STAGES)  # (the stream-K ring's slots, over the same bytes, read)
@@ -517,7 +557,7 @@ def _logits(desc, W, F32, a_ring, b_ring, ready, empty, num_rows, i, NORM_F64: g
 def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, steps, first_step, REGIONS, stats_off,
               stats_size, control_at, positions_at, slots_at, seq_starts_at, context_lens_at, seq_req_at,
               req_pages_at, parts_at, tickets_at, a_ring, b_ring, kv, ready, empty, kv_ready, kv_empty, staging,
-              res_bar, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
+              res_bar, go, go_bar, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
               NORM_F64: gl.constexpr, PART_ROWS: gl.constexpr, SPLIT_SLOTS: gl.constexpr, MAX_TOKENS: gl.constexpr,
               REQS: gl.constexpr, STEP_LOG: gl.constexpr, VB: gl.constexpr, WB: gl.constexpr,
               MAX_NEW: gl.constexpr, SAMPLING: gl.constexpr, TRACING: gl.constexpr, PROBE: gl.constexpr):
@@ -545,7 +585,8 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
                                            context_lens_at, seq_req_at, req_pages_at, j, EVENTS, e, PAGE,
                                            PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, PART_ROWS)
             else:
-                wait(EVENTS, e - 1, P)
+                if not PROBE & 16:
+                    wait(EVENTS, e - 1, P)
                 if (kind == _QKV) & (unused != 0):
                     i = _narrow_qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, num_rows,
                                     positions_at, slots_at, parts_at, tickets_at, i, NORM_F64, PROBE)
@@ -573,6 +614,7 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
                 wait(EVENTS, e, P)
                 running = _runs(I32, REGIONS, EVENTS)
                 num_rows = _rows(I32, control_at)
+                _hand(go, go_bar, running)
 
 
 @gluon.jit
@@ -598,10 +640,13 @@ def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, 
     in use): 1, the step's rows never copied (a narrow group's too), a slot waiting for its weights alone; 2, no
     fragment waits for the others of its tile (each finishes it alone), to see what the rows' copies and the
     partials' exchange cost; 4, no products (a projection's slots released as soon as they are full, `_drained`), to
-    see whether its consumers or its bytes bound a group. PREFETCH (0 in use): KB of a projection's weights each
-    program keeps asked into L2 ahead of its copies (`_ahead`; session 69: 64, asked at each group's start only, took
-    o_proj at 64 rows from 17.8 to 14.4 us and stalled gate/up's loader 2 us; 256 there slowed every group: the
-    programs' own streams wait behind them)."""
+    see whether its consumers or its bytes bound a group; 8, the weights read as if laid out tile after tile
+    (`_tiled`), a box's bytes contiguous: what their layout costs the stream; 16, no projection waits for the group
+    before (attention still does; with 2, no fragment for a ticket either): what the groups' barriers cost.
+    PREFETCH (0 in use): KB of a projection's weights each program keeps asked into L2 ahead of its copies (`_ahead`;
+    session 69: 64, asked at each group's start only, took o_proj at 64 rows from 17.8 to 14.4 us and stalled
+    gate/up's loader 2 us; 256 there slowed every group: the programs' own streams wait behind them; session 70, kept
+    ahead all through a group: 32, 64, 128 KB made the step 3.2, 2.0, 1.5x slower)."""
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
     w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
     halves: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HD // 2], gl.bfloat16)
@@ -614,15 +659,17 @@ def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, 
                                                                                                     gl.bfloat16))
     res_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     mbarrier.init(res_bar.index(0), count=1)
+    go, go_bar = _go(gl.num_warps())
     gl.warp_specialize([
         (_consumer, (DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, steps, first_step, REGIONS,
                      stats_off, stats_size, control_at, positions_at, slots_at, seq_starts_at, context_lens_at,
                      seq_req_at, req_pages_at, parts_at, tickets_at, a_ring, b_ring, kv, ready, empty, kv_ready,
-                     kv_empty, staging, res_bar, PAGE, PAGES_PER_SEQ, MAX_SEQS, NORM_F64, PART_ROWS, SPLIT_SLOTS,
-                     MAX_TOKENS, REQS, STEP_LOG, VB, WB, MAX_NEW, SAMPLING, TRACING, PROBE)),
+                     kv_empty, staging, res_bar, go, go_bar, PAGE, PAGES_PER_SEQ, MAX_SEQS, NORM_F64, PART_ROWS,
+                     SPLIT_SLOTS, MAX_TOKENS, REQS, STEP_LOG, VB, WB, MAX_NEW, SAMPLING, TRACING, PROBE)),
         (_loader, (DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, steps, REGIONS, control_at,
                    seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, kv, ready, empty,
-                   kv_ready, kv_empty, PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, TRACING, PROBE, PREFETCH)),
+                   kv_ready, kv_empty, go, go_bar, PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, TRACING, PROBE,
+                   PREFETCH)),
     ], [1], [LOADER_REGS])
 
 

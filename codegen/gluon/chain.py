@@ -354,6 +354,34 @@ def _released(empty, i, before, SLOTS_: gl.constexpr):
 
 
 @gluon.jit
+def _go(num_warps: gl.constexpr):
+    """A loop's handoff of its plans' decisions from a program's consumers to its loader (`_hand`, `_handed`): a word
+    of shared memory and its barrier."""
+    go = gl.allocate_shared_memory(gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    go_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(go_bar.index(0), count=1)
+    return go, go_bar
+
+
+@gluon.jit
+def _hand(go, go_bar, running):
+    """The consumers' decision whether the loop goes on past a plan (`_runs`), handed to their loader: each reading
+    the host's stop word for itself, one could stop while the other went on, waiting on the ring for ever."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    go.store(gl.full([1], running, gl.int32, layout))
+    gl.thread_barrier()  # (every consumer warp's store before the arrive that publishes it)
+    mbarrier.arrive(go_bar.index(0), count=1)
+
+
+@gluon.jit
+def _handed(go, go_bar, plans):
+    """The loader's copy of its consumers' decision at its `plans`-th plan (`_hand`); returns it and plans + 1."""
+    mbarrier.wait(go_bar.index(0), plans & 1)
+    running = gl.sum(go.load(gl.BlockedLayout([1], [32], [1], [0])), axis=0)
+    return running, plans + 1
+
+
+@gluon.jit
 def _runs(I32, REGIONS, EVENTS):
     """Whether the step just planned is one the loop runs: a step of one token of one sequence (1), or not (0: every
     request has finished, the step is another shape, which the host runs, or the host asked the launch to stop)."""
@@ -365,14 +393,15 @@ def _runs(I32, REGIONS, EVENTS):
 @gluon.jit
 def _decode_loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, steps, REGIONS, control_at,
                    seq_starts_at, context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv, ready, empty,
-                   kv_ready, kv_empty, GR: gl.constexpr, SLOTS_: gl.constexpr, PAGE: gl.constexpr,
+                   kv_ready, kv_empty, go, go_bar, GR: gl.constexpr, SLOTS_: gl.constexpr, PAGE: gl.constexpr,
                    PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, SPLIT_SLOTS: gl.constexpr,
                    TRACING: gl.constexpr):
     """Each group's boxes into the ring, step after step: a projection's first slots' weights before the group
     before is done, the rest after it; attention's keys and values before it, but for the slots that hold the step's
-    own keys. A step's plan: past its event, whether the loop goes on."""
+    own keys. A step's plan: past its event, whether the loop goes on, as the consumers decided (`_handed`)."""
     P = gl.num_programs(0)
     events = steps * groups
+    plans = gl.to_tensor(0)
     i = gl.to_tensor(0)  # (the GEMV ring's slots)
     j = gl.to_tensor(0)  # (attention's)
     ends = gl.to_tensor(0)  # the slots issued by the end of the group before, and of the one before that
@@ -386,7 +415,7 @@ def _decode_loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, gr
             _stamp(EVENTS, events, 2, i, TRACING)
             if kind == _PLAN:
                 wait(EVENTS, e, P)
-                running = _runs(I32, REGIONS, EVENTS)
+                running, plans = _handed(go, go_bar, plans)
             elif kind == _ATTENTION:
                 # its items' keys before the step's own go in before the group before is done (their slots' bytes
                 # are the GEMV ring's: once read); a slot with the step's keys waits for it (`attention.load_items`)
@@ -443,14 +472,15 @@ def _gemv_loads(desc, is_qkv, W, ACT, w_ring, x_ring, ready, empty, kv_empty, i,
 @gluon.jit
 def _decode_consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, steps, first_step, REGIONS,
                      stats_off, stats_size, control_at, positions_at, slots_at, seq_starts_at, context_lens_at,
-                     seq_req_at, req_pages_at, w_ring, x_ring, kv, ready, empty, kv_ready, kv_empty,
+                     seq_req_at, req_pages_at, w_ring, x_ring, kv, ready, empty, kv_ready, kv_empty, go, go_bar,
                      GR: gl.constexpr, SLOTS_: gl.constexpr, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr,
                      MAX_SEQS: gl.constexpr, NORM_F64: gl.constexpr, PART_ROWS: gl.constexpr,
                      SPLIT_SLOTS: gl.constexpr, MAX_TOKENS: gl.constexpr, REQS: gl.constexpr,
                      STEP_LOG: gl.constexpr, VB: gl.constexpr, WB: gl.constexpr, MAX_NEW: gl.constexpr,
                      SAMPLING: gl.constexpr, TRACING: gl.constexpr):
     """Each group's units, items or rows, the waits where they read what the group before wrote, then the group's
-    signal, step after step; a step's plan by program 0, then (its event) whether the loop goes on."""
+    signal, step after step; a step's plan by program 0, then (its event) whether the loop goes on, handed to the
+    loader (`_hand`)."""
     P = gl.num_programs(0)
     events = steps * groups
     i = gl.to_tensor(0)  # (the GEMV ring's slots)
@@ -490,6 +520,7 @@ def _decode_consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, grou
             if kind == _PLAN:
                 wait(EVENTS, e, P)
                 running = _runs(I32, REGIONS, EVENTS)
+                _hand(go, go_bar, running)
 
 
 @gluon.jit
@@ -583,8 +614,8 @@ def decode_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS,
     step's plan (its first group: the loop stops at a plan that leaves no step of one row), embedding, the row that
     needs logits, the LM head and sampling (`step.py`, SAMPLING: with temperatures; REGIONS the regions' offsets,
     `step.REGION_NAMES`; stats_off, stats_size: the F32 words a plan zeroes; the first step's number first_step).
-    Two programs an SM, each waiting for all of them. TRACING: each program's partitions stamp where they are after the counters
-    (`_stamp`), and the times of each group's event and signal after those (`_clock`; EVENTS then holds
+    Two programs an SM, each waiting for all of them. TRACING: each program's partitions stamp where they are after
+    the counters (`_stamp`), and the times of each group's event and signal after those (`_clock`; EVENTS then holds
     `steps groups` + 8 words a program + 2 a program a group a step)."""
     BOXES: gl.constexpr = SLOT_ROWS_ // GR
     plain: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
@@ -595,16 +626,17 @@ def decode_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS,
     x_ring = gl.allocate_shared_memory(gl.bfloat16, [SLOTS_ * BOXES, 1, GK_], plain)
     ready, empty = _barriers(SLOTS_)
     kv_ready, kv_empty = _barriers(STAGES)
+    go, go_bar = _go(gl.num_warps())
     gl.warp_specialize([
         (_decode_consumer, (DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, steps, first_step,
                             REGIONS, stats_off, stats_size, control_at, positions_at, slots_at, seq_starts_at,
                             context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv, ready, empty, kv_ready,
-                            kv_empty, GR, SLOTS_, PAGE, PAGES_PER_SEQ, MAX_SEQS, NORM_F64, PART_ROWS, SPLIT_SLOTS,
-                            MAX_TOKENS, REQS, STEP_LOG, VB, WB, MAX_NEW, SAMPLING, TRACING)),
+                            kv_empty, go, go_bar, GR, SLOTS_, PAGE, PAGES_PER_SEQ, MAX_SEQS, NORM_F64, PART_ROWS,
+                            SPLIT_SLOTS, MAX_TOKENS, REQS, STEP_LOG, VB, WB, MAX_NEW, SAMPLING, TRACING)),
         (_decode_loader, (DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, steps, REGIONS,
                           control_at, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, w_ring, x_ring, kv,
-                          ready, empty, kv_ready, kv_empty, GR, SLOTS_, PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS,
-                          TRACING)),
+                          ready, empty, kv_ready, kv_empty, go, go_bar, GR, SLOTS_, PAGE, PAGES_PER_SEQ, MAX_SEQS,
+                          SPLIT_SLOTS, TRACING)),
     ], [1], [LOADER_REGS])
 
 
