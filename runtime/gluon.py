@@ -65,7 +65,6 @@ class GluonCoverage:
         self.one_row_chain: bool | str = True
         self.batch_chain = True  # a batched decode step's layers too (`batch.batch_chain`)
         self.batch_probe = 0  # `batch.batch_chain`'s timing-only PROBE (`benchmarks/explore/chain_probe.py`)
-        self.batch_prefetch = 0  # its PREFETCH: KB of weights a program keeps asked into L2 (`chain_probe --prefetch`)
         # the batched loop sampler's passes of logits, where the one-row loop's are of 1,024: a b64 step's sampling
         # took 88 us in passes of 1,024 (twice the Triton group's, each program's passes one after another), 81 in 4,096
         self.batch_sample_block = 4096
@@ -291,7 +290,7 @@ class GluonCoverage:
         return {**batch.constexprs(cfg.page_size, cfg.max_pages_per_seq, cfg.max_batch, self.norm_f64, cfg.block_m,
                                    self.split_slots, cfg.max_tokens_per_step, sample_block=self.batch_sample_block,
                                    max_new=cfg.max_new_tokens, sample_wide=self.sample_wide, sampling=sampling),
-                "TRACING": self.tracing, "PROBE": self.batch_probe, "PREFETCH": self.batch_prefetch}
+                "TRACING": self.tracing, "PROBE": self.batch_probe}
 
     def gemv_rows_for(self, first: int) -> int:
         """The unit height of one-row projection group `first` on the GEMV."""

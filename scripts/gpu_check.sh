@@ -139,13 +139,13 @@ if [[ $mode == user-path ]]; then  # what a user does on a fresh machine: a cold
   for i in 1 2; do step 120 bash -c "time $B run /tmp/l8.cubin --prompt 'The quick brown fox jumps over the lazy dog' \
     --max-tokens 32 --json"; done
 fi
-if [[ $mode == b64-variants ]]; then  # session 69's candidates for a b64 step, one call (compiled on the CPU machine:
-  # `precompile_gluon --traced --prefetch 32,64,128 --probes 1,4 --variants-of <the b64 artifact>`): the batched
-  # chain's groups with PREFETCH KB of weights kept asked into L2, without the rows' copies (PROBES 1) or the
-  # products (4: what the bytes alone take), and (TILES) a layer's table column patterns, then (TESTS=1) the batched
-  # loop's GPU tests, which a patch under test (benchmarks/explore/patches) must pass before it lands
+if [[ $mode == b64-variants ]]; then  # candidates for a b64 step, one call (compiled on the CPU machine:
+  # `precompile_gluon --traced --probes 2,4,16 --variants-of <the b64 artifact>`): the batched chain's groups, then
+  # with each timing-only PROBE (`batch.batch_chain`: 2 no partials exchanged, 4 no products, 16 no barriers, ..)
+  # and (TILES) a layer's table column patterns, then (TESTS=1) the batched loop's GPU tests, which a patch under
+  # test (benchmarks/explore/patches) must pass before it lands
   step "${CHAIN_LIMIT:-300}" python -m benchmarks.explore.chain_probe --mode on --batch 64 --repeats 5 \
-    --prefetch "${PREFETCH-32,64,128}" --probes "${PROBES-1,4}" --tiles "${TILES-}"
+    --probes "${PROBES-2,4,16}" --tiles "${TILES-}"
   if [[ ${TESTS:-0} == 1 ]]; then
     step 260 python -m pytest -q -x -s -m gpu tests/gpu -k "batched_decode_steps or batched_loop_samples" -p no:cacheprovider
   fi

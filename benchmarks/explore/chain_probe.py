@@ -160,9 +160,6 @@ def main() -> None:
     parser.add_argument("--tiles", default="", help="with --batch: the chain timed again with a layer's groups' "
                         "third column of the table (1: whole-K narrow tiles, 0: stream-K; `GluonCoverage.batch_narrow`)"
                         " set to each of these, e.g. 1,0,1,0,1/0,0,0,0,0 (QKV, attention, o_proj, gate/up, down)")
-    parser.add_argument("--prefetch", default="", help="with --batch: the chain timed again with each of these "
-                        "PREFETCH values of `batch.batch_chain` (KB of its weights a program keeps asked into L2 "
-                        "ahead of its copies, `batch._ahead`), e.g. 64,128")
     parser.add_argument("--wait", type=float, default=15.0, help="seconds before the step counts as stuck")
     parser.add_argument("--repeats", type=int, default=10, help="the chain's launches timed each way (best kept)")
     args = parser.parse_args()
@@ -232,8 +229,7 @@ def main() -> None:
             g.batch_probe = probe
             print(f"  PROBE {probe} (timing only):", flush=True)
             timed(chained, table, args.repeats, batched)
-            if probe in (1, 2, 4):  # (where each kind of group's time went without it)
-                traced(chained, table, batched, kinds, programs, words)
+            traced(chained, table, batched, kinds, programs, words)  # (where each kind of group's time went)
         g.batch_probe = 0
         for pattern in [v for v in args.tiles.split("/") if v]:
             print(f"  a layer's tiles {pattern}:", flush=True)
@@ -245,12 +241,6 @@ def main() -> None:
             changed = changed.flatten()
             timed(chained, changed, args.repeats, batched)
             traced(chained, changed, batched, kinds, programs, words)
-        for kb in [int(v) for v in args.prefetch.split(",") if v]:
-            g.batch_prefetch = kb
-            print(f"  {kb} KB of weights a program asked into L2 ahead of its copies:", flush=True)
-            timed(chained, table, args.repeats, batched)
-            traced(chained, table, batched, kinds, programs, words)
-        g.batch_prefetch = 0
         for slots in [int(v) for v in args.split_slots.split(",") if v]:
             g.split_slots = slots
             print(f"  attention's splits of {slots} slots of keys at least:", flush=True)

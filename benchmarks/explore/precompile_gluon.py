@@ -2,11 +2,11 @@
 does beside a kernel's compile (`GluonCoverage.one_request_launches`, here whether or not the one-row loop takes the
 kernel), and the batched loop's (`GluonCoverage.batch_launches`), for artifacts the cache already holds, whose Gluon
 kernels an edit under codegen/gluon has made stale (their keys hold its source; the artifacts' do not). With
---traced, the batched loop's traced kernels too, and with --prefetch and --probes, its PREFETCH and PROBE variants
-(traced where --traced), as `chain_probe.py` launches them: the variants a device run times, compiled here.
+--traced, the batched loop's traced kernels too, and with --probes, its PROBE variants (traced where --traced), as
+`chain_probe.py` launches them: the variants a device run times, compiled here.
 
-    BLINK_CACHE_DIR=.blink-cache/c67 python -m benchmarks.explore.precompile_gluon [--traced] [--prefetch 64,128] \
-        [--probes 4] [--variants-of 1ab05c]
+    BLINK_CACHE_DIR=.blink-cache/c68 python -m benchmarks.explore.precompile_gluon [--traced] [--probes 4,16] \
+        [--variants-of 1ab05c]
 """
 from __future__ import annotations
 
@@ -28,13 +28,11 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--traced", action="store_true", help="the batched loop's traced kernels too (greedy)")
-    parser.add_argument("--prefetch", default="", help="the batched loop's PREFETCH variants too (greedy), e.g. 64,128")
     parser.add_argument("--probes", default="", help="the batched loop's PROBE variants too (greedy), e.g. 1,4")
     parser.add_argument("--variants-of", default="", help="those variants for the artifacts whose key starts so only "
                         "(a device run's carry is 64 MB)")
     args = parser.parse_args()
-    variants = [(0, 0)] + [(int(v), 0) for v in args.prefetch.split(",") if v] + \
-        [(0, int(v)) for v in args.probes.split(",") if v]  # (PREFETCH, PROBE)
+    probes = [0] + [int(v) for v in args.probes.split(",") if v]
 
     for manifest_path in sorted((cache_dir() / "artifacts").glob("*/model.cubin.json")):
         manifest = json.loads(manifest_path.read_text())
@@ -49,9 +47,9 @@ def main() -> None:
         launches = coverage.one_request_launches() + coverage.batch_launches()  # (the prefill's whatever the loop)
         chosen = manifest_path.parent.name.startswith(args.variants_of)
         for tracing in (False, True) if args.traced and chosen else (False, ):
-            for kb, probe in variants if chosen else variants[:1]:
-                coverage.tracing, coverage.batch_prefetch, coverage.batch_probe = tracing, kb, probe
-                launches += coverage.batch_launches()[:1] if (tracing or kb or probe) else []
+            for probe in probes if chosen else probes[:1]:
+                coverage.tracing, coverage.batch_probe = tracing, probe
+                launches += coverage.batch_launches()[:1] if (tracing or probe) else []
         paths = [gluon_kernels.precompile(*launch) for launch in launches]
         print(f"{manifest_path.parent.name}: {len(paths)} Gluon kernels in {time.perf_counter() - start:.0f} s",
               flush=True)

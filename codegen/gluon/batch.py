@@ -151,61 +151,17 @@ def _fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, t, k, K, ROWS: gl.con
 
 
 @gluon.jit
-def _prefetch(W, desc, is_qkv, row0, ROWS: gl.constexpr, k0, k1):
-    """Weight rows row0 .. row0 + ROWS (those below the weight's N) of a projection, their columns k0 .. k1 (multiples
-    of 8), asked into L2 (`cp.async.bulk.prefetch`: nothing waits for them), a row a request."""
-    _, K, w_off, N = _gemv_operands(desc, is_qkv)
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])  # (the loader's warp)
-    rows = row0 + gl.arange(0, ROWS, layout=layout)
-    at = W + w_off + rows.to(gl.int64) * K + k0
-    size = gl.full([ROWS], 0, gl.int32, layout) + (k1 - k0) * 2
-    gl.inline_asm_elementwise("{ .reg .pred p; setp.lt.s32 p, $3, $4; @p cp.async.bulk.prefetch.L2.global [$1], $2; "
-                              "mov.u32 $0, 0; }", "=r,l,r,r,r", [at, size, rows, N + gl.zeros_like(rows)],
-                              dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _ahead(W, desc, is_qkv, q, ahead, q1, KC, tile0, step, D: gl.constexpr, ROWS: gl.constexpr, CK: gl.constexpr):
-    """Keeps a program's chunks of a projection's weights up to q + D (`_prefetch_chunks`' chunks, below q1) asked
-    into L2, the next copy being chunk q's: those from `ahead` (the first not asked yet) on, once D / 2 at least are
-    wanted, so that DRAM sees runs of D / 2 x CK columns a weight row or more where the copies ask for CK. Returns the
-    first chunk not asked for. D = 0: nothing asked (the copies read DRAM). A group's first call, q past its ring's
-    first copies and `ahead` at them, asks for those too: they wait for the ring's slots, their bytes need not."""
-    if D > 0:
-        if (ahead < q1) & (ahead <= q + D // 2):
-            end = gl.minimum(q1, q + D)
-            _prefetch_chunks(W, desc, is_qkv, ahead, end, KC, tile0, step, ROWS, CK)
-            ahead = end
-    return ahead
-
-
-@gluon.jit
-def _prefetch_chunks(W, desc, is_qkv, q, q1, KC, tile0, step, ROWS: gl.constexpr, CK: gl.constexpr):
-    """`_prefetch` of a program's chunks q .. q1 of a projection: chunk q is tile tile0 + (q // KC) step's columns
-    (q % KC) CK .. + CK (tiles of ROWS weight rows and KC chunks), a tile's run of them at a time."""
-    while q < q1:
-        k0 = q % KC
-        k1 = gl.minimum(KC, k0 + (q1 - q))
-        _prefetch(W, desc, is_qkv, (tile0 + (q // KC) * step) * ROWS, ROWS, k0 * CK, k1 * CK)
-        q += k1 - k0
-
-
-@gluon.jit
 def _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j, EVENTS, e, events,
-                      TRACING: gl.constexpr, PROBE: gl.constexpr, PREFETCH: gl.constexpr):
+                      TRACING: gl.constexpr, PROBE: gl.constexpr):
     """A projection's chunks of this program's from ring slot i on: its first slots' weights, then (the group before
     done) their rows' chunks and the rest; returns the slot after them. Its tensor descriptors go where the group two
-    before had its own, whose copies are done by then (the group before's may not be). PREFETCH: `_ahead`."""
+    before had its own, whose copies are done by then (the group before's may not be)."""
     if e % 2 == 0:
         x_desc, w_desc, K, N = _operands(desc, kind, W, ACT, num_rows, PROBE)
     else:
         x_desc, w_desc, K, N = _operands(desc, kind, W, ACT, num_rows, PROBE)
     c, c1, KC = _chunks(kind, K, N)
-    logits = kind == _LOGITS  # (its chunk u: tile pid + (u // KC) P's, `_chunk`)
-    tile0, step = gl.where(logits, gl.program_id(0), 0), gl.where(logits, gl.num_programs(0), 1)
-    D: gl.constexpr = PREFETCH * 1024 // (BN * BK * 2)  # (chunks)
     early = gl.minimum(c1 - c, SK_STAGES)
-    ahead = _ahead(W, desc, kind == _QKV, c + early, c, c1, KC, tile0, step, D, BN, BK)
     _released(kv_empty, j, j, ATT_STAGES)  # (attention's slots, over the same bytes, read)
     i0 = i
     for q in range(c, c + early):
@@ -220,7 +176,6 @@ def _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty
             tma.async_copy_global_to_shared(x_desc, [0, (q % KC) * BK], ready.index(s), a_ring.index(s))
     for q in range(c + early, c1):
         t, k = _chunk(kind, q, KC)
-        ahead = _ahead(W, desc, kind == _QKV, q, ahead, c1, KC, tile0, step, D, BN, BK)
         i = _fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, t, k, K, True, PROBE)
     return i
 
@@ -238,10 +193,9 @@ def _narrow_views(a_ring, b_ring):
 
 @gluon.jit
 def _narrow_loads(desc, is_qkv, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j, EVENTS, e, events,
-                  TRACING: gl.constexpr, PROBE: gl.constexpr, PREFETCH: gl.constexpr):
+                  TRACING: gl.constexpr, PROBE: gl.constexpr):
     """A narrow group's tiles (this program's: pid, pid + P, ..) from ring slot i on, NARROW_K columns a slot: its
-    first slots' weights, then (the group before done) their rows' boxes and the rest; returns the slot after them.
-    PREFETCH: `_ahead`."""
+    first slots' weights, then (the group before done) their rows' boxes and the rest; returns the slot after them."""
     xs, ws = _narrow_views(a_ring, b_ring)
     x_off, K, w_off, N = _gemv_operands(desc, is_qkv)
     if e % 2 == 0:
@@ -251,9 +205,7 @@ def _narrow_loads(desc, is_qkv, W, ACT, num_rows, a_ring, b_ring, ready, empty, 
     pid, P = gl.program_id(0), gl.num_programs(0)
     KC = gl.cdiv(K, NARROW_K)  # (a tile's slots; its chunk u: tile pid + (u // KC) P's columns (u % KC) NARROW_K)
     chunks = gl.maximum(gl.cdiv(gl.cdiv(N, NARROW_BN) - pid, P), 0) * KC
-    D: gl.constexpr = PREFETCH * 1024 // (NARROW_BN * NARROW_K * 2)  # (chunks)
     early = gl.minimum(chunks, SK_STAGES)
-    ahead = _ahead(W, desc, is_qkv, early, gl.to_tensor(0), chunks, KC, pid, P, D, NARROW_BN, NARROW_K)
     _released(kv_empty, j, j, ATT_STAGES)  # (attention's slots, over the same bytes, read)
     i0 = i
     for u in range(0, early):
@@ -269,7 +221,6 @@ def _narrow_loads(desc, is_qkv, W, ACT, num_rows, a_ring, b_ring, ready, empty, 
                 tma.async_copy_global_to_shared(x_desc, [0, (u % KC) * NARROW_K + b * BK], ready.index(s),
                                                 xs.index(2 * s + b))
     for u in range(early, chunks):
-        ahead = _ahead(W, desc, is_qkv, u, ahead, chunks, KC, pid, P, D, NARROW_BN, NARROW_K)
         i = _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, pid + (u // KC) * P, (u % KC) * NARROW_K, K, True,
                          PROBE)
     return i
@@ -322,7 +273,7 @@ def _runs(I32, REGIONS, EVENTS):
 def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, steps, REGIONS, control_at,
             seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, kv, ready, empty, kv_ready,
             kv_empty, go, go_bar, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
-            SPLIT_SLOTS: gl.constexpr, TRACING: gl.constexpr, PROBE: gl.constexpr, PREFETCH: gl.constexpr):
+            SPLIT_SLOTS: gl.constexpr, TRACING: gl.constexpr, PROBE: gl.constexpr):
     """Each group's chunks into its ring, step after step: a projection's first slots' weights before the group
     before is done, the rest after it; attention's keys and values before it, but for the slots that hold the step's
     own keys. A step's plan: past its event, whether the loop goes on (as the consumers decided: `chain._handed`),
@@ -349,10 +300,10 @@ def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, s
                                            PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS)
             elif ((kind == _PLAIN) | (kind == _QKV)) & (unused != 0):  # (a narrow group: whole-K tiles)
                 i = _narrow_loads(desc, kind == _QKV, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j,
-                                  EVENTS, e, events, TRACING, PROBE, PREFETCH)
+                                  EVENTS, e, events, TRACING, PROBE)
             elif (kind <= _QKV) | (kind == _LOGITS):  # (a projection)
                 i = _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j,
-                                      EVENTS, e, events, TRACING, PROBE, PREFETCH)
+                                      EVENTS, e, events, TRACING, PROBE)
 
 
 @gluon.jit
@@ -625,7 +576,7 @@ def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, 
                 SPLIT_SLOTS: gl.constexpr = 1, MAX_TOKENS: gl.constexpr = 1, REQS: gl.constexpr = 32,
                 STEP_LOG: gl.constexpr = 4096, VB: gl.constexpr = 1024, WB: gl.constexpr = 4096,
                 MAX_NEW: gl.constexpr = 1, SAMPLING: gl.constexpr = False, TRACING: gl.constexpr = False,
-                PROBE: gl.constexpr = 0, PREFETCH: gl.constexpr = 0):
+                PROBE: gl.constexpr = 0):
     """`chain.decode_chain`'s for steps that only decode, of 1 to BM rows (I32[control_at]): the `groups` rows of
     GROUPS (kind, descriptor row, narrow: a PLAIN group in whole-K tiles of NARROW_BN, one a program), `steps` times
     over (group g of step s at EVENTS[s groups + g]): the
@@ -642,11 +593,10 @@ def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, 
     partials' exchange cost; 4, no products (a projection's slots released as soon as they are full, `_drained`), to
     see whether its consumers or its bytes bound a group; 8, the weights read as if laid out tile after tile
     (`_tiled`), a box's bytes contiguous: what their layout costs the stream; 16, no projection waits for the group
-    before (attention still does; with 2, no fragment for a ticket either): what the groups' barriers cost.
-    PREFETCH (0 in use): KB of a projection's weights each program keeps asked into L2 ahead of its copies (`_ahead`;
-    session 69: 64, asked at each group's start only, took o_proj at 64 rows from 17.8 to 14.4 us and stalled
-    gate/up's loader 2 us; 256 there slowed every group: the programs' own streams wait behind them; session 70, kept
-    ahead all through a group: 32, 64, 128 KB made the step 3.2, 2.0, 1.5x slower)."""
+    before (attention still does; with 2, no fragment for a ticket either): what the groups' barriers cost. (Weights
+    asked into L2 ahead of the copies did not pay: a group's first 64 KB a program took o_proj at 64 rows from 17.8 to
+    14.4 us but held gate/up's loader 2 us, session 69; kept 32, 64 or 128 KB ahead all through a group, 2c83014, the
+    step took 3.2, 2.0, 1.5x as long, session 70.)"""
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
     w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
     halves: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HD // 2], gl.bfloat16)
@@ -668,8 +618,7 @@ def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, 
                      SPLIT_SLOTS, MAX_TOKENS, REQS, STEP_LOG, VB, WB, MAX_NEW, SAMPLING, TRACING, PROBE)),
         (_loader, (DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, steps, REGIONS, control_at,
                    seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, kv, ready, empty,
-                   kv_ready, kv_empty, go, go_bar, PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, TRACING, PROBE,
-                   PREFETCH)),
+                   kv_ready, kv_empty, go, go_bar, PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, TRACING, PROBE)),
     ], [1], [LOADER_REGS])
 
 
@@ -683,4 +632,4 @@ def constexprs(page_size: int, pages_per_seq: int, max_batch: int, norm_f64: boo
     return dict(PAGE=page_size, PAGES_PER_SEQ=pages_per_seq, MAX_SEQS=lanes, NORM_F64=norm_f64, PART_ROWS=part_rows,
                 LOADER_REGS=linear.LOADER_REGS, SPLIT_SLOTS=split_slots, MAX_TOKENS=max_tokens, REQS=lanes,
                 STEP_LOG=STEP_LOG, VB=sample_block, WB=sample_wide, MAX_NEW=max_new, SAMPLING=sampling,
-                TRACING=False, PROBE=0, PREFETCH=0)
+                TRACING=False, PROBE=0)
