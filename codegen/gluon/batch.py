@@ -609,7 +609,7 @@ def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, 
                                                                                                     gl.bfloat16))
     res_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     mbarrier.init(res_bar.index(0), count=1)
-    go, go_bar = _go(gl.num_warps())
+    go, go_bar = _go()
     gl.warp_specialize([
         (_consumer, (DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, steps, first_step, REGIONS,
                      stats_off, stats_size, control_at, positions_at, slots_at, seq_starts_at, context_lens_at,

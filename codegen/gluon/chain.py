@@ -354,7 +354,7 @@ def _released(empty, i, before, SLOTS_: gl.constexpr):
 
 
 @gluon.jit
-def _go(num_warps: gl.constexpr):
+def _go():
     """A loop's handoff of its plans' decisions from a program's consumers to its loader (`_hand`, `_handed`): a word
     of shared memory and its barrier."""
     go = gl.allocate_shared_memory(gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -626,7 +626,7 @@ def decode_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS,
     x_ring = gl.allocate_shared_memory(gl.bfloat16, [SLOTS_ * BOXES, 1, GK_], plain)
     ready, empty = _barriers(SLOTS_)
     kv_ready, kv_empty = _barriers(STAGES)
-    go, go_bar = _go(gl.num_warps())
+    go, go_bar = _go()
     gl.warp_specialize([
         (_decode_consumer, (DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, steps, first_step,
                             REGIONS, stats_off, stats_size, control_at, positions_at, slots_at, seq_starts_at,
