@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|batch-chain|batch-probe|session67|stream|user-path|chain-probe|b64-variants|b64-stalls|gluon-tests|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|batch-chain|batch-probe|session67|stream|user-path|chain-probe|b64-variants|b64-stalls|trees|gluon-tests|all]
 set -uo pipefail
 # BLINK_CACHE_DIR: kernels compiled on the CPU machine and carried here (benchmarks/megakernel_tpot.py, --compile-only)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=${BLINK_CACHE_DIR:-/tmp/blink-cache}
@@ -148,6 +148,20 @@ if [[ $mode == b64-variants ]]; then  # candidates for a b64 step, one call (com
     --probes "${PROBES-2,4,16}" --tiles "${TILES-}"
   if [[ ${TESTS:-0} == 1 ]]; then
     step 260 python -m pytest -q -x -s -m gpu tests/gpu -k "batched_decode_steps or batched_loop_samples" -p no:cacheprovider
+  fi
+fi
+if [[ $mode == trees ]]; then  # working trees side by side in one call (NOTES "Session 70": `git archive` HEAD into
+  # each, a patch applied in each with `patch -p1`, each precompiled into one cache from its own directory, the cache's
+  # cubins and the trees carried): TREES="dir dir ..", each tree's batched chain timed (PROBES too), then (TESTS_IN=dir)
+  # the batched loop's GPU tests in one of them
+  for tree in ${TREES:-}; do
+    echo "== tree $tree"
+    (cd "$tree" && step "${CHAIN_LIMIT:-120}" python -m benchmarks.explore.chain_probe --mode on --batch 64 --repeats 5 \
+      --probes "${PROBES-}")
+  done
+  if [[ -n ${TESTS_IN:-} ]]; then
+    (cd "$TESTS_IN" && step 260 python -m pytest -q -x -s -m gpu tests/gpu -p no:cacheprovider \
+      -k "${TESTS_K:-batched_decode_steps or batched_loop_samples}")
   fi
 fi
 if [[ $mode == b64-stalls ]]; then  # why a b64 step's programs stream at ~27 GB/s (session 69): one launch of the
