@@ -89,10 +89,9 @@ def summarize(report: str, tsv: str | None, top: int, source: str | None) -> Non
         info = action.source_info(pc)
         where[pc] = (os.path.basename(info.file_name()) if info else "?", info.line() if info else 0)
     codes = {}  # a file's lines: the rendered kernel's (`source`), or a Gluon kernel's own module (codegen/gluon)
-    for file, _ in where.values():
+    for file in {file for file, _ in where.values()}:
         found = Path(source) if source else Path(__file__).parents[1] / "codegen" / "gluon" / file
-        if file not in codes:
-            codes[file] = found.read_text().splitlines() if found.is_file() else []
+        codes[file] = found.read_text().splitlines() if found.is_file() else []
 
     def line_of(pc: int) -> str:
         file, line = where[pc]
