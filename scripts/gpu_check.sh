@@ -160,7 +160,7 @@ if [[ $mode == trees ]]; then  # working trees side by side in one call (NOTES "
       --probes "${PROBES-}")
   done
   if [[ -n ${TESTS_IN:-} ]]; then
-    (cd "$TESTS_IN" && step 260 python -m pytest -q -x -s -m gpu tests/gpu -p no:cacheprovider \
+    (cd "$TESTS_IN" && step "${TEST_LIMIT:-260}" python -m pytest -q -x -s -m gpu tests/gpu -p no:cacheprovider \
       -k "${TESTS_K:-batched_decode_steps or batched_loop_samples}")
   fi
 fi

@@ -156,7 +156,8 @@ def main() -> None:
     parser.add_argument("--probes", default="", help="with --batch: the chain timed again with each of these "
                         "timing-only PROBE values of `batch.batch_chain` (1: no rows copied, 2: no partials "
                         "exchanged, 3: both, 4: no products, 8: the weights read as if tiled, 16: no projection "
-                        "waits for the group before, 18: nor a fragment for its tile's), e.g. 1,2,3,4")
+                        "waits for the group before, 18: nor a fragment for its tile's, 32: attention without "
+                        "products, 64: the cache read as if a page's KV heads were contiguous), e.g. 1,2,3,4")
     parser.add_argument("--tiles", default="", help="with --batch: the chain timed again with a layer's groups' "
                         "third column of the table (1: whole-K narrow tiles, 0: stream-K; `GluonCoverage.batch_narrow`)"
                         " set to each of these, e.g. 1,0,1,0,1/0,0,0,0,0 (QKV, attention, o_proj, gate/up, down)")

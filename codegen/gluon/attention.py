@@ -194,18 +194,22 @@ def load_items(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control
                seq_req_at, req_pages_at, layer, REP, HKV, splits, i, HD: gl.constexpr, BM: gl.constexpr,
                PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, STAGES_: gl.constexpr,
                IDS_: gl.constexpr, SPLIT: gl.constexpr, KS: gl.constexpr = 2, V_OFF: gl.constexpr = 0, EVENTS=None,
-               event=0):
+               event=0, PROBE: gl.constexpr = 0):
     """Every item's keys and values into ring slots i .., a slot of BLOCK keys at a time (each page's two column
     halves of each); returns the slot after them. Slot s's halves: k_ring's KS s, KS s + 1 and v_ring's KS s + V_OFF,
     KS s + V_OFF + 1 (KS 4, V_OFF 2: both in one array). EVENTS: a persistent kernel's group (`chain.py`), whose
     keys before the step's own are in the cache already: an item waits for EVENTS[event - 1] to reach the programs'
-    count only before the slots that hold keys the step writes (the group before's QKV)."""
+    count only before the slots that hold keys the step writes (the group before's QKV). PROBE (`batch.batch_chain`'s,
+    timing only) & 64: the pool read as if a page's KV heads were laid out one after the other, each box's [PAGE, HW]
+    2 KB contiguous where the real layout's reads HW x 2 bytes of each of PAGE rows HKV HD x 2 bytes apart."""
     BLOCK_: gl.constexpr = k_ring.type.shape[1]
     HW: gl.constexpr = HD // 2
     PER: gl.constexpr = BLOCK_ // PAGE  # pages a slot
     one: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     # the pool as rows of a token's every KV head: plane (layer, k or v) at row plane * kv_plane / (HKV HD)
     pool = tma.make_tensor_descriptor(KV, [kv_rows, HKV * HD], [HKV * HD, 1], [PAGE, HW], k_ring.type.layout)
+    if PROBE & 64:  # (a token row's 2 HKV column halves as rows of their own)
+        pool = tma.make_tensor_descriptor(KV, [kv_rows * 2 * HKV, HW], [HW, 1], [PAGE, HW], k_ring.type.layout)
     plane_rows = (kv_plane // (HKV * HD)).to(gl.int32)
     k_row0 = layer * 2 * plane_rows
     S = _splits(I32, control_at, context_lens_at, HKV, splits, BLOCK_, MAX_SEQS, SPLIT, one)
@@ -231,10 +235,13 @@ def load_items(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control
                     for q in gl.static_range(PER):
                         row = gl.sum(gl.where(pw == p0 + q, ids, 0), axis=0) * PAGE
                         for h in gl.static_range(2):
-                            tma.async_copy_global_to_shared(pool, [k_row0 + row, g * HD + h * HW], ready.index(s),
+                            k_at, v_at = [k_row0 + row, g * HD + h * HW], [k_row0 + plane_rows + row, g * HD + h * HW]
+                            if PROBE & 64:
+                                k_at = [(k_row0 + row) * 2 * HKV + (2 * g + h) * PAGE, 0]
+                                v_at = [(k_row0 + plane_rows + row) * 2 * HKV + (2 * g + h) * PAGE, 0]
+                            tma.async_copy_global_to_shared(pool, k_at, ready.index(s),
                                                             k_ring.index(KS * s + h).slice(q * PAGE, PAGE, dim=0))
-                            tma.async_copy_global_to_shared(pool, [k_row0 + plane_rows + row, g * HD + h * HW],
-                                                            ready.index(s),
+                            tma.async_copy_global_to_shared(pool, v_at, ready.index(s),
                                                             v_ring.index(KS * s + V_OFF + h).slice(q * PAGE, PAGE,
                                                                                                    dim=0))
                     i += 1
@@ -257,10 +264,11 @@ def consume_items(ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_s
                   req_pages_at, q_off, out_off, H, HKV, scale, splits, part_off, ticket_off, i, HD: gl.constexpr,
                   BM: gl.constexpr, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
                   STAGES_: gl.constexpr, SPLIT: gl.constexpr, PART_ROWS: gl.constexpr, MAX_SPLITS: gl.constexpr,
-                  KS: gl.constexpr = 2, V_OFF: gl.constexpr = 0, EVENTS=None, event=0):
+                  KS: gl.constexpr = 2, V_OFF: gl.constexpr = 0, EVENTS=None, event=0, PROBE: gl.constexpr = 0):
     """Every item's online softmax over its keys from ring slot i on, then its outputs (or its split's partial and,
     last to arrive, the merge); returns the slot after them. KS, V_OFF: where a slot's halves are (`load_items`).
-    EVENTS: an item's queries are read once EVENTS[event - 1] reaches the programs' count (as `load_items`)."""
+    EVENTS: an item's queries are read once EVENTS[event - 1] reaches the programs' count (as `load_items`). PROBE
+    (`batch.batch_chain`'s, timing only) & 32: no products, each slot released once it is full."""
     BLOCK_: gl.constexpr = k_ring.type.shape[1]
     HW: gl.constexpr = HD // 2
     REP = H // HKV
@@ -303,23 +311,24 @@ def consume_items(ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_s
             for j in range(first_key, last, BLOCK_):
                 s = i % STAGES_
                 mbarrier.wait(ready.index(s), (i // STAGES_) & 1)
-                sc = warpgroup_mma(q0, k_ring.index(KS * s).permute((1, 0)),
-                                   gl.zeros([BM, BLOCK_], gl.float32, s_layout), is_async=True)
-                sc = warpgroup_mma(q1, k_ring.index(KS * s + 1).permute((1, 0)), sc, is_async=True)
-                sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
-                if (j + BLOCK_ - 1 > first) | (j + BLOCK_ > last):
-                    key = j + keys
-                    sc = gl.where((key[None, :] <= q_pos[:, None]) & (key < last)[None, :], sc, NEG)
-                m_new = gl.maximum(m, gl.max(sc, axis=1))
-                p = gl.exp2(sc * c - (m_new * c)[:, None])
-                alpha = gl.exp2((m - m_new) * c)
-                l = l * alpha + gl.sum(p, axis=1)
-                m = m_new
-                a = gl.convert_layout(alpha, rows_o)[:, None]
-                pb = gl.convert_layout(p.to(gl.bfloat16), p_dot)
-                o0 = warpgroup_mma(pb, v_ring.index(KS * s + V_OFF), o0 * a, is_async=True)
-                o1 = warpgroup_mma(pb, v_ring.index(KS * s + V_OFF + 1), o1 * a, is_async=True)
-                o0, o1 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1))
+                if not PROBE & 32:  # (timing only: with it, no products, each slot released once full)
+                    sc = warpgroup_mma(q0, k_ring.index(KS * s).permute((1, 0)),
+                                       gl.zeros([BM, BLOCK_], gl.float32, s_layout), is_async=True)
+                    sc = warpgroup_mma(q1, k_ring.index(KS * s + 1).permute((1, 0)), sc, is_async=True)
+                    sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
+                    if (j + BLOCK_ - 1 > first) | (j + BLOCK_ > last):
+                        key = j + keys
+                        sc = gl.where((key[None, :] <= q_pos[:, None]) & (key < last)[None, :], sc, NEG)
+                    m_new = gl.maximum(m, gl.max(sc, axis=1))
+                    p = gl.exp2(sc * c - (m_new * c)[:, None])
+                    alpha = gl.exp2((m - m_new) * c)
+                    l = l * alpha + gl.sum(p, axis=1)
+                    m = m_new
+                    a = gl.convert_layout(alpha, rows_o)[:, None]
+                    pb = gl.convert_layout(p.to(gl.bfloat16), p_dot)
+                    o0 = warpgroup_mma(pb, v_ring.index(KS * s + V_OFF), o0 * a, is_async=True)
+                    o1 = warpgroup_mma(pb, v_ring.index(KS * s + V_OFF + 1), o1 * a, is_async=True)
+                    o0, o1 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1))
                 fence_async_shared()  # the slot's reads before the loader's next copies into it
                 mbarrier.arrive(empty.index(s), count=1)
                 i += 1

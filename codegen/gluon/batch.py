@@ -297,7 +297,7 @@ def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, s
                 _clock(EVENTS, events, e, 0, TRACING)  # (its items' older keys go in before the event)
                 j = decode_attention_loads(desc, KV, kv_plane, kv_rows, I32, kv, kv_ready, kv_empty, control_at,
                                            seq_starts_at, context_lens_at, seq_req_at, req_pages_at, j, EVENTS, e,
-                                           PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS)
+                                           PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, PROBE)
             elif ((kind == _PLAIN) | (kind == _QKV)) & (unused != 0):  # (a narrow group: whole-K tiles)
                 i = _narrow_loads(desc, kind == _QKV, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j,
                                   EVENTS, e, events, TRACING, PROBE)
@@ -534,7 +534,7 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
             if kind == _ATTENTION:
                 j = decode_attention_items(desc, ACT, F32, I32, kv, kv_ready, kv_empty, control_at, seq_starts_at,
                                            context_lens_at, seq_req_at, req_pages_at, j, EVENTS, e, PAGE,
-                                           PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, PART_ROWS)
+                                           PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, PART_ROWS, PROBE)
             else:
                 if not PROBE & 16:
                     wait(EVENTS, e - 1, P)
@@ -593,7 +593,10 @@ def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, 
     partials' exchange cost; 4, no products (a projection's slots released as soon as they are full, `_drained`), to
     see whether its consumers or its bytes bound a group; 8, the weights read as if laid out tile after tile
     (`_tiled`), a box's bytes contiguous: what their layout costs the stream; 16, no projection waits for the group
-    before (attention still does; with 2, no fragment for a ticket either): what the groups' barriers cost. (Weights
+    before (attention still does; with 2, no fragment for a ticket either): what the groups' barriers cost; 32,
+    attention's items without products (each slot of keys released once full), to see whether its consumers or its
+    bytes bound it; 64, the keys and values read as if a page's KV heads were laid out one after the other (a box's
+    2 KB contiguous: `attention.load_items`), what the cache's layout costs attention's stream. (Weights
     asked into L2 ahead of the copies did not pay: a group's first 64 KB a program took o_proj at 64 rows from 17.8 to
     14.4 us but held gate/up's loader 2 us, session 69; kept 32, 64 or 128 KB ahead all through a group, 2c83014, the
     step took 3.2, 2.0, 1.5x as long, session 70.)"""
