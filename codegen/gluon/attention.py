@@ -355,6 +355,120 @@ def consume_items(ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_s
 
 
 @gluon.jit
+def consume_decode_items(ACT, F32, I32, k_ring, v_ring, ready, empty, qp, control_at, seq_starts_at, context_lens_at,
+                         seq_req_at, req_pages_at, q_off, out_off, H, HKV, scale, splits, part_off, ticket_off, i,
+                         HD: gl.constexpr, BM: gl.constexpr, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr,
+                         MAX_SEQS: gl.constexpr, STAGES_: gl.constexpr, SPLIT: gl.constexpr,
+                         PART_ROWS: gl.constexpr, MAX_SPLITS: gl.constexpr, KS: gl.constexpr = 2,
+                         V_OFF: gl.constexpr = 0, EVENTS=None, event=0, PROBE: gl.constexpr = 0):
+    """`consume_items` for a step that only decodes, in items of BM (8) query rows with the keys as wgmma's M: a
+    decode item's rows are its token's query heads of one KV head (4 for Llama-3), which items of 64 rows multiplied
+    as 64, every product and the softmax 16 times over (the consumers bound a b64 step's attention: 46.8 us a layer
+    against 33.7 with no products, session 71). Scores transposed, s^T = k q^T ([BLOCK, BM]: q's halves from
+    qp[0], qp[1]), the online softmax down each column, the outputs transposed too, o^T += v^T p^T (v's halves as
+    wgmma's A, MN-major; p^T through qp[2]); the same partials and outputs as `consume_items`. qp: [3+, BM, HD / 2]
+    bf16 of shared memory (the consumers' own)."""
+    BLOCK_: gl.constexpr = k_ring.type.shape[1]
+    HW: gl.constexpr = HD // 2
+    REP = H // HKV
+    t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                        instr_shape=[16, BM, 16])  # ([BLOCK or HW, BM]: both)
+    cols: gl.constexpr = gl.SliceLayout(0, t_layout)  # (a query row each)
+    q_load: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+    lanes: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    qr = gl.arange(0, BM, layout=gl.SliceLayout(1, q_load))
+    qd = gl.arange(0, HW, layout=gl.SliceLayout(0, q_load))
+    keys = gl.arange(0, BLOCK_, layout=gl.SliceLayout(1, t_layout))
+    od = gl.arange(0, HW, layout=gl.SliceLayout(1, t_layout))
+    sc_ = gl.arange(0, BM, layout=cols)
+    c = scale * LOG2E  # exp(scale (s - m)) as 2^(s c - m c), as the Triton body's
+    S = _splits(I32, control_at, context_lens_at, HKV, splits, BLOCK_, MAX_SEQS, SPLIT, lanes)
+    seqs, items, ends, total = _step_items(I32, control_at, seq_starts_at, REP, BM, HKV, S, MAX_SEQS, lanes)
+    for r in range(gl.cdiv(total, gl.num_programs(0))):
+        valid, seq, start, q_len, ctx, _, g, split, m0, first_key, last = _item(
+            r, seqs, items, ends, total, I32, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, REP, HKV, S,
+            BM, PAGE, PAGES_PER_SEQ)
+        if valid:
+            if EVENTS is not None:
+                wait(EVENTS, event - 1, gl.num_programs(0))
+            rows = m0 + qr
+            q_rows = ACT + _region(q_off) + ((start + rows // REP).to(gl.int64) * H)[:, None] * HD + \
+                ((g * REP + rows % REP) * HD)[:, None] + qd[None, :]
+            q_ok = (rows < q_len * REP)[:, None]
+            qp.index(0).store(gl.load(q_rows, mask=q_ok, other=0.0))
+            qp.index(1).store(gl.load(q_rows + HW, mask=q_ok, other=0.0))
+            fence_async_shared()
+            gl.thread_barrier()  # every warp's rows of q stored before the products read them
+            num_rows = q_len * REP
+            q_pos = ctx - q_len + (m0 + sc_) // REP
+            m = gl.full([BM], NEG, gl.float32, cols)
+            l = gl.zeros([BM], gl.float32, cols)
+            o0 = gl.zeros([HW, BM], gl.float32, t_layout)
+            o1 = gl.zeros([HW, BM], gl.float32, t_layout)
+            for j in range(first_key, last, BLOCK_):
+                s = i % STAGES_
+                mbarrier.wait(ready.index(s), (i // STAGES_) & 1)
+                if not PROBE & 32:  # (timing only: with it, no products, each slot released once full)
+                    st = warpgroup_mma(k_ring.index(KS * s), qp.index(0).permute((1, 0)),
+                                       gl.zeros([BLOCK_, BM], gl.float32, t_layout), is_async=True)
+                    st = warpgroup_mma(k_ring.index(KS * s + 1), qp.index(1).permute((1, 0)), st, is_async=True)
+                    st = warpgroup_mma_wait(num_outstanding=0, deps=(st, ))
+                    key = j + keys
+                    st = gl.where((key[:, None] <= q_pos[None, :]) & (key < last)[:, None], st, NEG)
+                    m_new = gl.maximum(m, gl.max(st, axis=0))
+                    p = gl.exp2(st * c - (m_new * c)[None, :])
+                    alpha = gl.exp2((m - m_new) * c)
+                    l = l * alpha + gl.sum(p, axis=0)
+                    m = m_new
+                    qp.index(2).permute((1, 0)).store(p.to(gl.bfloat16))
+                    fence_async_shared()
+                    gl.thread_barrier()  # all of p^T stored before the products read it
+                    o0 = warpgroup_mma(v_ring.index(KS * s + V_OFF).permute((1, 0)), qp.index(2).permute((1, 0)),
+                                       o0 * alpha[None, :], is_async=True)
+                    o1 = warpgroup_mma(v_ring.index(KS * s + V_OFF + 1).permute((1, 0)),
+                                       qp.index(2).permute((1, 0)), o1 * alpha[None, :], is_async=True)
+                    o0, o1 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1))
+                fence_async_shared()  # the slot's reads before the loader's next copies into it
+                mbarrier.arrive(empty.index(s), count=1)
+                i += 1
+            gl.thread_barrier()  # (q and p^T read by every warp's products before the next item stores them)
+            orows = m0 + sc_
+            ok = (orows < num_rows)[None, :]
+            if SPLIT:
+                if S > 1:  # this split's partial, and the last split of the pair to arrive merges them
+                    group = seq * HKV + g
+                    part = F32 + _region(part_off) + (group * S + split) * (PART_ROWS * (HD + 2))
+                    gl.store(part + orows, m * scale, mask=orows < num_rows)
+                    gl.store(part + PART_ROWS + orows, l, mask=orows < num_rows)
+                    acc = part + 2 * PART_ROWS + orows[None, :] * HD + od[:, None]
+                    gl.store(acc, o0, mask=ok)
+                    gl.store(acc + HW, o1, mask=ok)
+                    gl.thread_barrier()  # every thread's partial stored before the ticket publishes it
+                    arrived = gl.atomic_add(F32 + ticket_off + group, 1.0, sem="acq_rel")  # (`arrives_last`)
+                    gl.thread_barrier()
+                    if arrived == S - 1:
+                        gl.store(F32 + ticket_off + group, 0.0)  # (for the next layer's step)
+                        _merge_parts(F32 + _region(part_off) + group * S * (PART_ROWS * (HD + 2)), S, num_rows,
+                                     ACT + _region(out_off) + (start.to(gl.int64) * H + g * REP) * HD, REP, H,
+                                     PART_ROWS, HD, MAX_SPLITS)
+                else:
+                    _store_rows_t(ACT, out_off, start, orows, ok, g, REP, H, o0, o1, l, od, HD)
+            else:
+                _store_rows_t(ACT, out_off, start, orows, ok, g, REP, H, o0, o1, l, od, HD)
+    return i
+
+
+@gluon.jit
+def _store_rows_t(ACT, out_off, start, orows, ok, g, REP, H, o0, o1, l, od, HD: gl.constexpr):
+    """`_store_rows` from transposed outputs ([HD / 2, rows] halves, `consume_decode_items`)."""
+    HW: gl.constexpr = HD // 2
+    out = ACT + _region(out_off) + ((start + orows // REP).to(gl.int64) * H)[None, :] * HD + \
+        ((g * REP + orows % REP) * HD)[None, :] + od[:, None]
+    gl.store(out, (o0 / l[None, :]).to(gl.bfloat16), mask=ok)
+    gl.store(out + HW, (o1 / l[None, :]).to(gl.bfloat16), mask=ok)
+
+
+@gluon.jit
 def row(desc):
     """The descriptor row's words: q_off, out_off, H, HKV, layer, scale, splits, part_off, ticket_off."""
     H, HKV = gl.load(desc + WORDS[2]).to(gl.int32), gl.load(desc + WORDS[3]).to(gl.int32)

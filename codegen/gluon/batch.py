@@ -16,14 +16,16 @@ rows and a [128, 64] weight chunk (128 KB of weights in flight: session 63 found
 weight chunks are also attention's ring (4 slots of 64 keys, a slot's key halves then its value halves) and, for a
 narrow group (o_proj, down, QKV: whole-K tiles of 32 weight rows), the rows' [64, 128] chunk (the weights' [32, 128]
 then over the rows' chunk's bytes); each ring with its own barriers and slot count; a 16 KB staging buffer for a
-tile's outputs (a projection's, through which they leave by one TMA copy; QKV's heads). A ring's first copies wait
-until the consumers have released the other ring's slots (the views overlap). Attention takes decode items of 64
-rows (`attention.py`), in splits where the step's (sequence, KV head) pairs are fewer than the programs.
+tile's outputs (a projection's, through which they leave by one TMA copy; QKV's heads; attention's queries). A
+ring's first copies wait until the consumers have released the other ring's slots (the views overlap). Attention
+takes decode items of ITEM_ROWS (8) rows with the keys as wgmma's M (`attention.consume_decode_items`), in splits
+where the step's (sequence, KV head) pairs are fewer than the programs.
 
 H200, Llama-3-8B at 64 rows and context 512 (session 67, `benchmarks/explore/chain_probe.py --batch 64`, a layer's
 groups traced, medians): QKV 27.2 us (whole-K tiles in two rounds; stream-K: 27.1, a 12.4-us tail of its tiles'
 partials summed one at a time), attention 46.2, o_proj 17.7 (whole-K; stream-K: 24.7, a tail of 10.5), gate/up 68.3,
-down 37.3 (stream-K: 44.2); the 160 groups 6.31 ms; over steps 6.73 ms a step with the LM head (268 us), sampling
+down 37.3 (stream-K: 44.2); the 160 groups 6.31 ms (session 71: attention in items of 8 rows, 42.1 us, and the
+groups 6.18 ms); over steps 6.73 ms a step with the LM head (268 us), sampling
 (81) and the plan (23), against the persistent Triton megakernel's TPOT of 6.63: level with it, not yet faster, so
 the runtime runs batches on that kernel. The host-driven executor takes a batched step's layers here with `chain`
 (`GluonCoverage.batch_chain`), and its decode steps in the loop (`HostDriven.generate(loop=True)`).
@@ -34,10 +36,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from codegen.gluon import gemv, linear, qkv, step
-from codegen.gluon.chain import (_ATTENTION, _GATED, _LOGITS, _PLAIN, _PLAN, _QKV, HD, KEYS, SIGNATURE, _barriers,
-                                 _clock, _gemv_operands, _go, _group, _hand, _handed, _released, _signal, _step_group,
-                                 decode_attention_items, decode_attention_loads)
+from codegen.gluon import attention, gemv, linear, qkv, step
+from codegen.gluon.chain import (_ATTENTION, _GATED, _LOGITS, _PLAIN, _PLAN, _QKV, HD, IDS, KEYS, MAX_SPLITS,
+                                 SIGNATURE, _barriers, _clock, _gemv_operands, _go, _group, _hand, _handed, _released,
+                                 _signal, _step_group)
 from codegen.gluon.events import wait
 from codegen.gluon.linear import _norm_sums, _region, _round
 from codegen.gluon.tiles import finish_fragment, fragment, operands, range_product, streamk_range, tile_product
@@ -52,6 +54,10 @@ assert qkv.STREAMK.bn == BN.value and qkv.STREAMK.bm == BM.value and qkv.STREAMK
 # one-row loop's ring holds three (`ws_decode_attention.py`, session 63: 4 stages, b64 at context 513 in 39.9 us)
 ATT_STAGES = gl.constexpr(4)
 assert 4 * ATT_STAGES.value * KEYS.value * (HD.value // 2) <= SK_STAGES.value * BN.value * BK.value
+
+# attention's items: a sequence's query heads of one KV head (a step that only decodes: REP of them, 4 for Llama-3),
+# 8 rows a product with the keys as wgmma's M (`attention.consume_decode_items`), not 64 with the rows as M
+ITEM_ROWS = gl.constexpr(8)
 
 # a plain projection of few weight rows (N <= NARROW_BN x the programs: Llama-3-8B's o_proj and down; QKV in two
 # rounds, `GluonCoverage.batch_narrow`) in whole-K tiles of NARROW_BN, a tile a program: no partials to exchange
@@ -252,6 +258,37 @@ def _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, t, k, K, ROWS: gl.cons
 
 
 @gluon.jit
+def _attention_loads(desc, KV, kv_plane, kv_rows, I32, kv, kv_ready, kv_empty, control_at, seq_starts_at,
+                     context_lens_at, seq_req_at, req_pages_at, j, EVENTS, e, PAGE: gl.constexpr,
+                     PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, SPLIT_SLOTS: gl.constexpr,
+                     PROBE: gl.constexpr):
+    """An attention group's keys and values into `kv` (its ring's slots: a slot's key halves then its value halves)
+    from slot j on, items of ITEM_ROWS rows, the older keys before the group before is done (`attention.load_items`);
+    returns the slot after them."""
+    _, _, H, HKV, layer, _, splits, _, _ = attention.row(desc)
+    return attention.load_items(KV, kv_plane, kv_rows, I32, kv, kv, kv_ready, kv_empty, control_at, seq_starts_at,
+                                context_lens_at, seq_req_at, req_pages_at, layer, H // HKV, HKV, splits, j, HD,
+                                ITEM_ROWS, PAGE, PAGES_PER_SEQ, MAX_SEQS, ATT_STAGES, IDS, SPLIT_SLOTS, 4, 2, EVENTS,
+                                e, PROBE)
+
+
+@gluon.jit
+def _attention_items(desc, ACT, F32, I32, kv, kv_ready, kv_empty, queries, control_at, seq_starts_at,
+                     context_lens_at, seq_req_at, req_pages_at, j, EVENTS, e, PAGE: gl.constexpr,
+                     PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, SPLIT_SLOTS: gl.constexpr,
+                     PART_ROWS: gl.constexpr, PROBE: gl.constexpr):
+    """`_attention_loads`' items (`attention.consume_decode_items`: q and p^T through `queries`): each one's queries
+    once the group before is done, its online softmax over the ring's slots from j on, its outputs or its split's
+    partial; returns the slot after them."""
+    q_off, out_off, H, HKV, _, scale, splits, part_off, ticket_off = attention.row(desc)
+    return attention.consume_decode_items(ACT, F32, I32, kv, kv, kv_ready, kv_empty, queries, control_at,
+                                          seq_starts_at, context_lens_at, seq_req_at, req_pages_at, q_off, out_off,
+                                          H, HKV, scale, splits, part_off, ticket_off, j, HD, ITEM_ROWS, PAGE,
+                                          PAGES_PER_SEQ, MAX_SEQS, ATT_STAGES, SPLIT_SLOTS, PART_ROWS, MAX_SPLITS, 4,
+                                          2, EVENTS, e, PROBE)
+
+
+@gluon.jit
 def _rows(I32, control_at):
     """The step's rows (a step that decodes: its sequences), as the plan wrote them (`volatile`: a later step's plan
     writes the word again)."""
@@ -295,9 +332,9 @@ def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, s
             elif kind == _ATTENTION:
                 _released(empty, i, i, SK_STAGES)  # (the stream-K ring's slots, over the same bytes, read)
                 _clock(EVENTS, events, e, 0, TRACING)  # (its items' older keys go in before the event)
-                j = decode_attention_loads(desc, KV, kv_plane, kv_rows, I32, kv, kv_ready, kv_empty, control_at,
-                                           seq_starts_at, context_lens_at, seq_req_at, req_pages_at, j, EVENTS, e,
-                                           PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, PROBE)
+                j = _attention_loads(desc, KV, kv_plane, kv_rows, I32, kv, kv_ready, kv_empty, control_at,
+                                     seq_starts_at, context_lens_at, seq_req_at, req_pages_at, j, EVENTS, e, PAGE,
+                                     PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, PROBE)
             elif ((kind == _PLAIN) | (kind == _QKV)) & (unused != 0):  # (a narrow group: whole-K tiles)
                 i = _narrow_loads(desc, kind == _QKV, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j,
                                   EVENTS, e, events, TRACING, PROBE)
@@ -522,6 +559,9 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
     narrow_outputs = staging._reinterpret(gl.bfloat16, [BM, NARROW_BN], narrow)
     # (QKV's heads: 16-byte units swizzled by the row, `qkv.qkv_prefill`'s staging)
     heads = staging._reinterpret(gl.bfloat16, [BM, BN], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
+    # (attention's q halves and p^T: `attention.consume_decode_items`)
+    items: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ITEM_ROWS, HD // 2], gl.bfloat16)
+    queries = staging._reinterpret(gl.bfloat16, [BM * BN // (ITEM_ROWS * HD // 2), ITEM_ROWS, HD // 2], items)
     num_rows = _rows(I32, control_at)
     P = gl.num_programs(0)
     i = gl.to_tensor(0)  # (the stream-K ring's slots)
@@ -532,9 +572,9 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
         if running != 0:
             kind, desc, unused = _group(DESCS, GROUPS, e % groups)
             if kind == _ATTENTION:
-                j = decode_attention_items(desc, ACT, F32, I32, kv, kv_ready, kv_empty, control_at, seq_starts_at,
-                                           context_lens_at, seq_req_at, req_pages_at, j, EVENTS, e, PAGE,
-                                           PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, PART_ROWS, PROBE)
+                j = _attention_items(desc, ACT, F32, I32, kv, kv_ready, kv_empty, queries, control_at,
+                                     seq_starts_at, context_lens_at, seq_req_at, req_pages_at, j, EVENTS, e, PAGE,
+                                     PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, PART_ROWS, PROBE)
             else:
                 if not PROBE & 16:
                     wait(EVENTS, e - 1, P)

@@ -526,8 +526,7 @@ def _decode_consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, grou
 @gluon.jit
 def decode_attention_loads(desc, KV, kv_plane, kv_rows, I32, kv, kv_ready, kv_empty, control_at, seq_starts_at,
                            context_lens_at, seq_req_at, req_pages_at, j, EVENTS, e, PAGE: gl.constexpr,
-                           PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, SPLIT_SLOTS: gl.constexpr,
-                           PROBE: gl.constexpr = 0):
+                           PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, SPLIT_SLOTS: gl.constexpr):
     """A decode loop's attention group's keys and values into `kv` (its ring's slots, kv_ready's count of them: a
     slot's key halves then its value halves) from slot j on, items of GR_ITEM rows, the older keys before the group
     before is done (`attention.load_items`); returns the slot after them."""
@@ -535,14 +534,13 @@ def decode_attention_loads(desc, KV, kv_plane, kv_rows, I32, kv, kv_ready, kv_em
     _, _, H, HKV, layer, _, splits, _, _ = attention.row(desc)
     return attention.load_items(KV, kv_plane, kv_rows, I32, kv, kv, kv_ready, kv_empty, control_at, seq_starts_at,
                                 context_lens_at, seq_req_at, req_pages_at, layer, H // HKV, HKV, splits, j, HD,
-                                GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS, SLOTS, IDS, SPLIT_SLOTS, 4, 2, EVENTS, e, PROBE)
+                                GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS, SLOTS, IDS, SPLIT_SLOTS, 4, 2, EVENTS, e)
 
 
 @gluon.jit
 def decode_attention_items(desc, ACT, F32, I32, kv, kv_ready, kv_empty, control_at, seq_starts_at, context_lens_at,
                            seq_req_at, req_pages_at, j, EVENTS, e, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr,
-                           MAX_SEQS: gl.constexpr, SPLIT_SLOTS: gl.constexpr, PART_ROWS: gl.constexpr,
-                           PROBE: gl.constexpr = 0):
+                           MAX_SEQS: gl.constexpr, SPLIT_SLOTS: gl.constexpr, PART_ROWS: gl.constexpr):
     """`decode_attention_loads`' items: each one's queries once the group before is done, its online softmax over
     the ring's slots from j on, its outputs or its split's partial (`attention.consume_items`); returns the slot
     after them."""
@@ -551,7 +549,7 @@ def decode_attention_items(desc, ACT, F32, I32, kv, kv_ready, kv_empty, control_
     return attention.consume_items(ACT, F32, I32, kv, kv, kv_ready, kv_empty, control_at, seq_starts_at,
                                    context_lens_at, seq_req_at, req_pages_at, q_off, out_off, H, HKV, scale, splits,
                                    part_off, ticket_off, j, HD, GR_ITEM, PAGE, PAGES_PER_SEQ, MAX_SEQS, SLOTS,
-                                   SPLIT_SLOTS, PART_ROWS, MAX_SPLITS, 4, 2, EVENTS, e, PROBE)
+                                   SPLIT_SLOTS, PART_ROWS, MAX_SPLITS, 4, 2, EVENTS, e)
 
 
 @gluon.jit

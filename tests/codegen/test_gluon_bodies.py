@@ -55,7 +55,8 @@ def test_every_body_compiles_for_sm90_and_fits_an_sm(compiled):
         # partition cannot take), 200 B with the sampling cut's passes (launched only where a request samples)
         spills = 512 if name == "prefill_chain" else 128 if name.startswith("decode_chain") else spills
         spills = 256 if name.endswith("sampling with temperatures") else spills
-        spills = 256 if name == "batch_chain" else spills  # (200 B: the loader's 40 registers)
+        # (the batched chain: 208 B, the loader's 40 registers; 288 with attention's items of 8 rows, session 71)
+        spills = 320 if name == "batch_chain" else spills
         assert used["stack_bytes"] <= (64 if name.startswith("attention") else spills), name
 
 
