@@ -98,6 +98,19 @@ def _item(r, seqs, items, ends, total, I32, seq_starts_at, context_lens_at, seq_
     """Round r's item of this program: (valid, sequence, its first token, its tokens, context, page table, KV head,
     split, the item's first query row, its first key and the end of its keys). Split s of S takes the s-th of S
     page-aligned shares of the keys the item's rows see."""
+    valid, seq, g, split, m0, start, end, ctx, req = _item_words(r, seqs, items, ends, total, I32, seq_starts_at,
+                                                                 context_lens_at, seq_req_at, HKV, S, BM)
+    pages, first_key, last = _item_keys(split, m0, start, end, ctx, req, I32, req_pages_at, REP, S, BM, PAGE,
+                                        PAGES_PER_SEQ)
+    return valid, seq, start, end - start, ctx, pages, g, split, m0, first_key, last
+
+
+@gluon.jit
+def _item_words(r, seqs, items, ends, total, I32, seq_starts_at, context_lens_at, seq_req_at, HKV, S,
+                BM: gl.constexpr):
+    """`_item`'s words as read: (valid, sequence, KV head, split, first query row; the sequence's first token, the
+    token after its last, its context and its request, loaded). Nothing here waits for the loads: a loop that reads
+    an item ahead carries them untouched until they have come (`load_items`)."""
     P = gl.num_programs(0)
     pid = gl.program_id(0)
     item = r * P + gl.where(r % 2 == 0, pid, P - 1 - pid)
@@ -105,17 +118,21 @@ def _item(r, seqs, items, ends, total, I32, seq_starts_at, context_lens_at, seq_
     local = item - gl.sum(gl.where(seqs == seq, ends - items, 0), axis=0)
     split = local % S
     g = (local // S) % HKV
-    m0 = (local // (S * HKV)) * BM
     valid = item < total
     seq = gl.where(valid, seq, 0)
-    start = gl.load(I32 + seq_starts_at + seq)
-    q_len = gl.load(I32 + seq_starts_at + seq + 1) - start
-    ctx = gl.load(I32 + context_lens_at + seq)
-    pages = I32 + req_pages_at + gl.load(I32 + seq_req_at + seq) * PAGES_PER_SEQ
-    seen = gl.minimum(ctx, ctx - q_len + (m0 + BM - 1) // REP + 1)
+    return valid, seq, g, split, (local // (S * HKV)) * BM, gl.load(I32 + seq_starts_at + seq), \
+        gl.load(I32 + seq_starts_at + seq + 1), gl.load(I32 + context_lens_at + seq), gl.load(I32 + seq_req_at + seq)
+
+
+@gluon.jit
+def _item_keys(split, m0, start, end, ctx, req, I32, req_pages_at, REP, S, BM: gl.constexpr, PAGE: gl.constexpr,
+               PAGES_PER_SEQ: gl.constexpr):
+    """An item's page table, first key and end of its keys, from its words (`_item_words`)."""
+    pages = I32 + req_pages_at + req * PAGES_PER_SEQ
+    seen = gl.minimum(ctx, ctx - (end - start) + (m0 + BM - 1) // REP + 1)
     share = gl.cdiv(gl.cdiv(seen, S), PAGE) * PAGE
     first_key = split * share
-    return valid, seq, start, q_len, ctx, pages, g, split, m0, first_key, gl.minimum(seen, first_key + share)
+    return pages, first_key, gl.minimum(seen, first_key + share)
 
 
 @gluon.jit
@@ -214,26 +231,43 @@ def load_items(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control
     k_row0 = layer * 2 * plane_rows
     S = _splits(I32, control_at, context_lens_at, HKV, splits, BLOCK_, MAX_SEQS, SPLIT, one)
     seqs, items, ends, total = _step_items(I32, control_at, seq_starts_at, REP, BM, HKV, S, MAX_SEQS, one)
+    # an item's words are read two items ahead, its first page ids one ahead and a chunk's next ids a chunk ahead,
+    # each left untouched until then: read where they were used, each was a trip to L2 that held the item's copies
+    # back while the ring ran dry
+    valid, _, g, split, m0, start, end, ctx, req = _item_words(0, seqs, items, ends, total, I32, seq_starts_at,
+                                                               context_lens_at, seq_req_at, HKV, S, BM)
+    pages, first_key, last = _item_keys(split, m0, start, end, ctx, req, I32, req_pages_at, REP, S, BM, PAGE,
+                                        PAGES_PER_SEQ)
+    ids = _page_ids(pages, first_key // PAGE, last, valid, PAGE, IDS_, one)
+    n_valid, _, n_g, n_split, n_m0, n_start, n_end, n_ctx, n_req = _item_words(1, seqs, items, ends, total, I32,
+                                                                               seq_starts_at, context_lens_at,
+                                                                               seq_req_at, HKV, S, BM)
+    waited = gl.to_tensor(0)  # (a group's event, once seen, is seen)
     for r in range(gl.cdiv(total, gl.num_programs(0))):
-        valid, _, _, q_len, ctx, pages, g, _, _, first_key, last = _item(r, seqs, items, ends, total, I32,
-                                                                         seq_starts_at, context_lens_at, seq_req_at,
-                                                                         req_pages_at, REP, HKV, S, BM, PAGE,
-                                                                         PAGES_PER_SEQ)
+        n_pages, n_first, n_last = _item_keys(n_split, n_m0, n_start, n_end, n_ctx, n_req, I32, req_pages_at, REP, S,
+                                              BM, PAGE, PAGES_PER_SEQ)
+        n_ids = _page_ids(n_pages, n_first // PAGE, n_last, n_valid, PAGE, IDS_, one)
+        a_valid, _, a_g, a_split, a_m0, a_start, a_end, a_ctx, a_req = _item_words(r + 2, seqs, items, ends, total,
+                                                                                   I32, seq_starts_at,
+                                                                                   context_lens_at, seq_req_at, HKV,
+                                                                                   S, BM)
         if valid:
+            old = ctx - (end - start)  # (keys before the step's own: in the cache already)
             num_pages = gl.cdiv(last, PAGE)
             for w0 in range(first_key // PAGE, num_pages, IDS_):  # IDS page ids in one load, then their copies
+                more = _page_ids(pages, w0 + IDS_, last, valid, PAGE, IDS_, one)
                 pw = w0 + gl.arange(0, IDS_, layout=one)
-                ids = gl.load(pages + pw, mask=pw < num_pages, other=0)
                 for p0 in range(w0, gl.minimum(w0 + IDS_, num_pages), PER):
-                    if EVENTS is not None:  # (pages past `last` are read too, but masked)
-                        if (p0 + PER) * PAGE > ctx - q_len:
+                    if EVENTS is not None:  # (pages past `last` are zeros: out of the pool's bounds, no reads)
+                        if ((p0 + PER) * PAGE > old) & (waited == 0):
                             wait(EVENTS, event - 1, gl.num_programs(0))
+                            waited += 1
                     s = i % STAGES_
                     mbarrier.wait(empty.index(s), ((i // STAGES_) & 1) ^ 1)
-                    # every page of a slot (a constant byte count): past the last, page 0's keys, masked
-                    mbarrier.expect(ready.index(s), 2 * BLOCK_ * HD * 2)
+                    mbarrier.expect(ready.index(s), 2 * BLOCK_ * HD * 2)  # (a constant count: the zeros count)
                     for q in gl.static_range(PER):
-                        row = gl.sum(gl.where(pw == p0 + q, ids, 0), axis=0) * PAGE
+                        row = gl.where(p0 + q < num_pages, gl.sum(gl.where(pw == p0 + q, ids, 0), axis=0) * PAGE,
+                                       kv_rows)
                         for h in gl.static_range(2):
                             k_at, v_at = [k_row0 + row, g * HD + h * HW], [k_row0 + plane_rows + row, g * HD + h * HW]
                             if PROBE & 64:
@@ -245,7 +279,20 @@ def load_items(KV, kv_plane, kv_rows, I32, k_ring, v_ring, ready, empty, control
                                                             v_ring.index(KS * s + V_OFF + h).slice(q * PAGE, PAGE,
                                                                                                    dim=0))
                     i += 1
+                ids = more
+        valid, g, start, end, ctx, pages, first_key, last, ids = n_valid, n_g, n_start, n_end, n_ctx, n_pages, \
+            n_first, n_last, n_ids
+        n_valid, n_g, n_split, n_m0, n_start, n_end, n_ctx, n_req = a_valid, a_g, a_split, a_m0, a_start, a_end, \
+            a_ctx, a_req
     return i
+
+
+@gluon.jit
+def _page_ids(pages, first, last, valid, PAGE: gl.constexpr, IDS_: gl.constexpr, layout: gl.constexpr):
+    """Page ids first .. first + IDS_ of a page table whose keys end at `last` (0 past them, or for an item not
+    valid: no reads)."""
+    pw = first + gl.arange(0, IDS_, layout=layout)
+    return gl.load(pages + pw, mask=(pw < gl.cdiv(last, PAGE)) & valid, other=0)
 
 
 @gluon.jit
@@ -289,13 +336,16 @@ def consume_items(ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_s
     c = scale * LOG2E  # exp(scale (s - m)) as 2^(s c - m c), as the Triton body's
     S = _splits(I32, control_at, context_lens_at, HKV, splits, BLOCK_, MAX_SEQS, SPLIT, lanes)
     seqs, items, ends, total = _step_items(I32, control_at, seq_starts_at, REP, BM, HKV, S, MAX_SEQS, lanes)
+    waited = gl.to_tensor(0)  # (the group's event, once seen, is seen: each look a trip to L2 before the queries)
     for r in range(gl.cdiv(total, gl.num_programs(0))):
         valid, seq, start, q_len, ctx, _, g, split, m0, first_key, last = _item(
             r, seqs, items, ends, total, I32, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, REP, HKV, S,
             BM, PAGE, PAGES_PER_SEQ)
         if valid:
             if EVENTS is not None:
-                wait(EVENTS, event - 1, gl.num_programs(0))
+                if waited == 0:
+                    wait(EVENTS, event - 1, gl.num_programs(0))
+                    waited += 1
             rows = m0 + qr
             q_rows = ACT + _region(q_off) + ((start + rows // REP).to(gl.int64) * H)[:, None] * HD + \
                 ((g * REP + rows % REP) * HD)[:, None] + qd[None, :]
@@ -384,25 +434,34 @@ def consume_decode_items(ACT, F32, I32, k_ring, v_ring, ready, empty, qp, contro
     c = scale * LOG2E  # exp(scale (s - m)) as 2^(s c - m c), as the Triton body's
     S = _splits(I32, control_at, context_lens_at, HKV, splits, BLOCK_, MAX_SEQS, SPLIT, lanes)
     seqs, items, ends, total = _step_items(I32, control_at, seq_starts_at, REP, BM, HKV, S, MAX_SEQS, lanes)
+    # an item's words are read an item ahead and so are its queries (after the group's event, looked at once), each
+    # left untouched until used: read where they were used, they were three trips to L2 at each item's start
+    valid, seq, g, split, m0, start, end, ctx, req = _item_words(0, seqs, items, ends, total, I32, seq_starts_at,
+                                                                 context_lens_at, seq_req_at, HKV, S, BM)
+    if EVENTS is not None:
+        wait(EVENTS, event - 1, gl.num_programs(0))
+    q0, q1 = _item_queries(ACT, q_off, valid, start, end, g, m0, REP, H, qr, qd, HD)
+    n_valid, n_seq, n_g, n_split, n_m0, n_start, n_end, n_ctx, n_req = _item_words(1, seqs, items, ends, total, I32,
+                                                                                   seq_starts_at, context_lens_at,
+                                                                                   seq_req_at, HKV, S, BM)
     for r in range(gl.cdiv(total, gl.num_programs(0))):
-        valid, seq, start, q_len, ctx, _, g, split, m0, first_key, last = _item(
-            r, seqs, items, ends, total, I32, seq_starts_at, context_lens_at, seq_req_at, req_pages_at, REP, HKV, S,
-            BM, PAGE, PAGES_PER_SEQ)
+        a_q0, a_q1 = _item_queries(ACT, q_off, n_valid, n_start, n_end, n_g, n_m0, REP, H, qr, qd, HD)
+        a_valid, a_seq, a_g, a_split, a_m0, a_start, a_end, a_ctx, a_req = _item_words(r + 2, seqs, items, ends,
+                                                                                       total, I32, seq_starts_at,
+                                                                                       context_lens_at, seq_req_at,
+                                                                                       HKV, S, BM)
         if valid:
-            if EVENTS is not None:
-                wait(EVENTS, event - 1, gl.num_programs(0))
-            rows = m0 + qr
-            q_rows = ACT + _region(q_off) + ((start + rows // REP).to(gl.int64) * H)[:, None] * HD + \
-                ((g * REP + rows % REP) * HD)[:, None] + qd[None, :]
-            q_ok = (rows < q_len * REP)[:, None]
-            qp.index(0).store(gl.load(q_rows, mask=q_ok, other=0.0))
-            qp.index(1).store(gl.load(q_rows + HW, mask=q_ok, other=0.0))
+            _, first_key, last = _item_keys(split, m0, start, end, ctx, req, I32, req_pages_at, REP, S, BM, PAGE,
+                                            PAGES_PER_SEQ)
+            q_len = end - start
+            qp.index(0).store(q0)
+            qp.index(1).store(q1)
             fence_async_shared()
             gl.thread_barrier()  # every warp's rows of q stored before the products read them
             num_rows = q_len * REP
             q_pos = ctx - q_len + (m0 + sc_) // REP
             m = gl.full([BM], NEG, gl.float32, cols)
-            l = gl.zeros([BM], gl.float32, cols)
+            sums = gl.zeros([BLOCK_, BM], gl.float32, t_layout)  # (summed down the keys once, after them)
             o0 = gl.zeros([HW, BM], gl.float32, t_layout)
             o1 = gl.zeros([HW, BM], gl.float32, t_layout)
             for j in range(first_key, last, BLOCK_):
@@ -418,7 +477,7 @@ def consume_decode_items(ACT, F32, I32, k_ring, v_ring, ready, empty, qp, contro
                     m_new = gl.maximum(m, gl.max(st, axis=0))
                     p = gl.exp2(st * c - (m_new * c)[None, :])
                     alpha = gl.exp2((m - m_new) * c)
-                    l = l * alpha + gl.sum(p, axis=0)
+                    sums = sums * alpha[None, :] + p
                     m = m_new
                     qp.index(2).permute((1, 0)).store(p.to(gl.bfloat16))
                     fence_async_shared()
@@ -432,6 +491,7 @@ def consume_decode_items(ACT, F32, I32, k_ring, v_ring, ready, empty, qp, contro
                 mbarrier.arrive(empty.index(s), count=1)
                 i += 1
             gl.thread_barrier()  # (q and p^T read by every warp's products before the next item stores them)
+            l = gl.sum(sums, axis=0)
             orows = m0 + sc_
             ok = (orows < num_rows)[None, :]
             if SPLIT:
@@ -455,7 +515,22 @@ def consume_decode_items(ACT, F32, I32, k_ring, v_ring, ready, empty, qp, contro
                     _store_rows_t(ACT, out_off, start, orows, ok, g, REP, H, o0, o1, l, od, HD)
             else:
                 _store_rows_t(ACT, out_off, start, orows, ok, g, REP, H, o0, o1, l, od, HD)
+        valid, seq, g, split, m0, start, end, ctx, req, q0, q1 = n_valid, n_seq, n_g, n_split, n_m0, n_start, n_end, \
+            n_ctx, n_req, a_q0, a_q1
+        n_valid, n_seq, n_g, n_split, n_m0, n_start, n_end, n_ctx, n_req = a_valid, a_seq, a_g, a_split, a_m0, \
+            a_start, a_end, a_ctx, a_req
     return i
+
+
+@gluon.jit
+def _item_queries(ACT, q_off, valid, start, end, g, m0, REP, H, qr, qd, HD: gl.constexpr):
+    """An item's query rows' halves, [BM, HD / 2] each (row r: token start + r // REP, head g REP + r % REP of the
+    KV head's; zeros past its rows, or for an item not valid: no reads)."""
+    rows = m0 + qr
+    q_rows = ACT + _region(q_off) + ((start + rows // REP).to(gl.int64) * H)[:, None] * HD + \
+        ((g * REP + rows % REP) * HD)[:, None] + qd[None, :]
+    q_ok = (rows < (end - start) * REP)[:, None] & valid
+    return gl.load(q_rows, mask=q_ok, other=0.0), gl.load(q_rows + HD // 2, mask=q_ok, other=0.0)
 
 
 @gluon.jit
