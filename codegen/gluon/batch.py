@@ -359,10 +359,7 @@ def _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_bar, nu
     c, c1, KC, total, P = streamk_range(1, num_n, K, BK)
     while c < c1:
         t, kc0, kc1 = fragment(c, c1, KC)
-        if PROBE & 4:  # (timing only: no products)
-            acc, i = _drained(ready, empty, i, kc1 - kc0, BN)
-        else:
-            acc, i = range_product(a_ring, b_ring, ready, empty, i, kc0 * BK, gl.minimum(kc1 * BK, K), SK_STAGES)
+        acc, i = _fragment_product(a_ring, b_ring, ready, empty, i, kc0, kc1, K, PROBE)
         linear._residual(r_desc, c_smem, res_bar, 0, t, res_off, OUT)
         if PROBE & 2:  # (timing only: every fragment finishes its tile alone)
             finish = True
@@ -376,6 +373,17 @@ def _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_bar, nu
         phase ^= (res_off >= 0).to(gl.int32)
         c += kc1 - kc0
     return i, phase
+
+
+@gluon.jit
+def _fragment_product(a_ring, b_ring, ready, empty, i, kc0, kc1, K, PROBE: gl.constexpr):
+    """A stream-K fragment's fp32 [BM, BN] products over its chunks kc0 .. kc1 from ring slot i on, and the slot
+    after them. PROBE & 4 (timing only): none, each slot released once it is full (`_drained`)."""
+    if PROBE & 4:
+        acc, i = _drained(ready, empty, i, kc1 - kc0, BN)
+    else:
+        acc, i = range_product(a_ring, b_ring, ready, empty, i, kc0 * BK, gl.minimum(kc1 * BK, K), SK_STAGES)
+    return acc, i
 
 
 @gluon.jit
@@ -502,10 +510,7 @@ def _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, sta
     c, c1, KC, total, P = streamk_range(1, num_n, K, BK)
     while c < c1:
         t, kc0, kc1 = fragment(c, c1, KC)
-        if PROBE & 4:  # (timing only: no products)
-            acc, i = _drained(ready, empty, i, kc1 - kc0, BN)
-        else:
-            acc, i = range_product(a_ring, b_ring, ready, empty, i, kc0 * BK, gl.minimum(kc1 * BK, K), SK_STAGES)
+        acc, i = _fragment_product(a_ring, b_ring, ready, empty, i, kc0, kc1, K, PROBE)
         if PROBE & 2:  # (timing only: every fragment finishes its tile alone)
             finish = True
         else:
