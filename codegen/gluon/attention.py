@@ -184,6 +184,21 @@ def _merge_parts(part, S, num_rows, out, REP, H, PART_ROWS: gl.constexpr, HD: gl
 
 
 @gluon.jit
+def _merge_if_last(ACT, F32, out_off, part_off, ticket_off, group, S, start, num_rows, g, REP, H,
+                   PART_ROWS: gl.constexpr, HD: gl.constexpr, MAX_SPLITS: gl.constexpr):
+    """A split's partial stored: the pair's ticket taken, and the last of its S splits to arrive merges their
+    partials into the outputs (`_merge_parts`) and zeroes the ticket for the next layer's step."""
+    gl.thread_barrier()  # every thread's partial stored before the ticket publishes it
+    arrived = gl.atomic_add(F32 + ticket_off + group, 1.0, sem="acq_rel")  # (`arrives_last`)
+    gl.thread_barrier()
+    if arrived == S - 1:
+        gl.store(F32 + ticket_off + group, 0.0)
+        _merge_parts(F32 + _region(part_off) + group * S * (PART_ROWS * (HD + 2)), S, num_rows,
+                     ACT + _region(out_off) + (start.to(gl.int64) * H + g * REP) * HD, REP, H, PART_ROWS, HD,
+                     MAX_SPLITS)
+
+
+@gluon.jit
 def _part_row(part, r, S, sp, d, PART_ROWS: gl.constexpr, HD: gl.constexpr):
     """Row r of the S splits' partials at `part` (none where S is 0): their maxima, sums and unnormalised rows."""
     size = PART_ROWS * (HD + 2)
@@ -389,14 +404,8 @@ def consume_items(ACT, F32, I32, k_ring, v_ring, ready, empty, control_at, seq_s
                     group = seq * HKV + g
                     _store_part(F32 + _region(part_off) + (group * S + split) * (PART_ROWS * (HD + 2)), m * scale, l,
                                 o0, o1, orows, num_rows, PART_ROWS, HD)
-                    gl.thread_barrier()  # every thread's partial stored before the ticket publishes it
-                    arrived = gl.atomic_add(F32 + ticket_off + group, 1.0, sem="acq_rel")  # (`arrives_last`)
-                    gl.thread_barrier()
-                    if arrived == S - 1:
-                        gl.store(F32 + ticket_off + group, 0.0)  # (for the next layer's step)
-                        _merge_parts(F32 + _region(part_off) + group * S * (PART_ROWS * (HD + 2)), S, num_rows,
-                                     ACT + _region(out_off) + (start.to(gl.int64) * H + g * REP) * HD, REP, H,
-                                     PART_ROWS, HD, MAX_SPLITS)
+                    _merge_if_last(ACT, F32, out_off, part_off, ticket_off, group, S, start, num_rows, g, REP, H,
+                                   PART_ROWS, HD, MAX_SPLITS)
                 else:
                     _store_rows(ACT, out_off, start, orows, num_rows, g, REP, H, o0, o1, l, HD)
             else:
@@ -503,14 +512,8 @@ def consume_decode_items(ACT, F32, I32, k_ring, v_ring, ready, empty, qp, contro
                     acc = part + 2 * PART_ROWS + orows[None, :] * HD + od[:, None]
                     gl.store(acc, o0, mask=ok)
                     gl.store(acc + HW, o1, mask=ok)
-                    gl.thread_barrier()  # every thread's partial stored before the ticket publishes it
-                    arrived = gl.atomic_add(F32 + ticket_off + group, 1.0, sem="acq_rel")  # (`arrives_last`)
-                    gl.thread_barrier()
-                    if arrived == S - 1:
-                        gl.store(F32 + ticket_off + group, 0.0)  # (for the next layer's step)
-                        _merge_parts(F32 + _region(part_off) + group * S * (PART_ROWS * (HD + 2)), S, num_rows,
-                                     ACT + _region(out_off) + (start.to(gl.int64) * H + g * REP) * HD, REP, H,
-                                     PART_ROWS, HD, MAX_SPLITS)
+                    _merge_if_last(ACT, F32, out_off, part_off, ticket_off, group, S, start, num_rows, g, REP, H,
+                                   PART_ROWS, HD, MAX_SPLITS)
                 else:
                     _store_rows_t(ACT, out_off, start, orows, ok, g, REP, H, o0, o1, l, od, HD)
             else:
