@@ -24,10 +24,10 @@ where the step's (sequence, KV head) pairs are fewer than the programs.
 H200, Llama-3-8B at 64 rows and context 512 (session 67, `benchmarks/explore/chain_probe.py --batch 64`, a layer's
 groups traced, medians): QKV 27.2 us (whole-K tiles in two rounds; stream-K: 27.1, a 12.4-us tail of its tiles'
 partials summed one at a time), attention 46.2, o_proj 17.7 (whole-K; stream-K: 24.7, a tail of 10.5), gate/up 68.3,
-down 37.3 (stream-K: 44.2); the 160 groups 6.31 ms (session 71: attention in items of 8 rows, 42.1 us, and
-each item's words and queries read an item ahead, 39.8 us: the groups 6.12 ms); over steps 6.73 ms a step with the LM head (268 us), sampling
+down 37.3 (stream-K: 44.2); the 160 groups 6.31 ms; over steps 6.73 ms a step with the LM head (268 us), sampling
 (81) and the plan (23), against the persistent Triton megakernel's TPOT of 6.63: level with it, not yet faster, so
-the runtime runs batches on that kernel. The host-driven executor takes a batched step's layers here with `chain`
+the runtime runs batches on that kernel. Session 71: attention in items of 8 rows (42.1 us), each item's words and
+queries read an item ahead (39.8 us), the 160 groups 6.12 ms; the loop over steps not yet timed with them. The host-driven executor takes a batched step's layers here with `chain`
 (`GluonCoverage.batch_chain`), and its decode steps in the loop (`HostDriven.generate(loop=True)`).
 """
 from __future__ import annotations
