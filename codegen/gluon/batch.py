@@ -27,8 +27,9 @@ partials summed one at a time), attention 46.2, o_proj 17.7 (whole-K; stream-K: 
 down 37.3 (stream-K: 44.2); the 160 groups 6.31 ms; over steps 6.73 ms a step with the LM head (268 us), sampling
 (81) and the plan (23), against the persistent Triton megakernel's TPOT of 6.63: level with it, not yet faster, so
 the runtime runs batches on that kernel. Session 71: attention in items of 8 rows (42.1 us), each item's words and
-queries read an item ahead (39.8 us), the 160 groups 6.12 ms; the loop over steps not yet timed with them. The host-driven executor takes a batched step's layers here with `chain`
-(`GluonCoverage.batch_chain`), and its decode steps in the loop (`HostDriven.generate(loop=True)`).
+queries read an item ahead (39.8 us), the 160 groups 6.12 ms; the loop over steps not yet timed with them. The
+host-driven executor takes a batched step's layers here with `chain` (`GluonCoverage.batch_chain`), and its decode
+steps in the loop (`HostDriven.generate(loop=True)`).
 """
 from __future__ import annotations
 
