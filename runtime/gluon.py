@@ -415,8 +415,10 @@ class GluonGroups(GluonCoverage):
 
     def _zero_events(self, events: int) -> None:
         """Zeroes the stop word and `events` counters (and the stamps after them where traced), grown if short."""
+        from codegen.gluon import chain
+
         programs = self.gemv.PER_SM * self.programs
-        words = 1 + events + (8 * programs + 2 * programs * events if self.tracing else 0)
+        words = 1 + events + (8 * programs + chain.CLOCKS.value * programs * events if self.tracing else 0)
         if self._events.numel() < words:
             self._events = torch.zeros(words, dtype=torch.int32, device=self.kernel.device)
         self._events.zero_()

@@ -86,9 +86,10 @@ def timeline(words: torch.Tensor, kinds: list[int], programs: int) -> None:
     its own (the last program's signal), summed over the chain; how long the loaders took to see the event before,
     and how far the last program's signal came after the median one's (attention's loaders stamp their start: their
     items' older keys go in before the event; a step's rows have no loader's stamp: "-", and a loop's first plan no
-    time of its own)."""
+    time of its own); and where a batched chain's narrow groups stamp them, when their consumers saw the event before,
+    when their products were done, and how long each program's epilogue took after them (medians over programs)."""
     groups = len(kinds)
-    raw = words[groups + 8 * programs:].view(programs, groups, 2).long()
+    raw = words[groups + 8 * programs:].view(programs, groups, chain.CLOCKS.value).long()
     # (the timer's low 32 bits: ns, wrapping every 4.3 s; signed from program 0's first signal; 0: not stamped)
     t = (((raw - raw[0, 0, 1] + (1 << 31)) % (1 << 32)) - (1 << 31)).double() / 1e3
     t[raw == 0] = float("nan")
@@ -98,11 +99,16 @@ def timeline(words: torch.Tensor, kinds: list[int], programs: int) -> None:
     ran: dict[str, list[float]] = {}
     seen: dict[str, list[float]] = {}
     late: dict[str, list[float]] = {}
+    parts: dict[str, list[list[float]]] = {}  # (consumers past the event, products done, epilogue)
     for g, name in enumerate(names(kinds)):
         before = done[g - 1] if g else start
         ran.setdefault(name, []).append((done[g] - before).item())
         seen.setdefault(name, []).append((t[:, g, 0] - before).nanmedian().item() if g else 0.0)
         late.setdefault(name, []).append((done[g] - t[:, g, 1].median()).item())
+        if g and not t[:, g, 3].isnan().all():
+            parts.setdefault(name, []).append([(t[:, g, 2] - before).nanmedian().item(),
+                                               (t[:, g, 3] - before).nanmedian().item(),
+                                               (t[:, g, 1] - t[:, g, 3]).nanmedian().item()])
     print(f"  the chain's timeline ({groups} groups, {done[-1] - start:.0f} us from the first loader to the last "
           f"signal; us, summed over the chain, and medians a group):")
     for name in ran:
@@ -110,6 +116,10 @@ def timeline(words: torch.Tensor, kinds: list[int], programs: int) -> None:
         loaders = "    -" if s_.isnan().all() else f"{s_.nanmedian():5.2f}"
         print(f"    {name:9s} {r.sum():7.0f} us, {r.median():6.1f} a group; the loaders past the event before "
               f"{loaders}; the last signal past the median {l_.median():5.1f}", flush=True)
+        if name in parts:
+            seen_, products, epilogue = torch.tensor(parts[name]).median(dim=0).values.tolist()
+            print(f"    {'':9s} the consumers past the event before {seen_:5.2f}, their products done {products:5.1f}, "
+                  f"the epilogue {epilogue:4.1f} (a program's, medians)", flush=True)
 
 
 def timed(chained: HostDriven, table: torch.Tensor, repeats: int, batched: bool = False) -> None:
@@ -193,7 +203,7 @@ def main() -> None:
           f"({args.mode}): {groups} groups, kinds {kinds[:len(kinds) // (args.steps if args.mode == 'loop' else 1)]}, "
           f"{programs} programs", flush=True)
     side = torch.cuda.Stream()  # (made before the chain runs: a host call that waits for the GPU would hang here)
-    words = groups + 8 * programs + 2 * programs * groups  # (`chain._stamp`'s, `chain._clock`'s)
+    words = groups + 8 * programs + chain.CLOCKS.value * programs * groups  # (`chain._stamp`'s, `chain._clock`'s)
     host = torch.empty(words, dtype=torch.int32, pin_memory=True)
     torch.cuda.synchronize()
     if args.mode == "loop":  # (its first step planned in it)

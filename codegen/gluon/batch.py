@@ -388,10 +388,11 @@ def _fragment_product(a_ring, b_ring, ready, empty, i, kc0, kc1, K, PROBE: gl.co
 
 
 @gluon.jit
-def _narrow_linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_bar, num_rows, i, phase,
-                   NORM_F64: gl.constexpr, PROBE: gl.constexpr):
+def _narrow_linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_bar, num_rows, i, phase, EVENTS,
+                   events, e, NORM_F64: gl.constexpr, TRACING: gl.constexpr, PROBE: gl.constexpr):
     """A narrow group's tile (this program's, if any) over all of K from ring slot i on, then `linear._epilogue`
-    (its residual asked for before the products); returns the next slot and the residual barrier's phase."""
+    (its residual asked for before the products); returns the next slot and the residual barrier's phase. TRACING:
+    the time its products were done (`chain._clock`'s word 3)."""
     layout: gl.constexpr = c_smem.type.layout
     K, N, stats_off, eps, res_off, bias_off, out_stats_off = linear.row(desc)
     t = gl.program_id(0)
@@ -399,6 +400,7 @@ def _narrow_linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_
         o_desc, r_desc = linear.outputs(desc, ACT, num_rows, BM, NARROW_BN, layout, False)
         linear._residual(r_desc, c_smem, res_bar, 0, t, res_off, NARROW_BN)
         acc, i = _narrow_product(a_ring, b_ring, ready, empty, i, K, PROBE)
+        _clock(EVENTS, events, e, 3, TRACING)
         linear._epilogue(acc, 0, t * NARROW_BN, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase, stats_off,
                          eps, res_off, bias_off, out_stats_off, False, NORM_F64)
         phase ^= (res_off >= 0).to(gl.int32)
@@ -584,6 +586,7 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
             else:
                 if not PROBE & 16:
                     wait(EVENTS, e - 1, P)
+                _clock(EVENTS, steps * groups, e, 2, TRACING)
                 if (kind == _QKV) & (unused != 0):
                     i = _narrow_qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, num_rows,
                                     positions_at, slots_at, parts_at, tickets_at, i, NORM_F64, PROBE)
@@ -595,7 +598,8 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
                                        num_rows, parts_at, tickets_at, i, phase, True, NORM_F64, PROBE)
                 elif (kind == _PLAIN) & (unused != 0):
                     i, phase = _narrow_linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, narrow_outputs,
-                                              res_bar, num_rows, i, phase, NORM_F64, PROBE)
+                                              res_bar, num_rows, i, phase, EVENTS, steps * groups, e, NORM_F64,
+                                              TRACING, PROBE)
                 elif kind == _PLAIN:
                     i, phase = _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, outputs, res_bar, num_rows,
                                        parts_at, tickets_at, i, phase, False, NORM_F64, PROBE)

@@ -333,14 +333,18 @@ def _stamp(EVENTS, events, word: gl.constexpr, value, TRACING: gl.constexpr):
         gl.store(EVENTS + events + gl.program_id(0) * 8 + word, value)
 
 
+CLOCKS = gl.constexpr(4)  # (`_clock`'s words a program an event)
+
+
 @gluon.jit
 def _clock(EVENTS, events, e, word: gl.constexpr, TRACING: gl.constexpr):
-    """(TRACING) the global timer's low 32 bits (ns) as word `word` of event e's 2 for this program, after the
-    stamps: 0 the loader past the event before, 1 the consumers' signal."""
+    """(TRACING) the global timer's low 32 bits (ns) as word `word` of event e's CLOCKS for this program, after the
+    stamps: 0 the loader past the event before, 1 the consumers' signal; the batched chain's narrow groups also 2,
+    the consumers past the event before, and 3, their products done (`batch._narrow_linear`)."""
     if TRACING:
         now = gl.inline_asm_elementwise("mov.u32 $0, %globaltimer_lo;", "=r,r", [e], dtype=gl.int32, is_pure=False,
                                         pack=1)
-        gl.store(EVENTS + events + gl.num_programs(0) * 8 + (gl.program_id(0) * events + e) * 2 + word, now)
+        gl.store(EVENTS + events + gl.num_programs(0) * 8 + (gl.program_id(0) * events + e) * CLOCKS + word, now)
 
 
 @gluon.jit
