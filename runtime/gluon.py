@@ -65,9 +65,11 @@ class GluonCoverage:
         self.one_row_chain: bool | str = True
         self.batch_chain = True  # a batched decode step's layers too (`batch.batch_chain`)
         self.batch_probe = 0  # `batch.batch_chain`'s timing-only PROBE (`benchmarks/explore/chain_probe.py`)
-        # the batched loop sampler's passes of logits, where the one-row loop's are of 1,024: a b64 step's sampling
+        # the batched loop sampler's passes of logits where a request has a temperature (a greedy step takes the LM
+        # head's maxima instead, `batch._greedy`), where the one-row loop's are of 1,024: a b64 step's greedy sampling
         # took 88 us in passes of 1,024 (twice the Triton group's, each program's passes one after another), 81 in 4,096
         self.batch_sample_block = 4096
+        self.streamk_room = streamk_room
         self.min_rows = (cfg.wide_m or (32 if cfg.max_batch <= 32 else 64)) + 1  # (`CompileConfig.wide_rows`)
         self.covered: dict[int, int] = {}  # first task of a group -> its descriptor's row
         self.kinds: dict[int, Kind] = {}
@@ -131,6 +133,7 @@ class GluonCoverage:
 
         vocab = max((descs[desc][1] for kind, desc in self.step_groups.values() if kind == Kind.SAMPLE), default=1)
         self.sample_wide = min(4096, 1 << (vocab - 1).bit_length())  # (`codegen.lower.sample_wide`)
+        self.vocab = vocab
 
     def _take_streamk(self, first: int, tiles: int, bn: int, room: tuple[int, int]) -> None:
         """Group `first` (`tiles` tiles of BN columns) to a stream-K body in steps of few rows, or why not."""
@@ -252,6 +255,10 @@ class GluonCoverage:
                     return rows, "its attention does not split a one-row step's keys"
                 rows.append((chain.ATTENTION, self.covered[first], 0))
             elif first in self.one_row and self.rows_kind[first] == 1 and self.out_kind[first] == OUT_F32:
+                maxima = 2 * self.cfg.max_batch * -(-self.vocab // self.linear.STREAMK.bn)  # (`batch._maxima`)
+                if batched and maxima > self.streamk_room[0]:
+                    return rows, (f"its stream-K scratch holds {self.streamk_room[0]} floats, the LM head's maxima "
+                                  f"for greedy sampling {maxima}")
                 rows.append((chain.LOGITS, self.one_row[first], 0))
             elif (first in self.streamk) if batched else (first in self.one_row and self.rows_kind[first] == 0):
                 kind = self.kinds.get(first, Kind.LINEAR if first in self.out_kind else Kind.QKV)

@@ -6,7 +6,10 @@ kernels an edit under codegen/gluon has made stale (their keys hold its source; 
 `chain_probe.py` launches them: the variants a device run times, compiled here.
 
     BLINK_CACHE_DIR=.blink-cache/c68 python -m benchmarks.explore.precompile_gluon [--traced] [--probes 4,16] \
-        [--variants-of 1ab05c]
+        [--variants-of 1ab05c] [--paths]
+
+--paths prints each kernel's directory in the cache: a device run's carry is 64 MB, so a run that compares working
+trees carries only the kernels it launches.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ def main() -> None:
     parser.add_argument("--probes", default="", help="the batched loop's PROBE variants too (greedy), e.g. 1,4")
     parser.add_argument("--variants-of", default="", help="those variants for the artifacts whose key starts so only "
                         "(a device run's carry is 64 MB)")
+    parser.add_argument("--paths", action="store_true", help="print each kernel's directory in the cache")
     args = parser.parse_args()
     probes = [0] + [int(v) for v in args.probes.split(",") if v]
 
@@ -53,6 +57,8 @@ def main() -> None:
         paths = [gluon_kernels.precompile(*launch) for launch in launches]
         print(f"{manifest_path.parent.name}: {len(paths)} Gluon kernels in {time.perf_counter() - start:.0f} s",
               flush=True)
+        if args.paths:
+            print("\n".join(sorted({str(path) for path in paths})), flush=True)
 
 
 if __name__ == "__main__":

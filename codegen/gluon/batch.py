@@ -38,7 +38,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from codegen.gluon import attention, gemv, linear, qkv, step
-from codegen.gluon.chain import (_ATTENTION, _GATED, _LOGITS, _PLAIN, _PLAN, _QKV, HD, IDS, KEYS, MAX_SPLITS,
+from codegen.gluon.chain import (_ATTENTION, _GATED, _LOGITS, _PLAIN, _PLAN, _QKV, _SAMPLE, HD, IDS, KEYS, MAX_SPLITS,
                                  SIGNATURE, _barriers, _clock, _gemv_operands, _go, _group, _hand, _handed, _released,
                                  _signal, _step_group)
 from codegen.gluon.events import wait
@@ -354,7 +354,7 @@ def _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_bar, nu
     the finishing program of a tile of four contributors also loaded their partials one at a time (session 67)."""
     OUT: gl.constexpr = c_smem.type.shape[1]
     layout: gl.constexpr = c_smem.type.layout
-    K, N, stats_off, eps, res_off, bias_off, out_stats_off = linear.row(desc)
+    K, N, stats_off, eps, res_off, bias_off, out_stats_off = _linear_row(desc, PROBE)
     o_desc, r_desc = linear.outputs(desc, ACT, num_rows, BM, OUT, layout, GATED)
     num_n = gl.cdiv(N, BN)
     c, c1, KC, total, P = streamk_range(1, num_n, K, BK)
@@ -377,6 +377,18 @@ def _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_bar, nu
 
 
 @gluon.jit
+def _linear_row(desc, PROBE: gl.constexpr):
+    """`linear.row`'s words of a projection's descriptor; PROBE & 128 (timing only), no sums of squares added for
+    the norm after (`out_stats_off` -1); PROBE & 256, no residual added (`res_off` -1)."""
+    K, N, stats_off, eps, res_off, bias_off, out_stats_off = linear.row(desc)
+    if PROBE & 128:
+        out_stats_off = gl.minimum(out_stats_off, -1)
+    if PROBE & 256:
+        res_off = gl.minimum(res_off, -1)
+    return K, N, stats_off, eps, res_off, bias_off, out_stats_off
+
+
+@gluon.jit
 def _fragment_product(a_ring, b_ring, ready, empty, i, kc0, kc1, K, PROBE: gl.constexpr):
     """A stream-K fragment's fp32 [BM, BN] products over its chunks kc0 .. kc1 from ring slot i on, and the slot
     after them. PROBE & 4 (timing only): none, each slot released once it is full (`_drained`)."""
@@ -394,7 +406,7 @@ def _narrow_linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_
     (its residual asked for before the products); returns the next slot and the residual barrier's phase. TRACING:
     the time its products were done (`chain._clock`'s word 3)."""
     layout: gl.constexpr = c_smem.type.layout
-    K, N, stats_off, eps, res_off, bias_off, out_stats_off = linear.row(desc)
+    K, N, stats_off, eps, res_off, bias_off, out_stats_off = _linear_row(desc, PROBE)
     t = gl.program_id(0)
     if t < gl.cdiv(N, NARROW_BN):
         o_desc, r_desc = linear.outputs(desc, ACT, num_rows, BM, NARROW_BN, layout, False)
@@ -529,9 +541,11 @@ def _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, sta
 
 
 @gluon.jit
-def _logits(desc, W, F32, a_ring, b_ring, ready, empty, num_rows, i, NORM_F64: gl.constexpr):
+def _logits(desc, W, F32, a_ring, b_ring, ready, empty, num_rows, parts_at, i, NORM_F64: gl.constexpr,
+            GREEDY: gl.constexpr):
     """The LM head's whole tiles pid, pid + P, .. from ring slot i on (`_chunks`), each tile's fp32 logits
-    (`kept_epilogue` for OUT_F32: 1/rms, the bias, a rounding to bf16) stored; returns the next slot."""
+    (`kept_epilogue` for OUT_F32: 1/rms, the bias, a rounding to bf16) stored; returns the next slot. GREEDY: each
+    row's largest logit of the tile and its first token too, for `_greedy` (`_maxima`)."""
     _, K, _, N, out_off, stats_off, eps, _, bias_off, _ = gemv.linear_row(desc)
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                           instr_shape=[16, BN, 16])
@@ -539,14 +553,60 @@ def _logits(desc, W, F32, a_ring, b_ring, ready, empty, num_rows, i, NORM_F64: g
     inv = gl.load(_norm_sums(F32, gl.maximum(stats_off, 0), NORM_F64) + rows, mask=(rows < num_rows) & (stats_off >= 0),
                   other=1.0).to(gl.float32)
     inv = gl.where(stats_off >= 0, gl.rsqrt(inv / K.to(gl.float32) + eps), 1.0)
-    for t in range(gl.program_id(0), gl.cdiv(N, BN), gl.num_programs(0)):
+    tiles = gl.cdiv(N, BN)
+    for t in range(gl.program_id(0), tiles, gl.num_programs(0)):
         acc, i = tile_product(a_ring, b_ring, ready, empty, i, K, SK_STAGES)
         cols = t * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
         bias = gl.load(W + _region(gl.maximum(bias_off, 0)) + cols, mask=(cols < N) & (bias_off >= 0), other=0.0)
         y = _round(acc * inv[:, None] + bias.to(gl.float32)[None, :])
         gl.store(F32 + out_off + rows.to(gl.int64)[:, None] * N + cols[None, :], y,
                  mask=(rows < num_rows)[:, None] & (cols < N)[None, :])
+        if GREEDY:
+            y = gl.where((cols < N)[None, :], y, float("-inf"))
+            top, first = gl.reduce((y, gl.zeros_like(y).to(gl.int32) + cols[None, :]), 1, _first_max)
+            maxima = _maxima(F32, parts_at, tiles) + rows * (2 * tiles) + t
+            gl.store(maxima, top, mask=rows < num_rows)
+            gl.store(maxima + tiles, first.to(gl.float32), mask=rows < num_rows)
     return i
+
+
+@gluon.jit
+def _first_max(a, i, b, j):
+    """The larger of two (logit, token) pairs, the earlier token's of a tie (torch.argmax's)."""
+    left = (a > b) | ((a == b) & (i < j))
+    return gl.where(left, a, b), gl.where(left, i, j)
+
+
+@gluon.jit
+def _maxima(F32, parts_at, tiles):
+    """Where the LM head's tiles leave each row's largest logit and its token for greedy sampling: the stream-K
+    scratch (free from the LM head to the next step's first projection), a row's `tiles` maxima then their tokens
+    (`GluonCoverage.loop_rows` checks the room)."""
+    return F32 + _region(parts_at)
+
+
+@gluon.jit
+def _greedy(desc, I32, F32, REGIONS, num_seqs, parts_at, MAX_NEW: gl.constexpr):
+    """Greedy sampling as the LM head's epilogue left it (`_logits` with GREEDY): each sequence (the programs in
+    turn) takes the first largest of its tiles' maxima, whose token is its first largest logit (torch.argmax's),
+    and emits it. Where `step.sample` read a b64 step's 32 MB of logits (81 us), this reads 8 KB a sequence."""
+    flat: gl.constexpr = gl.BlockedLayout([8], [32], [gl.num_warps()], [0])
+    BLOCK: gl.constexpr = 8 * 32 * gl.num_warps()
+    tiles = gl.cdiv(gl.load(desc + 1).to(gl.int32), BN)
+    for b in range(gl.program_id(0), num_seqs, gl.num_programs(0)):
+        if gl.load(I32 + step._at(REGIONS, step.SEQ_FINAL) + b) == 1:
+            maxima = _maxima(F32, parts_at, tiles) + b * (2 * tiles)
+            top = gl.to_tensor(float("-inf"))
+            token = gl.to_tensor(0)
+            for t0 in range(0, tiles, BLOCK):
+                t = t0 + gl.arange(0, BLOCK, layout=flat)
+                values = gl.load(maxima + t, mask=t < tiles, other=float("-inf"), cache_modifier=".cg")
+                m = gl.max(values, axis=0)
+                if m > top:  # (a later block's tie loses: its tokens come after)
+                    top = m
+                    first = gl.min(gl.where(values == m, t, 2147483647), axis=0)
+                    token = gl.load(maxima + tiles + first, cache_modifier=".cg").to(gl.int32)
+            step.emit(I32, REGIONS, gl.load(I32 + step._at(REGIONS, step.SEQ_REQ) + b), token, MAX_NEW)
 
 
 @gluon.jit
@@ -604,11 +664,17 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
                     i, phase = _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, outputs, res_bar, num_rows,
                                        parts_at, tickets_at, i, phase, False, NORM_F64, PROBE)
                 elif kind == _LOGITS:
-                    i = _logits(desc, W, F32, a_ring, b_ring, ready, empty, num_rows, i, NORM_F64)
+                    i = _logits(desc, W, F32, a_ring, b_ring, ready, empty, num_rows, parts_at, i, NORM_F64,
+                                not SAMPLING)
+                elif kind == _SAMPLE:
+                    if SAMPLING:  # (temperatures: draws over the logits)
+                        step.sample(desc, I32, F32, REGIONS, num_rows, VB, WB, MAX_NEW, SAMPLING)
+                    else:
+                        _greedy(desc, I32, F32, REGIONS, num_rows, parts_at, MAX_NEW)
                 else:  # a step's rows around its layers (`step.py`)
                     _step_group(kind, desc, W, ACT, F32, I32, REGIONS, first_step + e // groups, stats_off,
                                 stats_size, num_rows, PAGES_PER_SEQ, PAGE, MAX_TOKENS, REQS, STEP_LOG, VB, WB,
-                                MAX_NEW, SAMPLING, NORM_F64)
+                                MAX_NEW, SAMPLING, NORM_F64, False)
             _signal(EVENTS, e)
             _clock(EVENTS, steps * groups, e, 1, TRACING)
             if kind == _PLAN:
@@ -646,7 +712,9 @@ def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, 
     before (attention still does; with 2, no fragment for a ticket either): what the groups' barriers cost; 32,
     attention's items without products (each slot of keys released once full), to see whether its consumers or its
     bytes bound it; 64, the keys and values read as if a page's KV heads were laid out one after the other (a box's
-    2 KB contiguous: `attention.load_items`), what the cache's layout costs attention's stream. (Weights
+    2 KB contiguous: `attention.load_items`), what the cache's layout costs attention's stream; 128, no sums of
+    squares added after a projection for the norm after it, and 256, no residual added (`_linear_row`), what a
+    projection's epilogue costs. (Weights
     asked into L2 ahead of the copies did not pay: a group's first 64 KB a program took o_proj at 64 rows from 17.8 to
     14.4 us but held gate/up's loader 2 us, session 69; kept 32, 64 or 128 KB ahead all through a group, 2c83014, the
     step took 3.2, 2.0, 1.5x as long, session 70.)"""

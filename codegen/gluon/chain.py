@@ -48,7 +48,7 @@ PLAIN, GATED, QKV, ATTENTION, LOGITS, EMBED, GATHER, SAMPLE, PLAN = range(9)
 KIND_NAMES = ("projection", "gated projection", "QKV", "attention", "LM head", "embedding", "logits row", "sampling",
               "plan")
 _PLAIN, _GATED, _QKV, _ATTENTION, _LOGITS = (gl.constexpr(k) for k in (PLAIN, GATED, QKV, ATTENTION, LOGITS))
-_EMBED, _GATHER, _PLAN = gl.constexpr(EMBED), gl.constexpr(GATHER), gl.constexpr(PLAN)
+_EMBED, _GATHER, _SAMPLE, _PLAN = gl.constexpr(EMBED), gl.constexpr(GATHER), gl.constexpr(SAMPLE), gl.constexpr(PLAN)
 ROW = 3  # (ints a row)
 _ROW = gl.constexpr(ROW)
 assert linear.WIDE.stages == attention.STAGES
@@ -560,9 +560,10 @@ def decode_attention_items(desc, ACT, F32, I32, kv, kv_ready, kv_empty, control_
 def _step_group(kind, desc, W, ACT, F32, I32, REGIONS, step_number, stats_off, stats_size, rows,
                 PAGES_PER_SEQ: gl.constexpr, PAGE: gl.constexpr, MAX_TOKENS: gl.constexpr, REQS: gl.constexpr,
                 STEP_LOG: gl.constexpr, VB: gl.constexpr, WB: gl.constexpr, MAX_NEW: gl.constexpr,
-                SAMPLING: gl.constexpr, NORM_F64: gl.constexpr):
-    """A step's plan (program 0), its embedding rows, the rows that need its logits, or its sampling; `rows`: the
-    step's (a step that only decodes: its tokens are its sequences)."""
+                SAMPLING: gl.constexpr, NORM_F64: gl.constexpr, SAMPLES: gl.constexpr = True):
+    """A step's plan (program 0), its embedding rows, the rows that need its logits, or (SAMPLES: where the caller
+    does not sample itself) its sampling; `rows`: the step's (a step that only decodes: its tokens are its
+    sequences)."""
     if kind == _PLAN:
         if gl.program_id(0) == 0:
             step.plan_rows(I32, F32, REGIONS, step_number, stats_off, stats_size, PAGES_PER_SEQ, PAGE, MAX_TOKENS,
@@ -573,7 +574,7 @@ def _step_group(kind, desc, W, ACT, F32, I32, REGIONS, step_number, stats_off, s
     elif kind == _GATHER:  # (GATHER_FIELDS: the rows, the width, the rows' copy, their norm's sums)
         step.copy_rows(ACT, gl.load(desc), I32 + gl.load(REGIONS + step.LOGITS_ROWS), rows, ACT, F32,
                        gl.load(desc + 1), gl.load(desc + 2), gl.load(desc + 3), NORM_F64)
-    else:
+    elif SAMPLES:
         step.sample(desc, I32, F32, REGIONS, rows, VB, WB, MAX_NEW, SAMPLING)
 
 

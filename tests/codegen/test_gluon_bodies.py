@@ -377,6 +377,13 @@ def test_the_batched_loop_takes_a_whole_step_of_llama3(fixture, request):
     # o_proj and down (4,096 weight rows: 128 tiles of 32 for 132 programs) and QKV (192: two rounds) in whole-K
     # tiles, gate/up stream-K
     assert [narrow for _, _, narrow in rows[2:-3]] == [1, 0, 1, 0, 1] * 32
+    # greedy sampling takes the LM head's 1,002 tiles' maxima a row from the stream-K scratch (`batch._maxima`)
+    room = coverage.streamk_room
+    coverage.streamk_room = (2 * coverage.cfg.max_batch * 1002 - 1, room[1])
+    try:
+        assert "the LM head's maxima" in coverage.loop_rows(batched=True)[1]
+    finally:
+        coverage.streamk_room = room
 
 
 def test_a_stopped_one_row_loop_is_reported_by_its_step_and_group():
