@@ -565,9 +565,9 @@ def _step_group(kind, desc, W, ACT, F32, I32, REGIONS, step_number, stats_off, s
     does not sample itself) its sampling; `rows`: the step's (a step that only decodes: its tokens are its
     sequences)."""
     if kind == _PLAN:
+        step.zero_words(F32, stats_off, stats_size)
         if gl.program_id(0) == 0:
-            step.plan_rows(I32, F32, REGIONS, step_number, stats_off, stats_size, PAGES_PER_SEQ, PAGE, MAX_TOKENS,
-                           REQS, STEP_LOG)
+            step.plan_rows(I32, REGIONS, step_number, PAGES_PER_SEQ, PAGE, MAX_TOKENS, REQS, STEP_LOG)
     elif kind == _EMBED:  # (EMBED_FIELDS: the table, the rows' width, the step's rows, their norm's sums)
         step.copy_rows(W, gl.load(desc), I32 + gl.load(REGIONS + step.INPUT_IDS), rows, ACT, F32, gl.load(desc + 1),
                        gl.load(desc + 2), gl.load(desc + 3), NORM_F64)
