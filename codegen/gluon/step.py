@@ -161,7 +161,8 @@ def copy_rows(SRC, src_off, ids, n, ACT, F32, hidden, out_off, out_stats_off, NO
         if out_stats_off >= 0:
             y = _round(y)
             sums = _norm_sums(F32, out_stats_off, NORM_F64) + r
-            gl.atomic_add(sums, gl.sum(gl.where(ok, y * y, 0.0), axis=0).to(sums.dtype.element_ty))
+            gl.atomic_add(sums, gl.sum(gl.where(ok, y * y, 0.0), axis=0).to(sums.dtype.element_ty),
+                          sem="relaxed")  # (published by the group's signal, `chain._signal`)
 
 
 assert SAMPLE_FIELDS == ("logits_off", "vocab", "splits", "part_off", "ticket_off", "top_off")  # (`sample`'s)
