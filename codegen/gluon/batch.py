@@ -27,7 +27,10 @@ partials summed one at a time), attention 46.2, o_proj 17.7 (whole-K; stream-K: 
 down 37.3 (stream-K: 44.2); the 160 groups 6.31 ms; over steps 6.73 ms a step with the LM head (268 us), sampling
 (81) and the plan (23), against the persistent Triton megakernel's TPOT of 6.63: level with it, not yet faster, so
 the runtime runs batches on that kernel. Session 71: attention in items of 8 rows (42.1 us), each item's words and
-queries read an item ahead (39.8 us), the 160 groups 6.12 ms; the loop over steps not yet timed with them. The
+queries read an item ahead (39.8 us), the 160 groups 6.12 ms. Session 72: greedy sampling as the LM head's epilogue
+(81.6 -> 7.0 us), the plan's zeroing shared by every program (31.7 -> 5.2 us), the norms' sums added with relaxed
+atomics (o_proj 18.0 -> 16.9 us, down 36.8 -> 36.0): 6.34 ms a step over steps, against 6.85 for the Triton
+megakernel's TPOT in the decode benchmark (the same lease as the loop's 6.41 before the last of them). The
 host-driven executor takes a batched step's layers here with `chain` (`GluonCoverage.batch_chain`), and its decode
 steps in the loop (`HostDriven.generate(loop=True)`).
 """
