@@ -567,7 +567,7 @@ def _logits(desc, W, F32, a_ring, b_ring, ready, empty, num_rows, parts_at, i, N
         if GREEDY:
             y = gl.where((cols < N)[None, :], y, float("-inf"))
             top, first = gl.reduce((y, gl.zeros_like(y).to(gl.int32) + cols[None, :]), 1, _first_max)
-            maxima = _maxima(F32, parts_at, tiles) + rows * (2 * tiles) + t
+            maxima = _maxima(F32, parts_at) + rows * (2 * tiles) + t
             gl.store(maxima, top, mask=rows < num_rows)
             gl.store(maxima + tiles, first.to(gl.float32), mask=rows < num_rows)
     return i
@@ -581,7 +581,7 @@ def _first_max(a, i, b, j):
 
 
 @gluon.jit
-def _maxima(F32, parts_at, tiles):
+def _maxima(F32, parts_at):
     """Where the LM head's tiles leave each row's largest logit and its token for greedy sampling: the stream-K
     scratch (free from the LM head to the next step's first projection), a row's `tiles` maxima then their tokens
     (`GluonCoverage.loop_rows` checks the room)."""
@@ -598,7 +598,7 @@ def _greedy(desc, I32, F32, REGIONS, num_seqs, parts_at, MAX_NEW: gl.constexpr):
     tiles = gl.cdiv(gl.load(desc + 1).to(gl.int32), BN)
     for b in range(gl.program_id(0), num_seqs, gl.num_programs(0)):
         if gl.load(I32 + step._at(REGIONS, step.SEQ_FINAL) + b) == 1:
-            maxima = _maxima(F32, parts_at, tiles) + b * (2 * tiles)
+            maxima = _maxima(F32, parts_at) + b * (2 * tiles)
             top = gl.to_tensor(float("-inf"))
             token = gl.to_tensor(0)
             for t0 in range(0, tiles, BLOCK):
