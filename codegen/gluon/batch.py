@@ -29,8 +29,9 @@ down 37.3 (stream-K: 44.2); the 160 groups 6.31 ms; over steps 6.73 ms a step wi
 the runtime runs batches on that kernel. Session 71: attention in items of 8 rows (42.1 us), each item's words and
 queries read an item ahead (39.8 us), the 160 groups 6.12 ms. Session 72: greedy sampling as the LM head's epilogue
 (81.6 -> 7.0 us), the plan's zeroing shared by every program (31.7 -> 5.2 us), the norms' sums added with relaxed
-atomics (o_proj 18.0 -> 16.9 us, down 36.8 -> 36.0): 6.34 ms a step over steps, against 6.85 for the Triton
-megakernel's TPOT in the decode benchmark (the same lease as the loop's 6.41 before the last of them). The
+atomics (o_proj 18.0 -> 16.9 us, down 36.8 -> 36.0), gate/up in whole-K tiles too (the 160 groups 6,028 -> 5,775
+us): 6.07 ms a step over steps, against 6.85 for the Triton megakernel's TPOT in the decode benchmark (the same lease
+as the loop's 6.41 before the last two). The
 host-driven executor takes a batched step's layers here with `chain` (`GluonCoverage.batch_chain`), and its decode
 steps in the loop (`HostDriven.generate(loop=True)`).
 """
@@ -64,10 +65,10 @@ assert 4 * ATT_STAGES.value * KEYS.value * (HD.value // 2) <= SK_STAGES.value * 
 ITEM_ROWS = gl.constexpr(8)
 
 # a plain projection of few weight rows (N <= NARROW_BN x the programs: Llama-3-8B's o_proj and down; QKV in two
-# rounds, `GluonCoverage.batch_narrow`) in whole-K tiles of NARROW_BN, a tile a program: no partials to exchange
-# (their stores, tickets and sums were ~1 ms of a b64 step, session 67: `chain_probe --probes 2`), the step's rows
-# read whole by every program instead (from L2: not copying them saved 2% where `--probes 1` reached them then, the
-# stream-K groups; it reaches the narrow ones too since session 69). A ring slot holds NARROW_K columns of K: the
+# rounds; gate/up in seven, `GluonCoverage.batch_narrow`) in whole-K tiles of NARROW_BN, pid, pid + P, ..: no partials
+# to exchange (their stores, tickets and sums were ~1 ms of a b64 step, session 67: `chain_probe --probes 2`), the
+# step's rows read whole by every tile instead (from L2: not copying them saved 2% where `--probes 1` reached them
+# then, the stream-K groups; it reaches the narrow ones too since session 69). A ring slot holds NARROW_K columns of K: the
 # rows' [BM, NARROW_K] over the weight chunk's bytes, the weights' [NARROW_BN, NARROW_K] over the rows' chunk's, the
 # same 24 KB. (`ws_prefill --tokens 64 --max-splits 1 --variants 64x32x128/8`: o_proj 14.0 us, down 39.2, as fast as
 # [64, 128] tiles split 8 ways with their sums left out, 13.8 and 38.7.)
@@ -339,7 +340,7 @@ def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, s
                 j = _attention_loads(desc, KV, kv_plane, kv_rows, I32, kv, kv_ready, kv_empty, control_at,
                                      seq_starts_at, context_lens_at, seq_req_at, req_pages_at, j, EVENTS, e, PAGE,
                                      PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, PROBE)
-            elif ((kind == _PLAIN) | (kind == _QKV)) & (unused != 0):  # (a narrow group: whole-K tiles)
+            elif (kind <= _QKV) & (unused != 0):  # (a narrow group: whole-K tiles)
                 i = _narrow_loads(desc, kind == _QKV, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j,
                                   EVENTS, e, events, TRACING, PROBE)
             elif (kind <= _QKV) | (kind == _LOGITS):  # (a projection)
@@ -404,20 +405,28 @@ def _fragment_product(a_ring, b_ring, ready, empty, i, kc0, kc1, K, PROBE: gl.co
 
 @gluon.jit
 def _narrow_linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_bar, num_rows, i, phase, EVENTS,
-                   events, e, NORM_F64: gl.constexpr, TRACING: gl.constexpr, PROBE: gl.constexpr):
-    """A narrow group's tile (this program's, if any) over all of K from ring slot i on, then `linear._epilogue`
-    (its residual asked for before the products); returns the next slot and the residual barrier's phase. TRACING:
-    the time its products were done (`chain._clock`'s word 3)."""
+                   events, e, GATED: gl.constexpr, NORM_F64: gl.constexpr, TRACING: gl.constexpr,
+                   PROBE: gl.constexpr):
+    """A narrow group's tiles (this program's: pid, pid + P, ..) over all of K from ring slot i on, each then
+    through `linear._epilogue` (its residual asked for before its products; the rows' 1/rms, where a norm applies,
+    once a group); returns the next slot and the residual barrier's phase. TRACING: the time the last tile's
+    products were done (`chain._clock`'s word 3)."""
+    OUT: gl.constexpr = c_smem.type.shape[1]
     layout: gl.constexpr = c_smem.type.layout
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                          instr_shape=[16, NARROW_BN, 16])
     K, N, stats_off, eps, res_off, bias_off, out_stats_off = _linear_row(desc, PROBE)
-    t = gl.program_id(0)
-    if t < gl.cdiv(N, NARROW_BN):
-        o_desc, r_desc = linear.outputs(desc, ACT, num_rows, BM, NARROW_BN, layout, False)
-        linear._residual(r_desc, c_smem, res_bar, 0, t, res_off, NARROW_BN)
+    o_desc, r_desc = linear.outputs(desc, ACT, num_rows, BM, OUT, layout, GATED)
+    rows = gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
+    sums = gl.load(_norm_sums(F32, gl.maximum(stats_off, 0), NORM_F64) + rows,
+                   mask=(rows < num_rows) & (stats_off >= 0), other=1.0).to(gl.float32)
+    inv = gl.where(stats_off >= 0, gl.rsqrt(sums / K.to(gl.float32) + eps), 1.0)
+    for t in range(gl.program_id(0), gl.cdiv(N, NARROW_BN), gl.num_programs(0)):
+        linear._residual(r_desc, c_smem, res_bar, 0, t, res_off, OUT)
         acc, i = _narrow_product(a_ring, b_ring, ready, empty, i, K, PROBE)
         _clock(EVENTS, events, e, 3, TRACING)
-        linear._epilogue(acc, 0, t * NARROW_BN, num_rows, N, K, W, F32, o_desc, c_smem, res_bar, phase, stats_off,
-                         eps, res_off, bias_off, out_stats_off, False, NORM_F64)
+        linear._epilogue(acc * inv[:, None], 0, t * NARROW_BN, num_rows, N, K, W, F32, o_desc, c_smem, res_bar,
+                         phase, -1, eps, res_off, bias_off, out_stats_off, GATED, NORM_F64)
         phase ^= (res_off >= 0).to(gl.int32)
     return i, phase
 
@@ -628,6 +637,8 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
     gated_outputs = staging._reinterpret(gl.bfloat16, [BM, BN // 2], gated)
     narrow: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, NARROW_BN], gl.bfloat16)
     narrow_outputs = staging._reinterpret(gl.bfloat16, [BM, NARROW_BN], narrow)
+    narrow_gated: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, NARROW_BN // 2], gl.bfloat16)
+    narrow_gated_outputs = staging._reinterpret(gl.bfloat16, [BM, NARROW_BN // 2], narrow_gated)
     # (QKV's heads: 16-byte units swizzled by the row, `qkv.qkv_prefill`'s staging)
     heads = staging._reinterpret(gl.bfloat16, [BM, BN], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
     # (attention's q halves and p^T: `attention.consume_decode_items`)
@@ -656,12 +667,16 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
                 elif kind == _QKV:
                     i = _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, heads, num_rows,
                              positions_at, slots_at, parts_at, tickets_at, i, NORM_F64, PROBE)
+                elif (kind == _GATED) & (unused != 0):
+                    i, phase = _narrow_linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, narrow_gated_outputs,
+                                              res_bar, num_rows, i, phase, EVENTS, steps * groups, e, True, NORM_F64,
+                                              TRACING, PROBE)
                 elif kind == _GATED:
                     i, phase = _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, gated_outputs, res_bar,
                                        num_rows, parts_at, tickets_at, i, phase, True, NORM_F64, PROBE)
                 elif (kind == _PLAIN) & (unused != 0):
                     i, phase = _narrow_linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, narrow_outputs,
-                                              res_bar, num_rows, i, phase, EVENTS, steps * groups, e, NORM_F64,
+                                              res_bar, num_rows, i, phase, EVENTS, steps * groups, e, False, NORM_F64,
                                               TRACING, PROBE)
                 elif kind == _PLAIN:
                     i, phase = _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, outputs, res_bar, num_rows,
