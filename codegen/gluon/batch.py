@@ -70,8 +70,8 @@ ITEM_ROWS = gl.constexpr(8)
 # step's rows read whole by every tile instead (from L2: not copying them saved 2% where `--probes 1` reached them
 # then, the stream-K groups; it reaches the narrow ones too since session 69). A ring slot holds NARROW_K columns of
 # K: the rows' [BM, NARROW_K] over the weight chunk's bytes, the weights' [NARROW_BN, NARROW_K] over the rows'
-# chunk's, the same 24 KB. (`ws_prefill --tokens 64 --max-splits 1 --variants 64x32x128/8`: o_proj 14.0 us, down 39.2, as fast as
-# [64, 128] tiles split 8 ways with their sums left out, 13.8 and 38.7.)
+# chunk's, the same 24 KB. (`ws_prefill --tokens 64 --max-splits 1 --variants 64x32x128/8`: o_proj 14.0 us, down
+# 39.2, as fast as [64, 128] tiles split 8 ways with their sums left out, 13.8 and 38.7.)
 NARROW_BN = gl.constexpr(32)
 NARROW_K = gl.constexpr(2 * BK.value)
 assert BM.value * NARROW_K.value <= BN.value * BK.value and NARROW_BN.value * NARROW_K.value <= BM.value * BK.value
