@@ -30,8 +30,8 @@ the runtime runs batches on that kernel. Session 71: attention in items of 8 row
 queries read an item ahead (39.8 us), the 160 groups 6.12 ms. Session 72: greedy sampling as the LM head's epilogue
 (81.6 -> 7.0 us), the plan's zeroing shared by every program (31.7 -> 5.2 us), the norms' sums added with relaxed
 atomics (o_proj 18.0 -> 16.9 us, down 36.8 -> 36.0), gate/up in whole-K tiles too (the 160 groups 6,028 -> 5,775
-us): 6.07 ms a step over steps, against 6.85 for the Triton megakernel's TPOT in the decode benchmark (the same lease
-as the loop's 6.41 before the last two). The
+us): 6.00 ms a step over steps, against 6.90 for the Triton megakernel's TPOT in the decode benchmark and the torch
+graph's 7.52 in the same lease. The
 host-driven executor takes a batched step's layers here with `chain` (`GluonCoverage.batch_chain`), and its decode
 steps in the loop (`HostDriven.generate(loop=True)`).
 """
