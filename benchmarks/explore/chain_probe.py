@@ -86,8 +86,9 @@ def timeline(words: torch.Tensor, kinds: list[int], programs: int) -> None:
     its own (the last program's signal), summed over the chain; how long the loaders took to see the event before,
     and how far the last program's signal came after the median one's (attention's loaders stamp their start: their
     items' older keys go in before the event; a step's rows have no loader's stamp: "-", and a loop's first plan no
-    time of its own); and where a batched chain's narrow groups stamp them, when their consumers saw the event before,
-    when their products were done, and how long each program's epilogue took after them (medians over programs)."""
+    time of its own); and where a batched chain's narrow groups stamp them (QKV, o_proj, gate/up, down), when their
+    consumers saw the event before, when their (last tile's) products were done, and how long each program's epilogue
+    took after them (medians over programs)."""
     groups = len(kinds)
     raw = words[groups + 8 * programs:].view(programs, groups, chain.CLOCKS.value).long()
     # (the timer's low 32 bits: ns, wrapping every 4.3 s; signed from program 0's first signal; 0: not stamped)

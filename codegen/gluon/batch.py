@@ -479,12 +479,14 @@ def _narrow_mma(a_ring, b_ring, ready, empty, i, K):
 
 @gluon.jit
 def _narrow_qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, num_rows, positions_at, slots_at,
-                parts_at, tickets_at, i, NORM_F64: gl.constexpr, PROBE: gl.constexpr):
+                parts_at, tickets_at, i, EVENTS, events, e, NORM_F64: gl.constexpr, TRACING: gl.constexpr,
+                PROBE: gl.constexpr):
     """QKV in whole-K tiles of NARROW_BN (this program's: pid, pid + P, ..), each tile's values (1/rms, bias, rounded
     to bf16, as `_prefill_epilogue`) into a bf16 scratch of the step's [rows, heads x HD] at F32[parts_at], then its
     head's ticket at F32[tickets_at + head]; the tile that completes a head (the last of its HD / NARROW_BN) reads the
     head back and runs `qkv._store_head` (q/k norm, rotary, q or the paged cache) for it, as the one-row GEMV's
-    units do (`gemv.qkv_units`). Returns the next slot."""
+    units do (`gemv.qkv_units`). Returns the next slot. TRACING: the time each tile's products were done, the last
+    tile's kept (`chain._clock`'s word 3)."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                           instr_shape=[16, NARROW_BN, 16])
     half: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
@@ -499,6 +501,7 @@ def _narrow_qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, emp
     sums = qkv._row_sums(0, num_rows, F32, stats_off, acc_layout, NORM_F64, BM)
     for t in range(gl.program_id(0), gl.cdiv(N, NARROW_BN), gl.num_programs(0)):
         acc, i = _narrow_product(a_ring, b_ring, ready, empty, i, K, PROBE)
+        _clock(EVENTS, events, e, 3, TRACING)
         y = qkv._scaled(acc, t, sums, K, eps, stats_off, bias_off, W, heads, HD).to(gl.bfloat16)
         cols = t * NARROW_BN + gl.arange(0, NARROW_BN, layout=gl.SliceLayout(0, acc_layout))
         gl.store(scratch + rows[:, None] * N + cols[None, :], y, mask=(rows < num_rows)[:, None])
@@ -663,7 +666,8 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
                 _clock(EVENTS, steps * groups, e, 2, TRACING)
                 if (kind == _QKV) & (unused != 0):
                     i = _narrow_qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, num_rows,
-                                    positions_at, slots_at, parts_at, tickets_at, i, NORM_F64, PROBE)
+                                    positions_at, slots_at, parts_at, tickets_at, i, EVENTS, steps * groups, e,
+                                    NORM_F64, TRACING, PROBE)
                 elif kind == _QKV:
                     i = _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, heads, num_rows,
                              positions_at, slots_at, parts_at, tickets_at, i, NORM_F64, PROBE)

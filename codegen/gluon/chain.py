@@ -340,7 +340,7 @@ CLOCKS = gl.constexpr(4)  # (`_clock`'s words a program an event)
 def _clock(EVENTS, events, e, word: gl.constexpr, TRACING: gl.constexpr):
     """(TRACING) the global timer's low 32 bits (ns) as word `word` of event e's CLOCKS for this program, after the
     stamps: 0 the loader past the event before, 1 the consumers' signal; the batched chain's narrow groups also 2,
-    the consumers past the event before, and 3, their products done (`batch._narrow_linear`)."""
+    the consumers past the event before, and 3, their products done (`batch._narrow_linear`, `_narrow_qkv`)."""
     if TRACING:
         now = gl.inline_asm_elementwise("mov.u32 $0, %globaltimer_lo;", "=r,r", [e], dtype=gl.int32, is_pure=False,
                                         pack=1)
