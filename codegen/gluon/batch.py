@@ -393,6 +393,16 @@ def _linear_row(desc, PROBE: gl.constexpr):
 
 
 @gluon.jit
+def _inv_rms(F32, stats_off, num_rows, K, eps, layout: gl.constexpr, NORM_F64: gl.constexpr):
+    """The step's rows' 1/rms from their norm's sums of squares at F32[stats_off], in `layout`'s rows (1 where no
+    norm applies: stats_off < 0), as `linear._epilogue` scales them."""
+    rows = gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
+    sums = gl.load(_norm_sums(F32, gl.maximum(stats_off, 0), NORM_F64) + rows,
+                   mask=(rows < num_rows) & (stats_off >= 0), other=1.0).to(gl.float32)
+    return gl.where(stats_off >= 0, gl.rsqrt(sums / K.to(gl.float32) + eps), 1.0)
+
+
+@gluon.jit
 def _fragment_product(a_ring, b_ring, ready, empty, i, kc0, kc1, K, PROBE: gl.constexpr):
     """A stream-K fragment's fp32 [BM, BN] products over its chunks kc0 .. kc1 from ring slot i on, and the slot
     after them. PROBE & 4 (timing only): none, each slot released once it is full (`_drained`)."""
@@ -417,10 +427,7 @@ def _narrow_linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, c_smem, res_
                                                           instr_shape=[16, NARROW_BN, 16])
     K, N, stats_off, eps, res_off, bias_off, out_stats_off = _linear_row(desc, PROBE)
     o_desc, r_desc = linear.outputs(desc, ACT, num_rows, BM, OUT, layout, GATED)
-    rows = gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
-    sums = gl.load(_norm_sums(F32, gl.maximum(stats_off, 0), NORM_F64) + rows,
-                   mask=(rows < num_rows) & (stats_off >= 0), other=1.0).to(gl.float32)
-    inv = gl.where(stats_off >= 0, gl.rsqrt(sums / K.to(gl.float32) + eps), 1.0)
+    inv = _inv_rms(F32, stats_off, num_rows, K, eps, acc_layout, NORM_F64)
     for t in range(gl.program_id(0), gl.cdiv(N, NARROW_BN), gl.num_programs(0)):
         linear._residual(r_desc, c_smem, res_bar, 0, t, res_off, OUT)
         acc, i = _narrow_product(a_ring, b_ring, ready, empty, i, K, PROBE)
@@ -565,9 +572,7 @@ def _logits(desc, W, F32, a_ring, b_ring, ready, empty, num_rows, parts_at, i, N
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                           instr_shape=[16, BN, 16])
     rows = gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
-    inv = gl.load(_norm_sums(F32, gl.maximum(stats_off, 0), NORM_F64) + rows, mask=(rows < num_rows) & (stats_off >= 0),
-                  other=1.0).to(gl.float32)
-    inv = gl.where(stats_off >= 0, gl.rsqrt(inv / K.to(gl.float32) + eps), 1.0)
+    inv = _inv_rms(F32, stats_off, num_rows, K, eps, acc_layout, NORM_F64)
     tiles = gl.cdiv(N, BN)
     for t in range(gl.program_id(0), tiles, gl.num_programs(0)):
         acc, i = tile_product(a_ring, b_ring, ready, empty, i, K, SK_STAGES)
