@@ -16,9 +16,10 @@ Each row times a kernel compiled for it (`megakernel_tpot.decode_config`, `ttft_
 batch, and a decode row's prefill budget min(2,048, batch x context) tokens a step, a TTFT row's the prompt. A
 kernel compiled for 512 tokens a step or more takes 128-row prefill tiles, which cost batch-1 decode 2-6% up to
 session 36 and ~0.3% since (`megakernel_tpot.prefill_budget`): every decode row's kernel and TTFT 512's and 2048's
-have them, TTFT 128's does not. On a Hopper GPU a batch-1 row's and a TTFT row's figures are the runtime's on the
-Gluon kernels (`Megakernel._gluon`, session 66: the prompt through the Gluon bodies, the decode steps in the one-row
-loop), the compiled kernel's alone beside them.
+have them, TTFT 128's does not. On a Hopper GPU every row's figures are the runtime's on the Gluon kernels
+(`Megakernel._gluon`; batch 1 and TTFT since session 66: the prompt through the Gluon bodies, the decode steps in the
+one-row loop; a batch since session 73: the prompts on the compiled kernel, the decode steps in the batched loop),
+the compiled kernel's alone beside them.
 """
 from __future__ import annotations
 
@@ -142,10 +143,10 @@ def main() -> None:
         kernel = load_kernel(args.preset, decode_configs[batch, context], artifact_path("decode"))
         ours = tpot_ms(kernel, batch, context, 16)
         alone = ""
-        if batch == 1 and kernel.gluon is not None:  # `ours` ran on the Gluon kernels: the compiled kernel alone too
-            gluon, kernel.gluon = kernel.gluon, None
+        if (kernel.gluon if batch == 1 else kernel.gluon_batch) is not None:  # (`ours` ran on the Gluon kernels)
+            runners, (kernel.gluon, kernel.gluon_batch) = (kernel.gluon, kernel.gluon_batch), (None, None)
             alone = f"; the compiled kernel alone {tpot_ms(kernel, batch, context, 16):.2f}"
-            kernel.gluon = gluon
+            kernel.gluon, kernel.gluon_batch = runners
         task_kernels = task_kernels_graph_ms(kernel, batch, context)
         del kernel  # the baselines below need its memory (a 30B model's weights twice do not fit)
         baselines.release_memory(device)

@@ -98,23 +98,24 @@ HOPPER_SMS = 132  # an H100 SXM's or an H200's: the GPU the Gluon kernels are co
 
 def _compile_beside(source_path: Path, lw: Lowering, config: CompileConfig, model_dtype: str,
                     arch: int) -> list[Future]:
-    """Where the runtime will run one request on the Gluon kernels (a Hopper target, bf16: `Megakernel._gluon`), what
+    """Where the runtime will run requests on the Gluon kernels (a Hopper target, bf16: `Megakernel._gluon`), what
     it launches besides the kernel, compiled into the cache in processes of their own beside the kernel's compile, so
     that a build's time stays about the kernel's and the runtime compiles nothing: the host-driven executor's kernels
     (a prefill step's plan, embedding, logits row and sampling: `runtime.host_driven.precompile_source`) and the Gluon
-    ones (`runtime.gluon.precompile_one_request`, for HOPPER_SMS SMs). Not from a process whose Triton is the
+    ones (`runtime.gluon.precompile_runner`, for HOPPER_SMS SMs). Not from a process whose Triton is the
     interpreter's (the CPU tests': a spawned process inherits it, and cannot compile then); the runtime's `precompile`
     compiles the host-driven kernels at the first load that needs them, Triton's JIT the Gluon ones."""
     if config.interpret or arch != 90 or model_dtype != "bf16" or os.environ.get("TRITON_INTERPRET") == "1":
         return []
-    from runtime.gluon import precompile_one_request
+    from runtime.gluon import precompile_runner
     from runtime.host_driven import _inlined, host_folder, precompile_source
 
     inlined = _inlined(source_path)
     room = tuple(lw.layout.regions[name].size if name in lw.layout.regions else 0
                  for name in ("prefill_parts", "tickets:prefill"))
-    jobs = [(precompile_one_request, lw.tasks.task_table(), lw.tasks.desc_table().tolist(), config.to_dict(),
-             HOPPER_SMS, room)]
+    tables = (lw.tasks.task_table(), lw.tasks.desc_table().tolist(), config.to_dict(), HOPPER_SMS, room)
+    runners = ["one", "batch"] if config.max_batch > 1 else ["one"]  # (a process each: ~15 and ~22 s of CPU)
+    jobs = [(precompile_runner, which, *tables) for which in runners]
     if not host_folder(inlined, arch)[1]:
         jobs.append((precompile_source, inlined, signature(model_dtype), arch))
     pool = ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("spawn"))

@@ -60,8 +60,9 @@ def parse_step_log(words: torch.Tensor) -> list[tuple[int, int, int]]:
 class Megakernel:
     def __init__(self, artifact: Artifact, device: str | torch.device, checkpoint_dir: Path | None = None,
                  timeout_s: float = 600.0, gluon: bool | None = None) -> None:
-        """gluon: one request runs on the Gluon kernels (`_gluon`): None where they can run it (a Hopper GPU, a bf16
-        model whose one-row step they take whole), True: or a ValueError that says why not, False: never."""
+        """gluon: requests run on the Gluon kernels (`_gluon`): None where they can run them (a Hopper GPU, a bf16
+        model whose one-row step they take whole; a batch, where the batched loop takes its decode steps), True: or a
+        ValueError that says why one request cannot, False: never."""
         self.artifact, self.manifest = artifact, artifact.manifest
         self.device, self.timeout_s = torch.device(device), timeout_s
         self.config = SimpleNamespace(**self.manifest["config"])
@@ -115,7 +116,7 @@ class Megakernel:
         self._words = torch.zeros(num_words, dtype=torch.int32, device=self.device)
         self.i32, self.events = self._words[:sizes["I32"]], self._words[sizes["I32"]:]
         self._i32_host = torch.zeros(num_words, dtype=torch.int32, pin_memory=pinned)
-        self.gluon, self.no_gluon = self._gluon(gluon)
+        self.gluon, self.gluon_batch, self.no_gluon = self._gluon(gluon)
 
     @property
     def programs(self) -> int:
@@ -131,24 +132,26 @@ class Megakernel:
         return cls(artifact, device, checkpoint_dir, timeout_s, gluon)
 
     def _gluon(self, wanted: bool | None):
-        """The Gluon kernels that run one request (`runtime.gluon.OneRequest`: its prompt's chunks through the
-        Gluon bodies, the layers of a step as one persistent launch, then its decode steps in the one-row loop,
-        `codegen.gluon.chain.decode_chain` over steps, each planned, run and sampled on the GPU), and why there are
-        none (None if there are). H200, Llama-3-8B (session 66): a token every 3.97 ms at context 512 against 4.52 in
-        this kernel alone, the first of a 512-token prompt in 13.1 ms against 17.1."""
+        """The Gluon kernels' runners (`runtime.gluon.runners`): one request's (`OneRequest`: its prompt's chunks
+        through the Gluon bodies, the layers of a step as one persistent launch, then its decode steps in the one-row
+        loop, `codegen.gluon.chain.decode_chain` over steps, each planned, run and sampled on the GPU), a batch's
+        (`Batch`: this kernel's steps until every request only decodes, then the batched loop), and why there is no
+        one-request runner (None if there is). H200, Llama-3-8B (session 66): a token every 3.97 ms at context 512
+        against 4.52 in this kernel alone, the first of a 512-token prompt in 13.1 ms against 17.1."""
         if wanted is False:
-            return None, "not asked for"
+            return None, None, "not asked for"
+        one = batch = None
         if self.interpret:
             why = "the interpreter runs the Triton kernel alone"
         else:
-            from runtime.gluon import OneRequest
+            from runtime.gluon import runners
             try:
-                return OneRequest(self), None
+                one, batch, why = runners(self)
             except ValueError as e:
                 why = str(e)
-        if wanted:
+        if wanted and one is None:
             raise ValueError(f"no Gluon kernels: {why}")
-        return None, why
+        return one, batch, why
 
     # -- setup --------------------------------------------------------------------------------------------
     def region(self, name: str) -> tuple[int, int]:
@@ -212,16 +215,18 @@ class Megakernel:
                  max_steps: int | None = None) -> list[Completion]:
         """max_steps: stop after that many steps (requests not finished by then end "incomplete"), so that a
         check can read any step's logits (`last_logits`)."""
+        params = params if isinstance(params, list) else [params] * len(prompts)
         bound = self.prepare(prompts, params)
         steps = bound if max_steps is None else min(max_steps, bound)
-        if self.gluon is None or len(prompts) != 1:
+        runner = self.gluon if len(prompts) == 1 else self.gluon_batch
+        if runner is None or len(prompts) > runner.max_requests:
             state = self._launch(steps)
             self._raise_on_hang(state)
-        else:  # (one request: its steps on the Gluon kernels)
-            p = params[0] if isinstance(params, list) else params
-            chunks, looped = self.gluon.steps(len(prompts[0]), p.max_tokens, steps)
-            state = self._launch(steps, (chunks, looped, p.temperature != 0))
-            self.gluon.check_ended(state, chunks, looped)
+        else:  # (on the Gluon kernels)
+            run = runner.steps(prompts, params, steps) + (any(p.temperature != 0 for p in params), )
+            state = self._launch(steps, (runner, run))
+            self._raise_on_hang(state)
+            runner.check_ended(state, *run[:2])
         return self.completions(len(prompts), state)
 
     def read_state(self) -> torch.Tensor:
@@ -302,10 +307,10 @@ class Megakernel:
         return (self.schedule, self.descs, self.weights, self.act, self.f32, self.i32, self.kv, self.events,
                 self.profile, self.kv_plane, self.tasks.shape[0], max_steps)
 
-    def _launch(self, max_steps: int, gluon: tuple[list[int], int, bool] | None = None) -> torch.Tensor:
-        """Runs the kernel to its end, or with `gluon` (one request: its prefill steps' tokens, the loop's steps and
-        whether it samples with a temperature, `OneRequest.steps`) the Gluon kernels' launches instead; returns the
-        I32 arena as it left it, on the host (`read_state`'s)."""
+    def _launch(self, max_steps: int, gluon: tuple | None = None) -> torch.Tensor:
+        """Runs the kernel to its end, or with `gluon` (a runner of `runtime.gluon` and its run: what its `steps`
+        returned and whether a request samples with a temperature) the runner's launches instead; returns the I32
+        arena as it left it, on the host (`read_state`'s)."""
         start = time.perf_counter()
         if self.interpret:
             with warnings.catch_warnings():  # masked-off lanes compute on -inf and padding; results are masked
@@ -318,9 +323,10 @@ class Megakernel:
             began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             began.record(stream)
         if gluon is None:
-            self.kernel(*self._args(max_steps), stream=stream.cuda_stream)
+            self.queue_kernel(max_steps, stream)
         else:
-            marks = self.gluon.launch(*gluon)
+            runner, run = gluon
+            marks = runner.launch(*run)
         if self.time_launches:
             ended.record(stream)
         # the state's copy back is queued behind the kernel, so that it has arrived when the host sees the end:
@@ -330,7 +336,7 @@ class Megakernel:
         done.record(stream)
         if not wait_for(done, self.timeout_s - (time.perf_counter() - start)):
             if gluon is not None:
-                report = self.gluon.hang(marks, gluon[1], self.timeout_s)
+                report = runner.hang(marks, *run[:2], self.timeout_s)
                 raise HangError(report + ("; stopped" if wait_for(done, STOP_GRACE_S) else
                                           f"; still running {STOP_GRACE_S:.0f} s after it was asked to stop"))
             self._ask_to_stop()
@@ -340,6 +346,22 @@ class Megakernel:
         if self.time_launches:
             self.last_launch_ms = began.elapsed_time(ended)
         return self._i32_back
+
+    def queue_kernel(self, max_steps: int, stream: torch.cuda.Stream | None = None) -> None:
+        """Queues this kernel's launch of up to `max_steps` steps on `stream` (default: the current one), the requests
+        as `prepare` wrote them (a GPU only)."""
+        stream = stream or torch.cuda.current_stream(self.device)
+        self.kernel(*self._args(max_steps), stream=stream.cuda_stream)
+
+    def stop_kernel(self, queued: torch.cuda.Event) -> str:
+        """Asks this kernel's launch (`queue_kernel`, `queued` recorded behind it) to stop past the timeout, and says
+        where it waited (`hang_report`), once it has ended, or that it has not."""
+        self._ask_to_stop()
+        if not wait_for(queued, STOP_GRACE_S):
+            return f"hang: the kernel ran past {self.timeout_s:.0f} s and did not stop when asked"
+        with torch.cuda.stream(self._side):  # (the launches queued behind it may be running still)
+            words = self.i32.to("cpu", non_blocking=False)
+        return self.hang_report(words) or f"hang: the kernel ran past {self.timeout_s:.0f} s"
 
     def _ask_to_stop(self) -> None:
         """Raises the abort flag (ABORT_ASKED) from a stream of its own while the kernel runs: every wait looks at
@@ -352,15 +374,22 @@ class Megakernel:
 
     def _raise_on_hang(self, state: torch.Tensor | None = None) -> None:
         """`state`: the I32 arena as the launch left it, if already read back."""
+        report = self.hang_report(self.i32 if state is None else state)
+        if report:
+            raise HangError(report)
+
+    def hang_report(self, words: torch.Tensor) -> str | None:
+        """Where a launch of this kernel that ran past its timeout waited, from the I32 arena as it left it; None
+        where no hang is recorded."""
         control = self.region("control")[0]
-        words = (self.i32 if state is None else state).cpu().numpy()
+        words = words.cpu().numpy()
         flag, step, task, event, seen, target = words[control + 6:control + 12].tolist()
         kind = int(words[control + CONTROL_FIELDS.index("error_kind")])
         if not flag:
-            return
+            return None
         late = f"the launch ran past {self.timeout_s:.0f} s and was stopped"
         if not kind:  # the host's flag, and no wait saw it: the kernel ended between tasks
-            raise HangError(f"hang: {late} in step {int(words[control + 3])}, no task waiting")
+            return f"hang: {late} in step {int(words[control + 3])}, no task waiting"
         if task == HANG_SPLIT_TICKET:
             where = f"a split of block {event} waited for the block's other splits: {seen} of {target} arrived"
         else:
@@ -368,7 +397,7 @@ class Megakernel:
             who = f"task {task}" if task >= 0 else "the step planner"
             where = f"{who} waited on event {event} ({name}): reached {seen} of {target}"
         stopped = f"{late}; " if kind == ABORT_ASKED_RECORDED else ""
-        raise HangError(f"hang: {stopped}in step {step}, {where}")
+        return f"hang: {stopped}in step {step}, {where}"
 
     def task_profile(self) -> torch.Tensor:
         """[num_tasks, 5]: global-timer ns (start, waits done, signalled) of each task in the profiled step

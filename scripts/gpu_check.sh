@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|batch-chain|batch-probe|session67|stream|user-path|chain-probe|b64-variants|b64-stalls|trees|gluon-tests|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|batch-chain|batch-probe|session67|stream|user-path|chain-probe|b64-variants|b64-stalls|trees|gluon-tests|batch|all]
 set -uo pipefail
 # BLINK_CACHE_DIR: kernels compiled on the CPU machine and carried here (benchmarks/megakernel_tpot.py, --compile-only)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=${BLINK_CACHE_DIR:-/tmp/blink-cache}
@@ -180,4 +180,11 @@ if [[ $mode == chain-probe ]]; then  # ... read back where its programs stop (`b
 fi
 if [[ $mode == gluon-tests ]]; then  # ... and through the host-driven executor against the reference (a call of its own)
   step "${TEST_LIMIT:-560}" python -m pytest -q -s -m gpu tests/gpu -k "${CASES:-gluon}" -p no:cacheprovider
+fi
+if [[ $mode == batch ]]; then  # a batch through the runtime on the Gluon kernels (`runtime.gluon.Batch`, session 73): its
+  # tests (the runner's own, the reference checks at 2, 8 and 64 requests, one request's), then the decode rows
+  step "${TEST_LIMIT:-330}" python -m pytest -q -s -m gpu tests/gpu -p no:cacheprovider -k "${CASES:-batch_on_the_gluon \
+or one_request_on_the_gluon_kernels or matches_reference_on_gpu and (llama3-8b-2] or llama3-8b-8] or llama3-8b-64])}" &&
+    step "${BENCH_LIMIT:-260}" python -m benchmarks.decode --decode "${DECODE:-8x512,64x512}" --ttft "${TTFT-}" \
+      --json "$OUT/decode.json"
 fi

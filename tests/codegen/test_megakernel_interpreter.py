@@ -486,6 +486,29 @@ def test_baseline_c_is_timed_on_a_step_that_decodes_every_sequence(compiled):
     assert next_step == 3  # steps 0 and 1 carry the 25 prompt tokens (at most 16 a step), step 2 decodes all
 
 
+@pytest.mark.parametrize("max_tokens", [(6, 6, 6), (1, 4, 9), (2, 1, 1)])
+def test_the_batched_loop_takes_over_where_the_planner_starts_to_only_decode(max_tokens, compiled):
+    """`runtime.gluon.steps_before_decoding` (the host's count of the steps a batch runs on the compiled kernel before
+    the batched loop takes its decode steps, and the steps after it) is the kernel planner's: its first step of one
+    token a sequence, or its end, and the steps from there to its end, for requests that end at different lengths
+    (the kernel planned a step at a time, group kernels between)."""
+    from runtime.gluon import steps_before_decoding
+    from runtime.host_driven import HostDriven
+
+    kernel, _ = compiled("tiny-llama")
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in max_tokens]
+    bound, driver, sizes = kernel.prepare(PROMPTS, params), HostDriven(kernel), []
+    for step in range(bound):
+        driver.step(step)
+        if driver.is_done():
+            break
+        sizes.append(kernel.last_step_size())
+    first = next((s for s, (tokens, seqs) in enumerate(sizes) if tokens == seqs), len(sizes))
+    assert all(tokens == seqs for tokens, seqs in sizes[first:])
+    assert steps_before_decoding([len(p) for p in PROMPTS], list(max_tokens), kernel.config.max_tokens_per_step) \
+        == (first, len(sizes) - first)
+
+
 def _decode_and_host_driven_match(kernel, check, max_batch):
     """`check`'s tokens for the first max_batch prompts (9, 3 and 6 tokens), and the host-driven baseline's the
     same as the persistent kernel's: it runs a decode step's idle prefill-only tasks too, which must do nothing."""

@@ -592,7 +592,7 @@ def test_one_request_on_the_gluon_kernels_on_gpu(tmp_path):
     g = torch.Generator().manual_seed(66)
     greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     prompt = torch.randint(0, model.config.vocab_size, (300,), generator=g).tolist()
-    assert gluon.steps(len(prompt), 8, 64) == ([256, 44], 62)
+    assert gluon.steps([prompt], [greedy], 64) == ([256, 44], 62)
     out = kernel.generate([prompt], greedy, max_steps=2)[0]  # (the prefill's two steps)
     assert len(out.tokens) == 1
     assert_within_bf16_tolerance(kernel, model, [prompt + out.tokens])
@@ -616,6 +616,64 @@ def test_one_request_on_the_gluon_kernels_on_gpu(tmp_path):
     print(f"Gluon launches (from the cache, by the JIT): {launches}")
     assert {"prefill_chain", "linear_gemv", "decode_chain"} <= launches.keys()
     assert all(ahead and not jit for ahead, jit in launches.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_batch_on_the_gluon_kernels_on_gpu(tmp_path):
+    """`runtime.gluon.Batch`: 8 Llama-3-8B requests through the runtime, a 300-token prompt among prompts of 3 to 39
+    (two steps of the compiled kernel, 320 tokens a step: the long prompt and most of the next in the first, the
+    others with the long one's first decode row in the second), then their decode steps in the batched loop queued
+    behind, each request ending at its own max_tokens. Greedy: the last step's logits
+    within bf16 tolerance of the reference, and the same tokens again; a request whose third token is made an EOS id
+    stops there while the others go on; sampled with temperatures, top-k and top-p (one request greedy), a seed's
+    tokens again; the loop's launches from the cubins compiled beside the kernel, none by the JIT; past the kernel's
+    timeout, in the compiled kernel's steps or in the loop's, a `HangError` that says where, and the next batch runs
+    as before."""
+    if not PRECOMPILE and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels are written for sm_90")
+    from runtime.artifact import Artifact
+    from runtime.gluon_kernels import _KERNELS
+    from runtime.host_driven import precompile
+    model = resolve_model("llama3-8b")
+    path = compile_model(model, case_config(8), tmp_path / "model.cubin", WeightsSource(seed=1)).path
+    precompile(Artifact.load(path))  # (its host-driven kernels: here, or into the cache with BLINK_GPU_PRECOMPILE)
+    kernel = Megakernel.load(path, device="cuda", timeout_s=300)
+    assert kernel.gluon_batch is not None and kernel.gluon_batch.max_requests == 8
+    before = {name: (k.launches_ahead, k.launches_jit) for name, k in _KERNELS.items()}
+    g = torch.Generator().manual_seed(73)
+    lengths = [300] + torch.randint(3, 40, (7,), generator=g).tolist()
+    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in lengths]
+    greedy = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (8, 8, 3, 8, 5, 8, 8, 1)]
+    compiled, looped = kernel.gluon_batch.steps(prompts, greedy, 64)
+    assert (compiled, looped) == (2, 8)  # (7 steps of a token a request, then the plan that finds them ended)
+    out = kernel.generate(prompts, greedy)
+    assert [len(c.tokens) for c in out] == [p.max_tokens for p in greedy]
+    assert all(c.finish_reason == "length" for c in out)
+    assert_within_bf16_tolerance(kernel, model, [p + c.tokens for p, c in zip(prompts, out)])
+    assert kernel.generate(prompts, greedy) == out
+    kernel.manifest["model"]["eos_token_ids"] = [out[1].tokens[2]]
+    stopped = kernel.generate(prompts, [dataclasses.replace(p, ignore_eos=r != 1) for r, p in enumerate(greedy)])
+    assert stopped[1].finish_reason == "stop" and stopped[1].tokens == out[1].tokens[:out[1].tokens.index(
+        out[1].tokens[2]) + 1]
+    assert [c.tokens for r, c in enumerate(stopped) if r != 1] == [c.tokens for r, c in enumerate(out) if r != 1]
+    sampled = [SamplingParams(max_tokens=6, temperature=t, top_k=k, top_p=p, seed=7 + r, ignore_eos=True)
+               for r, (t, k, p) in enumerate(((0.8, 50, 0.9), (0.0, 0, 1.0), (1.2, 0, 1.0), (0.5, 0, 0.8)) * 2)]
+    drawn = kernel.generate(prompts, sampled)
+    assert all(len(c.tokens) == 6 for c in drawn) and kernel.generate(prompts, sampled) == drawn
+    launches = {name: (k.launches_ahead - before.get(name, (0, 0))[0], k.launches_jit - before.get(name, (0, 0))[1])
+                for name, k in _KERNELS.items() if k.fn.fn.__name__ == "batch_chain"}
+    print(f"\nthe batched loop's launches (from the cache, by the JIT): {launches}")
+    assert sum(ahead for ahead, _ in launches.values()) == 5 and not any(jit for _, jit in launches.values())
+    longest = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)  # (~50 ms: 2 steps, then 7 of the loop)
+    for timeout_s in (0.002, 0.025):  # (in the compiled kernel's steps; at 25 ms, in the loop's)
+        kernel.timeout_s = timeout_s
+        with pytest.raises(HangError, match="^hang: .*stopped") as hang:
+            kernel.generate(prompts, longest)
+        print(hang.value)
+        kernel.timeout_s = 300
+        assert kernel.generate(prompts, greedy) == out
 
 
 @pytest.mark.gpu

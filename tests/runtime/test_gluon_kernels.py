@@ -21,12 +21,12 @@ from blinkc.build import HOPPER_SMS, build_graph
 from codegen.config import CompileConfig
 from codegen.lower import lower
 from models.registry import resolve_model
-from runtime.gluon import precompile_one_request
+from runtime.gluon import precompile_runner
 config = CompileConfig(max_batch=1, max_tokens_per_step=256, max_model_len=512, max_new_tokens=8)
 lw = lower(build_graph(resolve_model("llama3-8b"), config), config)
 room = tuple(lw.layout.regions[n].size if n in lw.layout.regions else 0 for n in ("prefill_parts", "tickets:prefill"))
-print([p.name for p in precompile_one_request(lw.tasks.task_table(), lw.tasks.desc_table().tolist(),
-                                              config.to_dict(), HOPPER_SMS, room)])
+print([p.name for p in precompile_runner("one", lw.tasks.task_table(), lw.tasks.desc_table().tolist(),
+                                         config.to_dict(), HOPPER_SMS, room)])
 """
 
 
@@ -81,6 +81,30 @@ def test_one_requests_gluon_kernels_compile_ahead_into_the_cache(tmp_path):
     assert sorted(kernels) == ["attention_prefill", "decode_chain", "decode_chain", "linear_gemv", "linear_prefill",
                                "linear_prefill", "prefill_chain", "qkv_prefill"]
     assert all((tmp_path / "cubins" / name / "kernel.cubin").stat().st_size > 0 for name in names)
+
+
+def test_a_batchs_gluon_kernels_are_compiled_beside_a_kernel_for_more_than_one(monkeypatch):
+    """`precompile_runner("batch")`: the batched loop greedy and sampling (`Batch`'s launches), for a kernel of more
+    than one request a launch; none for a kernel of one (`blinkc.build` runs it only for more)."""
+    from blinkc.build import HOPPER_SMS, build_graph
+    from codegen.config import CompileConfig
+    from codegen.gluon import batch
+    from codegen.lower import lower
+    from models.registry import resolve_model
+    from runtime import gluon_kernels
+    from runtime.gluon import precompile_runner
+
+    compiled = []
+    monkeypatch.setattr(gluon_kernels, "precompile", lambda *launch: compiled.append(launch) or Path("gluon-x"))
+    for max_batch in (8, 1):
+        config = CompileConfig(max_batch=max_batch, max_tokens_per_step=256, max_model_len=512, max_new_tokens=8)
+        lw = lower(build_graph(resolve_model("llama3-8b"), config), config)
+        room = tuple(lw.layout.regions[n].size if n in lw.layout.regions else 0
+                     for n in ("prefill_parts", "tickets:prefill"))
+        precompile_runner("batch", lw.tasks.task_table(), lw.tasks.desc_table().tolist(), config.to_dict(),
+                          HOPPER_SMS, room)
+    assert [(fn, constexprs["SAMPLING"], constexprs["REQS"]) for fn, _, constexprs, _ in compiled] == [
+        (batch.batch_chain, False, 32), (batch.batch_chain, True, 32)]
 
 
 class _Recorder:
