@@ -203,16 +203,19 @@ def _narrow_views(a_ring, b_ring):
 
 
 @gluon.jit
-def _narrow_loads(desc, is_qkv, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j, EVENTS, e, events,
+def _narrow_loads(desc, is_qkv, W, ACT, box_rows, a_ring, b_ring, ready, empty, kv_empty, i, j, EVENTS, e, events,
                   TRACING: gl.constexpr, PROBE: gl.constexpr):
     """A narrow group's tiles (this program's: pid, pid + P, ..) from ring slot i on, NARROW_K columns a slot: its
-    first slots' weights, then (the group before done) their rows' boxes and the rest; returns the slot after them."""
+    first slots' weights, then (the group before done) their rows' boxes and the rest; returns the slot after them.
+    box_rows: the rows its descriptor spans, the step's and the rows after them up to a box where the region holds
+    them (a box past the rows' end cost the group twice its time: at 8 rows, H200, session 73, gate/up took 140 us
+    against 66 at 64 rows; the rows past the step's are the consumers' to leave out)."""
     xs, ws = _narrow_views(a_ring, b_ring)
     x_off, K, w_off, N = _gemv_operands(desc, is_qkv)
     if e % 2 == 0:
-        x_desc, w_desc = _narrow_operands(ACT + x_off, K, num_rows, W + w_off, N, PROBE)
+        x_desc, w_desc = _narrow_operands(ACT + x_off, K, box_rows, W + w_off, N, PROBE)
     else:
-        x_desc, w_desc = _narrow_operands(ACT + x_off, K, num_rows, W + w_off, N, PROBE)
+        x_desc, w_desc = _narrow_operands(ACT + x_off, K, box_rows, W + w_off, N, PROBE)
     pid, P = gl.program_id(0), gl.num_programs(0)
     KC = gl.cdiv(K, NARROW_K)  # (a tile's slots; its chunk u: tile pid + (u // KC) P's columns (u % KC) NARROW_K)
     chunks = gl.maximum(gl.cdiv(gl.cdiv(N, NARROW_BN) - pid, P), 0) * KC
@@ -315,7 +318,7 @@ def _runs(I32, REGIONS, EVENTS):
 def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, steps, REGIONS, control_at,
             seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, kv, ready, empty, kv_ready,
             kv_empty, go, go_bar, PAGE: gl.constexpr, PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr,
-            SPLIT_SLOTS: gl.constexpr, TRACING: gl.constexpr, PROBE: gl.constexpr):
+            SPLIT_SLOTS: gl.constexpr, MAX_TOKENS: gl.constexpr, TRACING: gl.constexpr, PROBE: gl.constexpr):
     """Each group's chunks into its ring, step after step: a projection's first slots' weights before the group
     before is done, the rest after it; attention's keys and values before it, but for the slots that hold the step's
     own keys. A step's plan: past its event, whether the loop goes on (as the consumers decided: `chain._handed`),
@@ -341,8 +344,8 @@ def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, s
                                      seq_starts_at, context_lens_at, seq_req_at, req_pages_at, j, EVENTS, e, PAGE,
                                      PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, PROBE)
             elif (kind <= _QKV) & (unused != 0):  # (a narrow group: whole-K tiles)
-                i = _narrow_loads(desc, kind == _QKV, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j,
-                                  EVENTS, e, events, TRACING, PROBE)
+                i = _narrow_loads(desc, kind == _QKV, W, ACT, gl.maximum(num_rows, gl.minimum(BM, MAX_TOKENS)),
+                                  a_ring, b_ring, ready, empty, kv_empty, i, j, EVENTS, e, events, TRACING, PROBE)
             elif (kind <= _QKV) | (kind == _LOGITS):  # (a projection)
                 i = _projection_loads(desc, kind, W, ACT, num_rows, a_ring, b_ring, ready, empty, kv_empty, i, j,
                                       EVENTS, e, events, TRACING, PROBE)
@@ -766,7 +769,8 @@ def batch_chain(DESCS, W, ACT, F32, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, 
                      SPLIT_SLOTS, MAX_TOKENS, REQS, STEP_LOG, VB, WB, MAX_NEW, SAMPLING, TRACING, PROBE)),
         (_loader, (DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, steps, REGIONS, control_at,
                    seq_starts_at, context_lens_at, seq_req_at, req_pages_at, a_ring, b_ring, kv, ready, empty,
-                   kv_ready, kv_empty, go, go_bar, PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, TRACING, PROBE)),
+                   kv_ready, kv_empty, go, go_bar, PAGE, PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, MAX_TOKENS, TRACING,
+                   PROBE)),
     ], [1], [LOADER_REGS])
 
 

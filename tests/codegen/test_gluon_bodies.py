@@ -468,3 +468,34 @@ def test_no_gluon_loop_resets_a_tensor_to_a_number():
     assert constant_resets(nested) == ["line 6: k"]
     for path in sorted(Path(codegen.gluon.__file__).parent.glob("*.py")):
         assert constant_resets(path.read_text()) == [], path.name
+
+
+@pytest.mark.parametrize("preset, tokens", [("llama3-8b", 40), ("llama3-8b", 320), ("qwen3-32b", 320)])
+def test_a_narrow_groups_rows_box_lies_in_its_region(preset, tokens):
+    """`batch._narrow_loads` reads a decode step's rows through a descriptor of min(BM, max_tokens_per_step) rows
+    at least, past the step's own (a box past the rows' end cost a narrow group twice its time, session 73): every
+    projection's input region (the step's token rows, whatever the batch) holds that many."""
+    from blinkc.build import build_graph
+    from codegen.bodies.linear import LINEAR_FIELDS
+    from codegen.bodies.qkv import QKV_FIELDS
+    from codegen.config import CompileConfig
+    from codegen.gluon.batch import BM
+    from codegen.lower import lower
+    from codegen.tasks import Kind
+    from models.registry import resolve_model
+
+    config = CompileConfig(max_batch=8, max_tokens_per_step=tokens, max_model_len=512, max_new_tokens=8)
+    lw = lower(build_graph(resolve_model(preset), config), config)
+    act = [r for r in lw.layout.regions.values() if str(r.arena).endswith("ACT")]
+    tasks, descs = lw.tasks.task_table(), lw.tasks.desc_table().tolist()
+    firsts = {int(tasks[t, 1]): Kind(int(tasks[t, 0])) for t in range(tasks.shape[0])
+              if Kind(int(tasks[t, 0])) in (Kind.LINEAR, Kind.QKV)}
+    checked = 0
+    for desc, kind in firsts.items():
+        f = dict(zip(LINEAR_FIELDS if kind == Kind.LINEAR else QKV_FIELDS, descs[desc]))
+        if kind == Kind.LINEAR and f["rows_kind"] == 1:  # (the LM head's rows are the sequences': stream-K, not narrow)
+            continue
+        region = next(r for r in act if r.offset <= f["x_off"] < r.offset + r.size)
+        assert f["x_off"] + min(BM.value, config.max_tokens_per_step) * f["k"] <= region.offset + region.size
+        checked += 1
+    assert checked >= 4 * resolve_model(preset).config.num_hidden_layers
