@@ -4,11 +4,11 @@ attention; for a batch, `Batch`: the batched loop), from cubins compiled ahead o
 has one for a launch's constexprs and options, else by Triton's JIT at the launch.
 
 `blinkc compile` compiles them beside the kernel for a Hopper bf16 target (`precompile`, for the launches
-`GluonCoverage.one_request_launches` and `batch_launches` list, on 132 SMs: an H100 or H200), so that the runtime loads them as it loads
-the kernel, compiling nothing. By the JIT, a first run on a machine compiled them at its first launches: the first
-generation of a 10-token prompt took 10.9 s on the H200 machine, from the cache 1.57 s (session 66; the rest is
-Triton's launcher stubs). A launch whose arguments are not what the cubin was compiled for (a pointer of another
-type, or off the 16 bytes it takes) goes to the JIT too.
+`GluonCoverage.one_request_launches` and `batch_launches` list, on 132 SMs: an H100 or H200), so that the runtime
+loads them as it loads the kernel, compiling nothing. By the JIT, a first run on a machine compiled them at its
+first launches: the first generation of a 10-token prompt took 10.9 s on the H200 machine, from the cache 1.57 s
+(session 66; the rest is Triton's launcher stubs). A launch whose arguments are not what the cubin was compiled for
+(a pointer of another type, or off the 16 bytes it takes) goes to the JIT too.
 """
 from __future__ import annotations
 
