@@ -654,8 +654,9 @@ class Batch:
     of the prompts beside the decode rows of the requests whose prompts are in, on the GPU: as many steps as
     `steps_before_decoding` counts on the host), then the steps after them in the batched loop
     (`batch.batch_chain` over steps: each planned, its layers, logits and sampling in one persistent launch), queued
-    behind the kernel: the host waits once, at the end. H200, Llama-3-8B at 64 requests and context 512 (session
-    72, `chain_probe --mode loop`): a full step in 6.00 ms on the loop against 6.90 on the compiled kernel."""
+    behind the kernel: the host waits once, at the end. H200, Llama-3-8B at context 512 (session 73, the decode
+    benchmark): a step of 64 requests in 6.18-6.35 ms against the compiled kernel's 6.76-6.78, of 8 in 5.12-5.21
+    against 5.24-5.27."""
 
     def __init__(self, kernel: Megakernel, loop: GluonGroups) -> None:
         """loop: as `OneRequest`'s; a ValueError where the batched loop cannot run this kernel."""
@@ -748,16 +749,16 @@ def runners(kernel: Megakernel) -> tuple[OneRequest | None, Batch | None, str | 
     takes one request a launch), and why there is no one-request runner (None if there is); a ValueError where the
     Gluon bodies cannot run at all (not Hopper, not bf16)."""
     loop = GluonGroups(kernel, contiguous_groups(kernel.tasks[:, 3].tolist()), chain=True)
-    batch = why = None
+    batch = one = why = None
     if kernel.config.max_batch > 1:
         try:
             batch = Batch(kernel, loop)
-        except ValueError:
-            batch = None
+        except ValueError:  # (a batch runs on the compiled kernel then: MoE, whose experts have no batched body)
+            pass
     try:
         one = OneRequest(kernel, loop)
     except ValueError as e:
-        one, why = None, str(e)
+        why = str(e)
     return one, batch, why
 
 
