@@ -29,16 +29,21 @@ from runtime.host_driven import _inlined, contiguous_groups, host_folder
 KINDS = ("one", "batch", "traced")
 
 
-def launches(manifest_path: Path, kinds: set[str]) -> list[tuple]:
-    """The Gluon launches of `kinds` for the artifact whose manifest is at manifest_path."""
+def coverage_of(manifest_path: Path) -> GluonCoverage:
+    """The Gluon bodies' coverage of the cached artifact whose manifest is at manifest_path, on HOPPER_SMS SMs."""
     from safetensors.torch import load_file
 
     manifest = json.loads(manifest_path.read_text())
     tables = load_file(manifest_path.with_name("model.cubin.tables.safetensors"))
     regions = manifest["layout"]["regions"]
     room = tuple(regions[name][2] if name in regions else 0 for name in ("prefill_parts", "tickets:prefill"))
-    coverage = GluonCoverage(tables["tasks"], tables["descs"].tolist(), SimpleNamespace(**manifest["config"]),
-                             contiguous_groups(tables["tasks"][:, 3].tolist()), HOPPER_SMS, room)
+    return GluonCoverage(tables["tasks"], tables["descs"].tolist(), SimpleNamespace(**manifest["config"]),
+                         contiguous_groups(tables["tasks"][:, 3].tolist()), HOPPER_SMS, room)
+
+
+def launches(manifest_path: Path, kinds: set[str]) -> list[tuple]:
+    """The Gluon launches of `kinds` for the artifact whose manifest is at manifest_path."""
+    coverage = coverage_of(manifest_path)
     chosen = coverage.one_request_launches() if "one" in kinds else []
     chosen += coverage.batch_launches() if "batch" in kinds else []
     if "traced" in kinds:

@@ -17,18 +17,12 @@ import argparse
 import json
 import time
 
-from types import SimpleNamespace
-
-from blinkc.build import HOPPER_SMS
+from benchmarks.explore.carry import coverage_of
 from blinkc.env import cache_dir
 from runtime import gluon_kernels
-from runtime.gluon import GluonCoverage
-from runtime.host_driven import contiguous_groups
 
 
 def main() -> None:
-    from safetensors.torch import load_file
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--traced", action="store_true", help="the batched loop's traced kernels too (greedy)")
     parser.add_argument("--probes", default="", help="the batched loop's PROBE variants too (greedy), e.g. 1,4")
@@ -42,12 +36,8 @@ def main() -> None:
         manifest = json.loads(manifest_path.read_text())
         if manifest["model"].get("dtype") != "bf16" or manifest["config"].get("interpret"):
             continue
-        tables = load_file(manifest_path.with_name("model.cubin.tables.safetensors"))
-        regions = manifest["layout"]["regions"]
-        room = tuple(regions[name][2] if name in regions else 0 for name in ("prefill_parts", "tickets:prefill"))
         start = time.perf_counter()
-        coverage = GluonCoverage(tables["tasks"], tables["descs"].tolist(), SimpleNamespace(**manifest["config"]),
-                                 contiguous_groups(tables["tasks"][:, 3].tolist()), HOPPER_SMS, room)
+        coverage = coverage_of(manifest_path)
         launches = coverage.one_request_launches() + coverage.batch_launches()  # (the prefill's whatever the loop)
         chosen = manifest_path.parent.name.startswith(args.variants_of)
         for tracing in (False, True) if args.traced and chosen else (False, ):
