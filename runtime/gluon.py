@@ -67,6 +67,7 @@ class GluonCoverage:
         self.one_row_chain: bool | str = True
         self.batch_chain = True  # a batched decode step's layers too (`batch.batch_chain`)
         self.batch_probe = 0  # `batch.batch_chain`'s timing-only PROBE (`benchmarks/explore/chain_probe.py`)
+        self.batch_pairs = True  # QKV in pair tiles where it can (`batch_narrow`); False: in NARROW_BN tiles
         # the batched loop sampler's passes of logits where a request has a temperature (a greedy step takes the LM
         # head's maxima instead, `batch._greedy`), where the one-row loop's are of 1,024: a b64 step's greedy sampling
         # took 88 us in passes of 1,024 (twice the Triton group's, each program's passes one after another), 81 in 4,096
@@ -79,6 +80,7 @@ class GluonCoverage:
         self.skipped: dict[int, str] = {}  # ... -> why it is left to the Triton tasks
         self.gated: dict[int, bool] = {}
         self.columns: dict[int, int] = {}  # a projection's weight rows; attention: a token's row of the cache
+        self.qk_norm: dict[int, bool] = {}  # QKV: whether it has q/k norms (Qwen3's)
         self.kv_heads: dict[int, int] = {}
         self.splits: dict[int, bool] = {}  # attention: whether it can split a decode step's keys
         # a projection the GEMV takes in a step of one row (of the step's tokens or, rows_kind 1, of its sequences'
@@ -108,6 +110,7 @@ class GluonCoverage:
                 f = dict(zip(QKV_FIELDS, words))
                 why = qkv.unsupported(words[:len(QKV_FIELDS)])
                 self.columns[first] = (f["num_q_heads"] + 2 * f["num_kv_heads"]) * f["head_dim"]
+                self.qk_norm[first] = f["has_qk_norm"] == 1
                 self.rows_kind[first] = 0  # (the step's tokens)
                 self._take_one_row(first, desc, gemv.qkv_unsupported(words[:len(QKV_FIELDS)]))
                 if not why:  # (a tile a head)
@@ -162,19 +165,24 @@ class GluonCoverage:
         sequences)."""
         return first in self.streamk and 1 < size[0] <= self.streamk_rows
 
-    def batch_narrow(self, first: int) -> bool:
-        """Whether `batch.batch_chain` takes projection group `first` in whole-K tiles of NARROW_BN weight rows, not
-        stream-K: a plain projection whose tiles are no more than the programs (a tile a program), QKV in two rounds
-        at most (its heads whole in NARROW_BN tiles), or a gated one whose rounds of tiles leave the programs idle 5%
-        of the time at most (Llama-3-8B's gate/up: 896 tiles, 7 rounds of 132; at 64 rows on the H200 the 160 groups
-        took 5,775 us against 6,028 stream-K, its partials' exchange gone, session 72)."""
-        from codegen.gluon.batch import NARROW_BN
+    def batch_narrow(self, first: int) -> int:
+        """How `batch.batch_chain` takes projection group `first` (its table's third column): 1, in whole-K tiles of
+        NARROW_BN weight rows, not stream-K (0): a plain projection whose tiles are no more than the programs (a tile
+        a program), QKV in two rounds at most (its heads whole in NARROW_BN tiles), or a gated one whose rounds of
+        tiles leave the programs idle 5% of the time at most (Llama-3-8B's gate/up: 896 tiles, 7 rounds of 132; at 64
+        rows on the H200 the 160 groups took 5,775 us against 6,028 stream-K, its partials' exchange gone, session
+        72); 2, QKV without q/k norms in one round of pair tiles (`batch.PAIR_BN` rows a tile, each applying the
+        rotary to its own pairs)."""
+        from codegen.gluon.batch import NARROW_BN, PAIR_BN
         tiles = -(-self.columns[first] // NARROW_BN.value)
         if self.kinds.get(first) == Kind.QKV:
-            return tiles <= 2 * self.programs and self.attention.HEAD_DIM % NARROW_BN.value == 0
+            if self.batch_pairs and not self.qk_norm[first] and -(-self.columns[first] // PAIR_BN.value) <= \
+                    self.programs:
+                return 2
+            return int(tiles <= 2 * self.programs and self.attention.HEAD_DIM % NARROW_BN.value == 0)
         if self.kinds.get(first) == Kind.LINEAR and self.gated.get(first):
-            return -(-tiles // self.programs) * self.programs <= 1.05 * tiles  # (whole rounds within 5%)
-        return self.kinds.get(first) == Kind.LINEAR and tiles <= self.programs
+            return int(-(-tiles // self.programs) * self.programs <= 1.05 * tiles)  # (whole rounds within 5%)
+        return int(self.kinds.get(first) == Kind.LINEAR and tiles <= self.programs)
 
     def batched(self, size: tuple[int, int] | None) -> bool:
         """Whether a step of `size` (tokens, sequences) is one `batch.batch_chain` takes the layers of: a step that
@@ -418,8 +426,8 @@ class GluonGroups(GluonCoverage):
             rows = [(codes.get(kinds[first], chain.GATED if self.gated.get(first) else chain.PLAIN),
                      self.descriptor(first),
                      int(prefill and kinds[first] != Kind.ATTENTION and (self.tiles or self.linear.tiles_for(
-                         size[0], self.columns[first], self.programs)) == self.linear.NARROW or
-                         batched and self.batch_narrow(first)))
+                         size[0], self.columns[first], self.programs)) == self.linear.NARROW) if not batched else
+                     self.batch_narrow(first))
                     for first in run if first not in self.merges]
             table = torch.tensor(rows, dtype=torch.int32).flatten().to(self.kernel.device) if run else None
             self._chains[key] = (set(run), run[0], table) if run else None

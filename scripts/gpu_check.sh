@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|batch-chain|batch-probe|session67|stream|user-path|chain-probe|b64-variants|b64-stalls|trees|gluon-tests|batch|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|batch-chain|batch-probe|session67|stream|user-path|chain-probe|b64-variants|b64-stalls|trees|gluon-tests|batch|pairs|all]
 set -uo pipefail
 # BLINK_CACHE_DIR: kernels compiled on the CPU machine and carried here (benchmarks/megakernel_tpot.py, --compile-only)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=${BLINK_CACHE_DIR:-/tmp/blink-cache}
@@ -180,6 +180,15 @@ if [[ $mode == chain-probe ]]; then  # ... read back where its programs stop (`b
 fi
 if [[ $mode == gluon-tests ]]; then  # ... and through the host-driven executor against the reference (a call of its own)
   step "${TEST_LIMIT:-560}" python -m pytest -q -s -m gpu tests/gpu -k "${CASES:-gluon}" -p no:cacheprovider
+fi
+if [[ $mode == pairs ]]; then  # QKV in pair tiles (session 74): the batched chain with them and with QKV's whole-K tiles
+  # of 32 rows (`--tiles 1,0,1,1,1`) in the same run, the batched loop's GPU tests, then the decode rows
+  step "${CHAIN_LIMIT:-150}" python -m benchmarks.explore.chain_probe --mode on --batch 64 --repeats "${REPEATS:-3}" \
+    --tiles "${TILES:-1,0,1,1,1}"
+  step "${TEST_LIMIT:-330}" python -m pytest -q -s -m gpu tests/gpu -p no:cacheprovider -k "${CASES:-batched_decode_steps \
+or batched_loop_samples or batch_on_the_gluon or matches_reference_on_gpu and (llama3-8b-8] or llama3-8b-64])}" &&
+    step "${BENCH_LIMIT:-200}" python -m benchmarks.decode --decode "${DECODE:-64x512,8x512}" --ttft "${TTFT-}" \
+      --json "$OUT/decode.json"
 fi
 if [[ $mode == batch ]]; then  # a batch through the runtime on the Gluon kernels (`runtime.gluon.Batch`, session 73): its
   # tests (the runner's own, the reference checks at 2, 8 and 64 requests, one request's), then the decode rows

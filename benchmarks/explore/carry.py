@@ -8,8 +8,8 @@ artifact from its cubin in seconds. The Gluon kernels are compiled into the cach
 
 What an artifact's run launches: `one` (`GluonCoverage.one_request_launches`: one request through the runtime),
 `batch` (the batched loop, greedy and sampling: a batch through the runtime, the host-driven executor's batched
-steps), `traced` (the batched loop's greedy kernel traced: `chain_probe.py`); none: the kernel and its host-driven
-kernels alone (the compiled kernel's runs).
+steps), `traced` (the batched loop's greedy kernel traced: `chain_probe.py`), `probeN` (its PROBE N variant traced:
+`chain_probe.py --probes N`); none: the kernel and its host-driven kernels alone (the compiled kernel's runs).
 """
 from __future__ import annotations
 
@@ -49,6 +49,9 @@ def launches(manifest_path: Path, kinds: set[str]) -> list[tuple]:
     if "traced" in kinds:
         coverage.tracing = True
         chosen += coverage.batch_launches()[:1]
+    for probe in sorted(int(kind[5:]) for kind in kinds if kind.startswith("probe")):
+        coverage.tracing, coverage.batch_probe = True, probe  # (as `chain_probe --probes` launches them)
+        chosen += coverage.batch_launches()[:1]
     return chosen
 
 
@@ -63,8 +66,8 @@ def main() -> None:
     for spec in args.artifacts:
         prefix, _, what = spec.partition(":")
         kinds = set(filter(None, what.split(",")))
-        if kinds - set(KINDS):
-            raise SystemExit(f"{spec}: what a run launches is one of {', '.join(KINDS)}")
+        if {kind for kind in kinds if not kind[5:].isdigit() or not kind.startswith("probe")} - set(KINDS):
+            raise SystemExit(f"{spec}: what a run launches is one of {', '.join(KINDS)} or probeN")
         found = sorted((cache / "artifacts").glob(f"{prefix}*/model.cubin.json"))
         if len(found) != 1:
             raise SystemExit(f"{prefix}: {len(found)} artifacts in {cache} start so, not one")

@@ -42,7 +42,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from codegen.gluon import attention, gemv, linear, qkv, step
-from codegen.gluon.chain import (_ATTENTION, _GATED, _LOGITS, _PLAIN, _PLAN, _QKV, _SAMPLE, HD, IDS, KEYS, MAX_SPLITS,
+from codegen.gluon.chain import (_ATTENTION, _GATED, _LOGITS, _PLAIN, _PLAN, _QKV, _ROW, _SAMPLE, HD, IDS, KEYS,
+                                 MAX_SPLITS,
                                  SIGNATURE, _barriers, _clock, _gemv_operands, _go, _group, _hand, _handed, _released,
                                  _signal, _step_group)
 from codegen.gluon.events import wait
@@ -75,6 +76,19 @@ ITEM_ROWS = gl.constexpr(8)
 NARROW_BN = gl.constexpr(32)
 NARROW_K = gl.constexpr(2 * BK.value)
 assert BM.value * NARROW_K.value <= BN.value * BK.value and NARROW_BN.value * NARROW_K.value <= BM.value * BK.value
+
+# QKV in one round of PAIR_BN-row tiles where it has no q/k norm and its rows are PAIR_BN x the programs at most
+# (`GluonCoverage.batch_narrow`'s word 2; Llama-3-8B: 6,144 rows, 128 tiles for 132 programs, where NARROW_BN tiles
+# take two rounds and the second round's 60 tiles were its tail, 8.3 us past the median signal, session 73). A tile is
+# PAIR_UNITS units of PAIR_ROWS rotary pairs of one head: rows d and d + HD / 2 for PAIR_ROWS consecutive d, one 3-D
+# box a unit over the weight viewed as [2 x heads, HD / 2, K]. So a tile holds both halves of each of its pairs and
+# applies the rotary itself, with no scratch, no head's ticket and no tile that finishes a head for the others
+# (48-row tiles that met through them lost, their last signal 10.3 us past the median, session 70).
+PAIR_ROWS = gl.constexpr(8)
+PAIR_UNITS = gl.constexpr(3)
+PAIR_BN = gl.constexpr(2 * PAIR_ROWS.value * PAIR_UNITS.value)
+UNITS_A_HEAD = gl.constexpr(HD.value // (2 * PAIR_ROWS.value))
+assert PAIR_BN.value <= BN.value and 8 * PAIR_ROWS.value <= BN.value  # (a slot's units; `_pair_qkv`'s staging)
 
 LAUNCH = linear.STREAMK.launch()  # (one consumer warp group and the loader's, the register file's whole)
 BATCH_SIGNATURE = {**SIGNATURE, "parts_at": "i64", "tickets_at": "i64", "steps": "i32", "first_step": "i32",
@@ -266,6 +280,70 @@ def _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, t, k, K, ROWS: gl.cons
 
 
 @gluon.jit
+def _pair_views(b_ring):
+    """The stream-K ring's weight slots as pair tiles' boxes: slot s's unit v at `units.index(8 s + v)` ([2,
+    PAIR_ROWS, BK]: the unit's lower halves' rows, then its upper halves'), its first two units as one [4 PAIR_ROWS,
+    BK] operand (`two.index(4 s)`), its third as a [2 PAIR_ROWS, BK] one (`one.index(8 s + 2)`): the same bytes
+    (128-byte rows swizzled by their address)."""
+    UNIT: gl.constexpr = 2 * PAIR_ROWS
+    unit_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+    two_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * UNIT, BK], gl.bfloat16)
+    one_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([UNIT, BK], gl.bfloat16)
+    units = b_ring._reinterpret(gl.bfloat16, [SK_STAGES * BN // UNIT, 2, PAIR_ROWS, BK], unit_layout)
+    two = b_ring._reinterpret(gl.bfloat16, [SK_STAGES * BN // (2 * UNIT), 2 * UNIT, BK], two_layout)
+    one = b_ring._reinterpret(gl.bfloat16, [SK_STAGES * BN // UNIT, UNIT, BK], one_layout)
+    return units, two, one
+
+
+@gluon.jit
+def _pair_loads(desc, W, ACT, box_rows, a_ring, b_ring, ready, empty, kv_empty, i, j, EVENTS, e, events,
+                TRACING: gl.constexpr, PROBE: gl.constexpr):
+    """QKV's pair tile (this program's: units 3 pid ..) from ring slot i on, BK columns a slot (the rows' [BM, BK]
+    box in the stream-K ring's rows, the units' boxes at the start of its weights'): its first slots' units, then (the
+    group before done) their rows' boxes and the rest; returns the slot after them. box_rows: `_narrow_loads`'."""
+    units, _, _ = _pair_views(b_ring)
+    unit_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
+    x_off, K, w_off, N = _gemv_operands(desc, True)
+    K64 = K.to(gl.int64)
+    x_desc = tma.make_tensor_descriptor(ACT + x_off, [box_rows, K], [K64, 1], [BM, BK], x_layout)
+    w_desc = tma.make_tensor_descriptor(W + w_off, [2 * (N // HD), HD // 2, K], [(HD // 2) * K64, K64, 1],
+                                        [2, PAIR_ROWS, BK], unit_layout)
+    first = gl.program_id(0) * PAIR_UNITS
+    chunks = gl.where(first < N // (2 * PAIR_ROWS), gl.cdiv(K, BK), 0)
+    early = gl.minimum(chunks, SK_STAGES)
+    _released(kv_empty, j, j, ATT_STAGES)  # (attention's slots, over the same bytes, read)
+    i0 = i
+    for u in range(0, early):
+        i = _pair_fill(x_desc, w_desc, a_ring, units, ready, empty, i, first, u * BK, False)
+    if not PROBE & 16:
+        wait(EVENTS, e - 1, gl.num_programs(0))
+    _clock(EVENTS, events, e, 0, TRACING)
+    for u in range(0, early):
+        s = (i0 + u) % SK_STAGES
+        tma.async_copy_global_to_shared(x_desc, [0, u * BK], ready.index(s), a_ring.index(s))
+    for u in range(early, chunks):
+        i = _pair_fill(x_desc, w_desc, a_ring, units, ready, empty, i, first, u * BK, True)
+    return i
+
+
+@gluon.jit
+def _pair_fill(x_desc, w_desc, a_ring, units, ready, empty, i, first, k, ROWS: gl.constexpr):
+    """`_fill` for a pair tile: its units' boxes at column k (a unit of head h's pairs d .. d + PAIR_ROWS: [2 h,
+    d, k] of the [2 x heads, HD / 2, K] view) and (ROWS) the rows' box beside them."""
+    s = i % SK_STAGES
+    mbarrier.wait(empty.index(s), ((i // SK_STAGES) & 1) ^ 1)
+    mbarrier.expect(ready.index(s), (BM + PAIR_BN) * BK * 2)
+    for v in gl.static_range(PAIR_UNITS):
+        unit = first + v
+        tma.async_copy_global_to_shared(w_desc, [2 * (unit // UNITS_A_HEAD), (unit % UNITS_A_HEAD) * PAIR_ROWS, k],
+                                        ready.index(s), units.index(BN // (2 * PAIR_ROWS) * s + v))
+    if ROWS:
+        tma.async_copy_global_to_shared(x_desc, [0, k], ready.index(s), a_ring.index(s))
+    return i + 1
+
+
+@gluon.jit
 def _attention_loads(desc, KV, kv_plane, kv_rows, I32, kv, kv_ready, kv_empty, control_at, seq_starts_at,
                      context_lens_at, seq_req_at, req_pages_at, j, EVENTS, e, PAGE: gl.constexpr,
                      PAGES_PER_SEQ: gl.constexpr, MAX_SEQS: gl.constexpr, SPLIT_SLOTS: gl.constexpr,
@@ -294,6 +372,13 @@ def _attention_items(desc, ACT, F32, I32, kv, kv_ready, kv_empty, queries, contr
                                           H, HKV, scale, splits, part_off, ticket_off, j, HD, ITEM_ROWS, PAGE,
                                           PAGES_PER_SEQ, MAX_SEQS, ATT_STAGES, SPLIT_SLOTS, PART_ROWS, MAX_SPLITS, 4,
                                           2, EVENTS, e, PROBE)
+
+
+@gluon.jit
+def _word(GROUPS, g):
+    """Row g of the table's tiles word (`GluonCoverage.batch_narrow`): 0 stream-K, 1 whole-K tiles of NARROW_BN
+    weight rows, 2 (QKV) pair tiles."""
+    return gl.load(GROUPS + _ROW * g + 2)
 
 
 @gluon.jit
@@ -343,6 +428,9 @@ def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, s
                 j = _attention_loads(desc, KV, kv_plane, kv_rows, I32, kv, kv_ready, kv_empty, control_at,
                                      seq_starts_at, context_lens_at, seq_req_at, req_pages_at, j, EVENTS, e, PAGE,
                                      PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, PROBE)
+            elif (kind == _QKV) & (_word(GROUPS, e % groups) == 2):  # (QKV in pair tiles)
+                i = _pair_loads(desc, W, ACT, gl.maximum(num_rows, gl.minimum(BM, MAX_TOKENS)), a_ring, b_ring,
+                                ready, empty, kv_empty, i, j, EVENTS, e, events, TRACING, PROBE)
             elif (kind <= _QKV) & (unused != 0):  # (a narrow group: whole-K tiles)
                 i = _narrow_loads(desc, kind == _QKV, W, ACT, gl.maximum(num_rows, gl.minimum(BM, MAX_TOKENS)),
                                   a_ring, b_ring, ready, empty, kv_empty, i, j, EVENTS, e, events, TRACING, PROBE)
@@ -468,7 +556,9 @@ def _drained(ready, empty, i, chunks, BW: gl.constexpr):
 
 @gluon.jit
 def _narrow_mma(a_ring, b_ring, ready, empty, i, K):
-    """`_narrow_product`'s products."""
+    """`_narrow_product`'s products. A slot goes back to the loader once the next slot's products are issued and its
+    own are done (as soon as its own are done, the next slot's waited for after that: level at 64 rows on the H200,
+    5,749 us the 160 groups against 5,720, session 74)."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                           instr_shape=[16, NARROW_BN, 16])
     xs, ws = _narrow_views(a_ring, b_ring)
@@ -534,6 +624,112 @@ def _narrow_qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, emp
             qkv._store_head(lo, hi, head, hrows, j, mask, pos_cos, pos_sin, W, ACT, KV, kv_plane, HQ, HKV,
                             q_norm_off, k_norm_off, qk_eps, q_out_off, layer, has_qk_norm, step_kv_off, slot, HD)
     return i
+
+
+@gluon.jit
+def _pair_qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, staging, num_rows, positions_at,
+              slots_at, i, EVENTS, events, e, NORM_F64: gl.constexpr, TRACING: gl.constexpr):
+    """QKV in pair tiles (`_pair_loads`), this program's one: the products of its first two units and of its third
+    in two accumulators; each unit's 1/rms, bias and rounding to bf16 (`_pair_scaled`); through the staging buffer
+    (its first [BM, 8 PAIR_ROWS], unswizzled) each unit's two halves into one layout; then `qkv._store_head`'s rotary
+    and stores for them (no q/k norm: `GluonCoverage.batch_narrow` gives pair tiles to QKV groups without it). Returns
+    the next slot. TRACING: the time its products were done (`chain._clock`'s word 3)."""
+    UNIT: gl.constexpr = 2 * PAIR_ROWS
+    two_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                          instr_shape=[16, 2 * UNIT, 16])
+    one_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                          instr_shape=[16, UNIT, 16])
+    unit_rows: gl.constexpr = gl.BlockedLayout([1, 4], [16, 2], [gl.num_warps(), 1], [1, 0])  # ([BM, PAIR_ROWS])
+    K, HQ, HKV, stats_off, eps, bias_off, _, _, _, q_out_off, layer, rope_off, _, step_kv_off = qkv.row(desc)
+    units_total = (HQ + 2 * HKV) * UNITS_A_HEAD
+    # (0, opaque to the compiler: what derives from it is worked out here, not hoisted out of the loop over groups,
+    # where its registers made the kernel spill 536 B rather than 352)
+    zero = gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [gl.program_id(0)], dtype=gl.int32, is_pure=False,
+                                     pack=1)
+    first = gl.program_id(0) * PAIR_UNITS + zero
+    if first < units_total:
+        _boxes, two, one = _pair_views(b_ring)  # (the products read the views of two units and of one)
+        stage = staging._reinterpret(gl.bfloat16, [BM, 8 * PAIR_ROWS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        sums2 = qkv._row_sums(0, num_rows, F32, stats_off, two_layout, NORM_F64, BM)
+        sums1 = qkv._row_sums(0, num_rows, F32, stats_off, one_layout, NORM_F64, BM)
+        rows = gl.arange(0, BM, layout=gl.SliceLayout(1, unit_rows)) + zero
+        pos, slot = qkv._row_words(rows, rows < num_rows, I32, positions_at, slots_at)
+        # every unit's cos and sin asked for before the products (from DRAM, likely: after a step's weights and keys
+        # the table has left L2; asked for after them, one unit's after another's stores, the epilogue took 5.9 us
+        # on the H200, all at once 5.2, session 74)
+        rows_ok = rows < num_rows
+        j0, m0, cos0, sin0 = _unit_angles(F32, rope_off, pos, rows_ok, first, units_total, zero, unit_rows)
+        j1, m1, cos1, sin1 = _unit_angles(F32, rope_off, pos, rows_ok, first + 1, units_total, zero, unit_rows)
+        j2, m2, cos2, sin2 = _unit_angles(F32, rope_off, pos, rows_ok, first + 2, units_total, zero, unit_rows)
+        acc2 = gl.zeros([BM, 2 * UNIT], gl.float32, two_layout)
+        acc1 = gl.zeros([BM, UNIT], gl.float32, one_layout)
+        for k in range(0, K, BK):
+            s = i % SK_STAGES
+            mbarrier.wait(ready.index(s), (i // SK_STAGES) & 1)
+            acc2 = warpgroup_mma(a_ring.index(s), two.index(BN // (2 * UNIT) * s).permute((1, 0)), acc2,
+                                 is_async=True)
+            acc1 = warpgroup_mma(a_ring.index(s), one.index(BN // UNIT * s + 2).permute((1, 0)), acc1,
+                                 is_async=True)
+            acc2, acc1 = warpgroup_mma_wait(num_outstanding=2, deps=(acc2, acc1))
+            # the slot before's products are done: it goes back to the loader
+            mbarrier.arrive(empty.index((i + SK_STAGES - 1) % SK_STAGES), count=1, pred=k > 0)
+            i += 1
+        acc2, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc2, acc1))
+        mbarrier.arrive(empty.index((i + SK_STAGES - 1) % SK_STAGES), count=1)
+        _clock(EVENTS, events, e, 3, TRACING)
+        N = (HQ + 2 * HKV) * HD
+        stage.slice(0, 2 * UNIT, dim=1).store(
+            _pair_scaled(acc2, first, sums2, K, eps, stats_off, bias_off, W, N).to(gl.bfloat16))
+        stage.slice(2 * UNIT, UNIT, dim=1).store(
+            _pair_scaled(acc1, first + 2, sums1, K, eps, stats_off, bias_off, W, N).to(gl.bfloat16))
+        gl.thread_barrier()  # every warp's values in before any reads them in the units' layout
+        _unit_store(stage, 0, first, rows, j0, m0, cos0, sin0, W, ACT, KV, kv_plane, HQ, HKV, q_out_off, layer,
+                    step_kv_off, slot, unit_rows)
+        _unit_store(stage, 1, first + 1, rows, j1, m1, cos1, sin1, W, ACT, KV, kv_plane, HQ, HKV, q_out_off, layer,
+                    step_kv_off, slot, unit_rows)
+        _unit_store(stage, 2, first + 2, rows, j2, m2, cos2, sin2, W, ACT, KV, kv_plane, HQ, HKV, q_out_off, layer,
+                    step_kv_off, slot, unit_rows)
+        gl.thread_barrier()  # every read done before the staging buffer is written again
+    return i
+
+
+@gluon.jit
+def _unit_angles(F32, rope_off, pos, rows_ok, unit, units_total, zero, layout: gl.constexpr):
+    """A pair tile's unit's dimensions (its pairs' in a head's lower half), its mask (none past the last unit) and
+    each row's cos and sin of them at its position, rounded."""
+    j = (unit % UNITS_A_HEAD) * PAIR_ROWS + zero + gl.arange(0, PAIR_ROWS, layout=gl.SliceLayout(0, layout))
+    mask = rows_ok[:, None] & ((j < HD // 2) & (unit < units_total))[None, :]
+    angles = F32 + _region(rope_off) + pos[:, None] * HD + j[None, :]
+    return j, mask, _round(gl.load(angles, mask=mask, other=0.0)), \
+        _round(gl.load(angles + HD // 2, mask=mask, other=0.0))
+
+
+@gluon.jit
+def _unit_store(stage, v: gl.constexpr, unit, rows, j, mask, pos_cos, pos_sin, W, ACT, KV, kv_plane, HQ, HKV,
+                q_out_off, layer, step_kv_off, slot, layout: gl.constexpr):
+    """Unit v of a pair tile (its values in `stage`'s columns v 2 PAIR_ROWS .., the lower halves' then the upper
+    halves'): `qkv._store_head`'s rotary and stores (no q/k norm)."""
+    lo = stage.slice(v * 2 * PAIR_ROWS, PAIR_ROWS, dim=1).load(layout).to(gl.float32)
+    hi = stage.slice(v * 2 * PAIR_ROWS + PAIR_ROWS, PAIR_ROWS, dim=1).load(layout).to(gl.float32)
+    qkv._store_head(lo, hi, unit // UNITS_A_HEAD, rows, j, mask, pos_cos, pos_sin, W, ACT, KV, kv_plane, HQ, HKV, 0,
+                    0, 0.0, q_out_off, layer, 0, step_kv_off, slot, HD)
+
+
+@gluon.jit
+def _pair_scaled(acc, first, sums, K, eps, stats_off, bias_off, W, N):
+    """A pair tile's products of units first .. (its accumulator's width / (2 PAIR_ROWS) of them) times each row's
+    1/rms, plus the bias at each column's weight row (a unit's lower halves' rows, then its upper halves'):
+    `qkv._scaled` for pair tiles."""
+    BW: gl.constexpr = acc.type.shape[1]
+    if stats_off >= 0:
+        acc = acc * gl.rsqrt(sums / K.to(gl.float32) + eps)[:, None]
+    if bias_off >= 0:
+        c = gl.arange(0, BW, layout=gl.SliceLayout(0, acc.type.layout))
+        unit = first + c // (2 * PAIR_ROWS)
+        row = (unit // UNITS_A_HEAD) * HD + (c // PAIR_ROWS) % 2 * (HD // 2) + (unit % UNITS_A_HEAD) * PAIR_ROWS + \
+            c % PAIR_ROWS
+        acc = acc + gl.load(W + _region(bias_off) + row, mask=row < N, other=0.0).to(gl.float32)[None, :]
+    return acc
 
 
 @gluon.jit
@@ -672,7 +868,10 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
                 if not PROBE & 16:
                     wait(EVENTS, e - 1, P)
                 _clock(EVENTS, steps * groups, e, 2, TRACING)
-                if (kind == _QKV) & (unused != 0):
+                if (kind == _QKV) & (_word(GROUPS, e % groups) == 2):
+                    i = _pair_qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, heads,
+                                  num_rows, positions_at, slots_at, i, EVENTS, steps * groups, e, NORM_F64, TRACING)
+                elif (kind == _QKV) & (unused != 0):
                     i = _narrow_qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, num_rows,
                                     positions_at, slots_at, parts_at, tickets_at, i, EVENTS, steps * groups, e,
                                     NORM_F64, TRACING, PROBE)

@@ -374,9 +374,14 @@ def test_the_batched_loop_takes_a_whole_step_of_llama3(fixture, request):
     assert kinds[2:-3] == [chain.QKV, chain.ATTENTION, chain.PLAIN, chain.GATED, chain.PLAIN] * 32
     assert [desc for kind, desc, _ in rows if kind == chain.QKV] == \
         [coverage.covered[first] for first in coverage.order if coverage.kinds.get(first) == Kind.QKV]
-    # o_proj and down (4,096 weight rows: 128 tiles of 32 for 132 programs), QKV (192: two rounds) and gate/up
-    # (28,672: 896 tiles, 7 rounds, 3% idle) in whole-K tiles
-    assert [narrow for _, _, narrow in rows[2:-3]] == [1, 0, 1, 1, 1] * 32
+    # o_proj and down (4,096 weight rows: 128 tiles of 32 for 132 programs) and gate/up (28,672: 896 tiles, 7
+    # rounds, 3% idle) in whole-K tiles, QKV (6,144, no q/k norms) in one round of 128 pair tiles
+    assert [narrow for _, _, narrow in rows[2:-3]] == [2, 0, 1, 1, 1] * 32
+    coverage.batch_pairs = False  # (QKV in two rounds of whole-K tiles: 192 of 32 rows)
+    try:
+        assert [narrow for _, _, narrow in coverage.loop_rows(batched=True)[0][2:-3]] == [1, 0, 1, 1, 1] * 32
+    finally:
+        coverage.batch_pairs = True
     # greedy sampling takes the LM head's 1,002 tiles' maxima a row from the stream-K scratch (`batch._maxima`)
     room = coverage.streamk_room
     coverage.streamk_room = (2 * coverage.cfg.max_batch * 1002 - 1, room[1])
