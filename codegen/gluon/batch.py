@@ -31,7 +31,9 @@ queries read an item ahead (39.8 us), the 160 groups 6.12 ms. Session 72: greedy
 (81.6 -> 7.0 us), the plan's zeroing shared by every program (31.7 -> 5.2 us), the norms' sums added with relaxed
 atomics (o_proj 18.0 -> 16.9 us, down 36.8 -> 36.0), gate/up in whole-K tiles too (the 160 groups 6,028 -> 5,775
 us): 6.00 ms a step over steps, against 6.90 for the Triton megakernel's TPOT in the decode benchmark and the torch
-graph's 7.52 in the same lease. The
+graph's 7.52 in the same lease. Session 74: QKV in one round of 48-row pair tiles (`_pair_qkv`: each tile's units of
+rotary pairs through 3-D boxes, the rotary its own), 26.0 -> 20.5 us a layer, the 160 groups 5,787-5,817 -> 5,707-5,720
+us. The
 host-driven executor takes a batched step's layers here with `chain` (`GluonCoverage.batch_chain`), and its decode
 steps in the loop (`HostDriven.generate(loop=True)`).
 """
