@@ -382,6 +382,20 @@ def test_the_batched_loop_takes_a_whole_step_of_llama3(fixture, request):
         assert [narrow for _, _, narrow in coverage.loop_rows(batched=True)[0][2:-3]] == [1, 0, 1, 1, 1] * 32
     finally:
         coverage.batch_pairs = True
+    # a pair tile applies the rotary to its own pairs; a q/k norm wants the whole head first (Qwen3's): no pair tiles
+    qkv = next(first for first in coverage.order if coverage.kinds.get(first) == Kind.QKV)
+    coverage.qk_norm[qkv] = True
+    try:
+        assert coverage.batch_narrow(qkv) == 1
+    finally:
+        coverage.qk_norm[qkv] = False
+    # ... and a QKV of more rows than 48 x the programs (Phi-4's 7,680: 160 pair tiles) keeps its 32-row tiles
+    programs = coverage.programs
+    coverage.programs = 6144 // 48 - 1
+    try:
+        assert coverage.batch_narrow(qkv) == 1
+    finally:
+        coverage.programs = programs
     # greedy sampling takes the LM head's 1,002 tiles' maxima a row from the stream-K scratch (`batch._maxima`)
     room = coverage.streamk_room
     coverage.streamk_room = (2 * coverage.cfg.max_batch * 1002 - 1, room[1])
