@@ -701,7 +701,7 @@ class Batch:
         give up)."""
         if marks and not marks[0].query():
             self.loop.stop(self.side)  # (the loop queued behind it: it plans a step, then ends)
-            return self.kernel.stop_kernel(marks[0])
+            return self.kernel.stop_kernel(marks[0], compiled if looped else None)
         return self.loop.loop_hang(compiled, looped, timeout_s, self.side)
 
     def check_ended(self, state: torch.Tensor, compiled: int, looped: int) -> None:

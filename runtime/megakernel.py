@@ -353,15 +353,15 @@ class Megakernel:
         stream = stream or torch.cuda.current_stream(self.device)
         self.kernel(*self._args(max_steps), stream=stream.cuda_stream)
 
-    def stop_kernel(self, queued: torch.cuda.Event) -> str:
+    def stop_kernel(self, queued: torch.cuda.Event, planned_from: int | None = None) -> str:
         """Asks this kernel's launch (`queue_kernel`, `queued` recorded behind it) to stop past the timeout, and says
-        where it waited (`hang_report`), once it has ended, or that it has not."""
+        where it waited (`hang_report`, `planned_from` passed on), once it has ended, or that it has not."""
         self._ask_to_stop()
         if not wait_for(queued, STOP_GRACE_S):
             return f"hang: the kernel ran past {self.timeout_s:.0f} s and did not stop when asked"
         with torch.cuda.stream(self._side):  # (the launches queued behind it may be running still)
             words = self.i32.to("cpu", non_blocking=False)
-        return self.hang_report(words) or f"hang: the kernel ran past {self.timeout_s:.0f} s"
+        return self.hang_report(words, planned_from) or f"hang: the kernel ran past {self.timeout_s:.0f} s"
 
     def _ask_to_stop(self) -> None:
         """Raises the abort flag (ABORT_ASKED) from a stream of its own while the kernel runs: every wait looks at
@@ -378,9 +378,12 @@ class Megakernel:
         if report:
             raise HangError(report)
 
-    def hang_report(self, words: torch.Tensor) -> str | None:
+    def hang_report(self, words: torch.Tensor, planned_from: int | None = None) -> str | None:
         """Where a launch of this kernel that ran past its timeout waited, from the I32 arena as it left it; None
-        where no hang is recorded."""
+        where no hang is recorded. `planned_from`: the step a launch queued behind this one planned first (the
+        batched loop's, `runtime.gluon.Batch`), whose plan wrote the control words' step after this launch ended: a
+        launch stopped between tasks is then said to have stopped before that step (what each wait records, it
+        does not rewrite)."""
         control = self.region("control")[0]
         words = words.cpu().numpy()
         flag, step, task, event, seen, target = words[control + 6:control + 12].tolist()
@@ -389,7 +392,8 @@ class Megakernel:
             return None
         late = f"the launch ran past {self.timeout_s:.0f} s and was stopped"
         if not kind:  # the host's flag, and no wait saw it: the kernel ended between tasks
-            return f"hang: {late} in step {int(words[control + 3])}, no task waiting"
+            where = f"in step {int(words[control + 3])}" if planned_from is None else f"before step {planned_from}"
+            return f"hang: {late} {where}, no task waiting"
         if task == HANG_SPLIT_TICKET:
             where = f"a split of block {event} waited for the block's other splits: {seen} of {target} arrived"
         else:

@@ -190,6 +190,9 @@ def test_the_kernels_error_words_are_reported_as_hangs(compiled, flag, kind, tas
     words[control + CONTROL_FIELDS.index("error_kind")] = kind
     with pytest.raises(HangError, match=message):
         kernel._raise_on_hang(words)
+    if not kind:  # a loop queued behind the kernel planned its first step, 2, after it: the step word is the loop's
+        assert kernel.hang_report(words, planned_from=2) == ("hang: the launch ran past 600 s and was stopped before "
+                                                             "step 2, no task waiting")
 
 
 def test_bad_requests_are_clear_errors(compiled):
