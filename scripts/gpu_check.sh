@@ -6,6 +6,10 @@ set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=${BLINK_CACHE_DIR:-/tmp/blink-cache}
 OUT=${OUT:-/tmp/blink-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+# the power and clocks all through the call (some H200s hold a b64 decode loop at their 700 W cap, session 76)
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active --format=csv,noheader -lms 100 \
+  > "$OUT/smi.csv" 2>/dev/null & SMI=$!
+trap 'kill $SMI 2>/dev/null; python -m benchmarks.explore.smi_summary "$OUT/smi.csv"' EXIT
 step() { local limit=$1 start=$SECONDS; shift; echo "== $*"; timeout "$limit" "$@" 2>&1 | tee -a "$OUT/gpu_check.log" | tail -30
           local rc=${PIPESTATUS[0]}; echo "== $(( SECONDS - start )) s, exit $rc"; return "$rc"; }
 mode=${1:-all}

@@ -142,6 +142,26 @@ def timed(chained: HostDriven, table: torch.Tensor, repeats: int, batched: bool 
           flush=True)
 
 
+def sustained(chained: HostDriven, table: torch.Tensor, launches: int, batched: bool, label: str) -> None:
+    """The chain launched `launches` times back to back (no idle GPU between them, as in a served batch's steps):
+    the mean launch of the first and the last tenth, untraced. A GPU that slows under sustained load (its clocks
+    capped by power or heat) shows the last tenth slower than the first."""
+    g = chained.gluon
+    g.tracing = False
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(launches + 1)]
+    torch.cuda.synchronize()
+    marks[0].record()
+    for n in range(launches):
+        g._launch_chain(table, not batched, batched=batched)
+        marks[n + 1].record()
+    marks[-1].synchronize()
+    times = [marks[n].elapsed_time(marks[n + 1]) * 1e3 for n in range(launches)]
+    tenth = max(launches // 10, 1)
+    print(f"  {label}: {launches} launches back to back, {sum(times) / launches:.0f} us a launch; the first tenth "
+          f"{sum(times[:tenth]) / tenth:.0f}, the last {sum(times[-tenth:]) / tenth:.0f} (ended at "
+          f"{time.strftime('%H:%M:%S')}.{int(time.time() * 1000) % 1000:03d})", flush=True)
+
+
 def traced(chained: HostDriven, table: torch.Tensor, batched: bool, kinds: list[int], programs: int,
            words: int) -> None:
     """The chain launched once more, traced, and where its time went (`timeline`)."""
@@ -172,6 +192,8 @@ def main() -> None:
     parser.add_argument("--tiles", default="", help="with --batch: the chain timed again with a layer's groups' "
                         "third column of the table (1: whole-K narrow tiles, 0: stream-K; `GluonCoverage.batch_narrow`)"
                         " set to each of these, e.g. 1,0,1,0,1/0,0,0,0,0 (QKV, attention, o_proj, gate/up, down)")
+    parser.add_argument("--sustained", type=int, default=0, help="with --batch: then the chain launched this many "
+                        "times back to back, untraced, main and each of --probes (clocks under sustained load)")
     parser.add_argument("--wait", type=float, default=15.0, help="seconds before the step counts as stuck")
     parser.add_argument("--repeats", type=int, default=10, help="the chain's launches timed each way (best kept)")
     args = parser.parse_args()
@@ -243,6 +265,11 @@ def main() -> None:
             timed(chained, table, args.repeats, batched)
             traced(chained, table, batched, kinds, programs, words)  # (where each kind of group's time went)
         g.batch_probe = 0
+        if args.sustained:
+            for probe in [0] + [int(v) for v in args.probes.split(",") if v]:
+                g.batch_probe = probe
+                sustained(chained, table, args.sustained, batched, f"PROBE {probe}")
+            g.batch_probe = 0
         for pattern in [v for v in args.tiles.split("/") if v]:
             print(f"  a layer's tiles {pattern}:", flush=True)
             changed = table.clone().view(-1, chain.ROW)
