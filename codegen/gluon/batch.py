@@ -679,11 +679,12 @@ def _pair_qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty
         acc2, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc2, acc1))
         mbarrier.arrive(empty.index((i + SK_STAGES - 1) % SK_STAGES), count=1)
         _clock(EVENTS, events, e, 3, TRACING)
-        N = (HQ + 2 * HKV) * HD
         stage.slice(0, 2 * UNIT, dim=1).store(
-            _pair_scaled(acc2, first, sums2, K, eps, stats_off, bias_off, W, N).to(gl.bfloat16))
+            qkv._scaled(acc2, first, sums2, K, eps, stats_off, bias_off, W, HQ + 2 * HKV, HD,
+                        PAIR_ROWS).to(gl.bfloat16))
         stage.slice(2 * UNIT, UNIT, dim=1).store(
-            _pair_scaled(acc1, first + 2, sums1, K, eps, stats_off, bias_off, W, N).to(gl.bfloat16))
+            qkv._scaled(acc1, first + 2, sums1, K, eps, stats_off, bias_off, W, HQ + 2 * HKV, HD,
+                        PAIR_ROWS).to(gl.bfloat16))
         gl.thread_barrier()  # every warp's values in before any reads them in the units' layout
         _unit_store(stage, 0, first, rows, j0, m0, cos0, sin0, W, ACT, KV, kv_plane, HQ, HKV, q_out_off, layer,
                     step_kv_off, slot, unit_rows)
@@ -715,23 +716,6 @@ def _unit_store(stage, v: gl.constexpr, unit, rows, j, mask, pos_cos, pos_sin, W
     hi = stage.slice(v * 2 * PAIR_ROWS + PAIR_ROWS, PAIR_ROWS, dim=1).load(layout).to(gl.float32)
     qkv._store_head(lo, hi, unit // UNITS_A_HEAD, rows, j, mask, pos_cos, pos_sin, W, ACT, KV, kv_plane, HQ, HKV, 0,
                     0, 0.0, q_out_off, layer, 0, step_kv_off, slot, HD)
-
-
-@gluon.jit
-def _pair_scaled(acc, first, sums, K, eps, stats_off, bias_off, W, N):
-    """A pair tile's products of units first .. (its accumulator's width / (2 PAIR_ROWS) of them) times each row's
-    1/rms, plus the bias at each column's weight row (a unit's lower halves' rows, then its upper halves'):
-    `qkv._scaled` for pair tiles."""
-    BW: gl.constexpr = acc.type.shape[1]
-    if stats_off >= 0:
-        acc = acc * gl.rsqrt(sums / K.to(gl.float32) + eps)[:, None]
-    if bias_off >= 0:
-        c = gl.arange(0, BW, layout=gl.SliceLayout(0, acc.type.layout))
-        unit = first + c // (2 * PAIR_ROWS)
-        row = (unit // UNITS_A_HEAD) * HD + (c // PAIR_ROWS) % 2 * (HD // 2) + (unit % UNITS_A_HEAD) * PAIR_ROWS + \
-            c % PAIR_ROWS
-        acc = acc + gl.load(W + _region(bias_off) + row, mask=row < N, other=0.0).to(gl.float32)[None, :]
-    return acc
 
 
 @gluon.jit

@@ -65,15 +65,23 @@ def _row_words(rows, row_ok, I32, positions_at, slots_at):
 
 
 @gluon.jit
-def _scaled(acc, n, sums, K, eps, stats_off, bias_off, W, num_heads, HD: gl.constexpr):
+def _scaled(acc, n, sums, K, eps, stats_off, bias_off, W, num_heads, HD: gl.constexpr, PAIR_ROWS: gl.constexpr = 0):
     """A tile's products (weight rows n BN ..) times each row's 1/rms, plus the bias: `_prefill_epilogue`'s part
-    before the rounding."""
+    before the rounding. PAIR_ROWS: a batched decode step's pair tile (`batch._pair_qkv`), whose columns are units
+    n .. of PAIR_ROWS rotary pairs of one head each (a unit's lower halves' weight rows, then its upper halves')."""
     BN: gl.constexpr = acc.type.shape[1]
     if stats_off >= 0:
         acc = acc * gl.rsqrt(sums / K.to(gl.float32) + eps)[:, None]
     if bias_off >= 0:
-        cols = n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, acc.type.layout))
-        acc = acc + gl.load(W + _region(bias_off) + cols, mask=cols < num_heads * HD,
+        c = gl.arange(0, BN, layout=gl.SliceLayout(0, acc.type.layout))
+        if PAIR_ROWS:
+            UNITS_A_HEAD: gl.constexpr = HD // (2 * PAIR_ROWS)
+            unit = n + c // (2 * PAIR_ROWS)
+            rows = (unit // UNITS_A_HEAD) * HD + (c // PAIR_ROWS) % 2 * (HD // 2) + \
+                (unit % UNITS_A_HEAD) * PAIR_ROWS + c % PAIR_ROWS
+        else:
+            rows = n * BN + c
+        acc = acc + gl.load(W + _region(bias_off) + rows, mask=rows < num_heads * HD,
                             other=0.0).to(gl.float32)[None, :]
     return acc
 
