@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU lease must check, in one call, each step under its own timeout. Logs go to $OUT.
-#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|batch-chain|batch-probe|session67|stream|user-path|chain-probe|b64-variants|b64-stalls|trees|gluon-tests|batch|pairs|all]
+#   bash scripts/gpu_check.sh [quick|tests|bench|profile|measure|final|variants|repeat|verify|matrix|stalls|gluon|chain|chain-decode|chain-loop|one-request|batch-chain|batch-probe|session67|stream|user-path|chain-probe|b64-variants|b64-stalls|b64-spills|trees|gluon-tests|batch|pairs|all]
 set -uo pipefail
 # BLINK_CACHE_DIR: kernels compiled on the CPU machine and carried here (benchmarks/megakernel_tpot.py, --compile-only)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BLINK_CACHE_DIR=${BLINK_CACHE_DIR:-/tmp/blink-cache}
@@ -177,6 +177,14 @@ if [[ $mode == b64-stalls ]]; then  # why a b64 step's programs stream at ~27 GB
   step 150 python -m benchmarks.stall_profile summarize "$OUT/b64-stalls.ncu-rep" --tsv "$OUT/b64-stalls.tsv" ||
     ncu -i "$OUT/b64-stalls.ncu-rep" --page source --csv --print-source sass > "$OUT/b64-stalls.csv"
   timeout 60 ncu -i "$OUT/b64-stalls.ncu-rep" --page raw --csv 2>/dev/null | grep -E "dram__|gpu__time|lts__t_sector_hit" | head
+fi
+if [[ $mode == b64-spills ]]; then  # which spill instructions one launch of the batched chain runs and how long
+  # their loads' readers wait (ncu's per-instruction counters; read here with `benchmarks/explore/spill_profile.py`
+  # and the carried kernel.cubin, session 77)
+  step "${NCU_LIMIT:-300}" ncu --section SourceCounters --clock-control none -k regex:batch_chain --launch-count 1 -f \
+    -o "$OUT/b64-spills" python -m benchmarks.explore.chain_probe --mode on --batch 64 --repeats 1
+  timeout 200 ncu -i "$OUT/b64-spills.ncu-rep" --page source --csv --print-source sass | gzip -9 > "$OUT/b64-spills.csv.gz"
+  rm -f "$OUT/b64-spills.ncu-rep"
 fi
 if [[ $mode == chain-probe ]]; then  # ... read back where its programs stop (`benchmarks/explore/chain_probe.py`)
   step "${CHAIN_LIMIT:-100}" python -m benchmarks.explore.chain_probe --mode gemv ${PROBE_ARGS:-}

@@ -18,21 +18,33 @@ import triton
 
 NVDISASM = Path(os.path.dirname(triton.__file__)) / "backends" / "nvidia" / "bin" / "nvdisasm"
 LINE = re.compile(r'## File "([^"]+)", line (\d+)')
-INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/")
+OFFSET = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*)")
 SPILL = re.compile(r"\b(STL|LDL)\b")
+
+
+def line_table(cubin: Path) -> dict[int, tuple[str, int, str]]:
+    """Each instruction of the cubin's SASS (its kernel's .text section: a Triton kernel is one function) by its
+    offset: (source file's name, line, the instruction)."""
+    listing = subprocess.run([str(NVDISASM), "--print-line-info", str(cubin)], capture_output=True, text=True,
+                             check=True).stdout
+    where, code, table = None, False, {}
+    for text in listing.splitlines():
+        if text.split()[:1] == [".section"]:
+            code = text.split()[1].startswith(".text")
+        elif found := LINE.search(text):
+            where = (Path(found.group(1)).name, int(found.group(2)))
+        elif code and where and (found := OFFSET.match(text)):
+            table[int(found.group(1), 16)] = (*where, found.group(2).strip())
+    return table
 
 
 def by_line(cubin: Path, source: str) -> tuple[Counter, Counter]:
     """Instructions and spill instructions a line of `source` (a file name) in the cubin's SASS."""
-    listing = subprocess.run([str(NVDISASM), "--print-line-info", str(cubin)], capture_output=True, text=True,
-                             check=True).stdout
-    where, instructions, spills = None, Counter(), Counter()
-    for text in listing.splitlines():
-        if found := LINE.search(text):
-            where = (Path(found.group(1)).name, int(found.group(2)))
-        elif where and where[0] == source and INSTRUCTION.search(text):
-            instructions[where[1]] += 1
-            spills[where[1]] += bool(SPILL.search(text))
+    instructions, spills = Counter(), Counter()
+    for name, line, text in line_table(cubin).values():
+        if name == source:
+            instructions[line] += 1
+            spills[line] += bool(SPILL.search(text))
     return instructions, spills
 
 
