@@ -93,6 +93,10 @@ UNITS_A_HEAD = gl.constexpr(HD.value // (2 * PAIR_ROWS.value))
 assert PAIR_BN.value <= BN.value and 8 * PAIR_ROWS.value <= BN.value  # (a slot's units; `_pair_qkv`'s staging)
 
 LAUNCH = linear.STREAMK.launch()  # (one consumer warp group and the loader's, the register file's whole)
+# the loader's registers: the consumers' warp group keeps 256 whatever the loader holds up to 256 (two warp groups
+# share the register file); at `linear.LOADER_REGS`' 40 the loader ran 139 of the kernel's 311 spill instructions
+# (attention's page boxes among them), from 128 none (`benchmarks/explore/spill_profile.py`, session 77)
+LOADER_REGS = 128
 BATCH_SIGNATURE = {**SIGNATURE, "parts_at": "i64", "tickets_at": "i64", "steps": "i32", "first_step": "i32",
                    "REGIONS": "*i32", "stats_off": "i32", "stats_size": "i32"}
 
@@ -845,9 +849,16 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
     running = gl.to_tensor(1)
     for e in range(steps * groups):
         if running != 0:
-            kind, desc, unused = _group(DESCS, GROUPS, e % groups)
+            # (the arguments' pointers offset by an opaque zero: what a body derives from them is worked out in the
+            # loop, not hoisted out of it into registers that the whole loop then holds, or spills. With the loader
+            # at 128 registers: 376 -> 232 B of spills, 311 -> 144 spill instructions; a b64 step's attention 41.9 ->
+            # 39.6 us a layer, o_proj 15.2 -> 14.6, QKV's last program 1.4 us later; the 160 groups 5,648 -> 5,636,
+            # H200, session 77)
+            zero = gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [e], dtype=gl.int32, is_pure=False, pack=1)
+            DESCS_, W_, ACT_, F32_, I32_, KV_ = DESCS + zero, W + zero, ACT + zero, F32 + zero, I32 + zero, KV + zero
+            kind, desc, unused = _group(DESCS_, GROUPS, e % groups)
             if kind == _ATTENTION:
-                j = _attention_items(desc, ACT, F32, I32, kv, kv_ready, kv_empty, queries, control_at,
+                j = _attention_items(desc, ACT_, F32_, I32_, kv, kv_ready, kv_empty, queries, control_at,
                                      seq_starts_at, context_lens_at, seq_req_at, req_pages_at, j, EVENTS, e, PAGE,
                                      PAGES_PER_SEQ, MAX_SEQS, SPLIT_SLOTS, PART_ROWS, PROBE)
             else:
@@ -855,47 +866,47 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
                     wait(EVENTS, e - 1, P)
                 _clock(EVENTS, steps * groups, e, 2, TRACING)
                 if (kind == _QKV) & (_word(GROUPS, e % groups) == 2):
-                    i = _pair_qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, heads,
+                    i = _pair_qkv(desc, W_, ACT_, F32_, I32_, KV_, kv_plane, a_ring, b_ring, ready, empty, heads,
                                   num_rows, positions_at, slots_at, i, EVENTS, steps * groups, e, NORM_F64, TRACING)
                 elif (kind == _QKV) & (unused != 0):
-                    i = _narrow_qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, num_rows,
+                    i = _narrow_qkv(desc, W_, ACT_, F32_, I32_, KV_, kv_plane, a_ring, b_ring, ready, empty, num_rows,
                                     positions_at, slots_at, parts_at, tickets_at, i, EVENTS, steps * groups, e,
                                     NORM_F64, TRACING, PROBE)
                 elif kind == _QKV:
-                    i = _qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, heads, num_rows,
+                    i = _qkv(desc, W_, ACT_, F32_, I32_, KV_, kv_plane, a_ring, b_ring, ready, empty, heads, num_rows,
                              positions_at, slots_at, parts_at, tickets_at, i, NORM_F64, PROBE)
                 elif (kind == _GATED) & (unused != 0):
-                    i, phase = _narrow_linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, narrow_gated_outputs,
+                    i, phase = _narrow_linear(desc, W_, ACT_, F32_, a_ring, b_ring, ready, empty, narrow_gated_outputs,
                                               res_bar, num_rows, i, phase, EVENTS, steps * groups, e, True, NORM_F64,
                                               TRACING, PROBE)
                 elif kind == _GATED:
-                    i, phase = _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, gated_outputs, res_bar,
+                    i, phase = _linear(desc, W_, ACT_, F32_, a_ring, b_ring, ready, empty, gated_outputs, res_bar,
                                        num_rows, parts_at, tickets_at, i, phase, True, NORM_F64, PROBE)
                 elif (kind == _PLAIN) & (unused != 0):
-                    i, phase = _narrow_linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, narrow_outputs,
+                    i, phase = _narrow_linear(desc, W_, ACT_, F32_, a_ring, b_ring, ready, empty, narrow_outputs,
                                               res_bar, num_rows, i, phase, EVENTS, steps * groups, e, False, NORM_F64,
                                               TRACING, PROBE)
                 elif kind == _PLAIN:
-                    i, phase = _linear(desc, W, ACT, F32, a_ring, b_ring, ready, empty, outputs, res_bar, num_rows,
+                    i, phase = _linear(desc, W_, ACT_, F32_, a_ring, b_ring, ready, empty, outputs, res_bar, num_rows,
                                        parts_at, tickets_at, i, phase, False, NORM_F64, PROBE)
                 elif kind == _LOGITS:
-                    i = _logits(desc, W, F32, a_ring, b_ring, ready, empty, num_rows, parts_at, i, NORM_F64,
+                    i = _logits(desc, W_, F32_, a_ring, b_ring, ready, empty, num_rows, parts_at, i, NORM_F64,
                                 not SAMPLING)
                 elif kind == _SAMPLE:
                     if SAMPLING:  # (temperatures: draws over the logits)
-                        step.sample(desc, I32, F32, REGIONS, num_rows, VB, WB, MAX_NEW, SAMPLING)
+                        step.sample(desc, I32_, F32_, REGIONS, num_rows, VB, WB, MAX_NEW, SAMPLING)
                     else:
-                        _greedy(desc, I32, F32, REGIONS, num_rows, parts_at, MAX_NEW)
+                        _greedy(desc, I32_, F32_, REGIONS, num_rows, parts_at, MAX_NEW)
                 else:  # a step's rows around its layers (`step.py`)
-                    _step_group(kind, desc, W, ACT, F32, I32, REGIONS, first_step + e // groups, stats_off,
+                    _step_group(kind, desc, W_, ACT_, F32_, I32_, REGIONS, first_step + e // groups, stats_off,
                                 stats_size, num_rows, PAGES_PER_SEQ, PAGE, MAX_TOKENS, REQS, STEP_LOG, VB, WB,
                                 MAX_NEW, SAMPLING, NORM_F64, False)
             _signal(EVENTS, e)
             _clock(EVENTS, steps * groups, e, 1, TRACING)
             if kind == _PLAN:
                 wait(EVENTS, e, P)
-                running = _runs(I32, REGIONS, EVENTS)
-                num_rows = _rows(I32, control_at)
+                running = _runs(I32_, REGIONS, EVENTS)
+                num_rows = _rows(I32_, control_at)
                 _hand(go, go_bar, running)
 
 
@@ -967,6 +978,6 @@ def constexprs(page_size: int, pages_per_seq: int, max_batch: int, norm_f64: boo
     plan's token budget, the sampler's block, the requests' output room, the cut's passes, temperatures or not)."""
     lanes = max(32, 1 << (max_batch - 1).bit_length())
     return dict(PAGE=page_size, PAGES_PER_SEQ=pages_per_seq, MAX_SEQS=lanes, NORM_F64=norm_f64, PART_ROWS=part_rows,
-                LOADER_REGS=linear.LOADER_REGS, SPLIT_SLOTS=split_slots, MAX_TOKENS=max_tokens, REQS=lanes,
+                LOADER_REGS=LOADER_REGS, SPLIT_SLOTS=split_slots, MAX_TOKENS=max_tokens, REQS=lanes,
                 STEP_LOG=STEP_LOG, VB=sample_block, WB=sample_wide, MAX_NEW=max_new, SAMPLING=sampling,
                 TRACING=False, PROBE=0)

@@ -55,9 +55,9 @@ def test_every_body_compiles_for_sm90_and_fits_an_sm(compiled):
         # partition cannot take), 200 B with the sampling cut's passes (launched only where a request samples)
         spills = 512 if name == "prefill_chain" else 128 if name.startswith("decode_chain") else spills
         spills = 256 if name.endswith("sampling with temperatures") else spills
-        # (the batched chain: 208 B, the loader's 40 registers; 320 with attention's items of 8 rows read ahead,
-        # session 71)
-        spills = 384 if name == "batch_chain" else spills
+        # (the batched chain: 376 B with the loader at 40 registers; 232 with it at 128 and the consumers' bodies
+        # deriving their addresses in the loop over groups, session 77)
+        spills = 256 if name == "batch_chain" else spills
         # (attention's loader, at 40 registers, carries an item's words two items ahead: 80 B, session 71)
         assert used["stack_bytes"] <= (96 if name.startswith("attention") else spills), name
 
