@@ -633,14 +633,6 @@ def _narrow_qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, emp
 
 
 @gluon.jit
-def _opaque_zero(x):
-    """0, which the compiler cannot see through (an asm with effects, on x: one a loop's iteration gives): what is
-    derived from it is worked out where it is used, not hoisted out of the loop into registers held, or spilled,
-    across it."""
-    return gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _pair_qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty, staging, num_rows, positions_at,
               slots_at, i, EVENTS, events, e, NORM_F64: gl.constexpr, TRACING: gl.constexpr):
     """QKV in pair tiles (`_pair_loads`), this program's one: the products of its first two units and of its third
@@ -658,7 +650,8 @@ def _pair_qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty
     units_total = (HQ + 2 * HKV) * UNITS_A_HEAD
     # (0, opaque to the compiler: what derives from it is worked out here, not hoisted out of the loop over groups,
     # where its registers made the kernel spill 536 B rather than 352)
-    zero = _opaque_zero(gl.program_id(0))
+    zero = gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [gl.program_id(0)], dtype=gl.int32, is_pure=False,
+                                     pack=1)
     first = gl.program_id(0) * PAIR_UNITS + zero
     if first < units_total:
         _boxes, two, one = _pair_views(b_ring)  # (the products read the views of two units and of one)
@@ -861,7 +854,7 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
             # at 128 registers: 376 -> 232 B of spills, 311 -> 144 spill instructions; a b64 step's attention 41.9 ->
             # 39.6 us a layer, o_proj 15.2 -> 14.6, QKV's last program 1.4 us later; the 160 groups 5,648 -> 5,636,
             # H200, session 77)
-            zero = _opaque_zero(e)
+            zero = gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [e], dtype=gl.int32, is_pure=False, pack=1)
             DESCS_, W_, ACT_, F32_, I32_, KV_ = DESCS + zero, W + zero, ACT + zero, F32 + zero, I32 + zero, KV + zero
             kind, desc, unused = _group(DESCS_, GROUPS, e % groups)
             if kind == _ATTENTION:
