@@ -68,6 +68,7 @@ class GluonCoverage:
         self.batch_chain = True  # a batched decode step's layers too (`batch.batch_chain`)
         self.batch_probe = 0  # `batch.batch_chain`'s timing-only PROBE (`benchmarks/explore/chain_probe.py`)
         self.batch_pairs = True  # QKV in pair tiles where it can (`batch_narrow`); False: in NARROW_BN tiles
+        self.batch_quads = True  # gate/up's narrow tiles four at a time (`batch_narrow`); False: one at a time
         # the batched loop sampler's passes of logits where a request has a temperature (a greedy step takes the LM
         # head's maxima instead, `batch._greedy`), where the one-row loop's are of 1,024: a b64 step's greedy sampling
         # took 88 us in passes of 1,024 (twice the Triton group's, each program's passes one after another), 81 in 4,096
@@ -79,6 +80,7 @@ class GluonCoverage:
         self.merges: dict[int, int] = {}  # the merge group of a covered attention group -> that group
         self.skipped: dict[int, str] = {}  # ... -> why it is left to the Triton tasks
         self.gated: dict[int, bool] = {}
+        self.bare: dict[int, bool] = {}
         self.columns: dict[int, int] = {}  # a projection's weight rows; attention: a token's row of the cache
         self.qk_norm: dict[int, bool] = {}  # QKV: whether it has q/k norms (Qwen3's)
         self.kv_heads: dict[int, int] = {}
@@ -102,6 +104,7 @@ class GluonCoverage:
                 f = dict(zip(LINEAR_FIELDS, words))
                 why = linear.unsupported(words[:len(LINEAR_FIELDS)])
                 self.gated[first], self.columns[first] = bool(f["gated"]), f["n"]
+                self.bare[first] = f["res_off"] < 0 and f["out_stats_off"] < 0  # (no residual, no sums out)
                 self.rows_kind[first], self.out_kind[first] = f["rows_kind"], f["out_kind"]
                 self._take_one_row(first, desc, gemv.unsupported(words[:len(LINEAR_FIELDS)]))
                 if not why:
@@ -172,7 +175,8 @@ class GluonCoverage:
         tiles leave the programs idle 5% of the time at most (Llama-3-8B's gate/up: 896 tiles, 7 rounds of 132; at 64
         rows on the H200 the 160 groups took 5,775 us against 6,028 stream-K, its partials' exchange gone, session
         72); 2, QKV without q/k norms in one round of pair tiles (`batch.PAIR_BN` rows a tile, each applying the
-        rotary to its own pairs)."""
+        rotary to its own pairs); 3, such a gated one whose programs have tiles to spare, in `batch.QUADS` of them at
+        a time (the rows' chunk read once for four tiles' weights, `batch._quad_loads`)."""
         from codegen.gluon.batch import NARROW_BN, PAIR_BN
         tiles = -(-self.columns[first] // NARROW_BN.value)
         if self.kinds.get(first) == Kind.QKV:
@@ -181,7 +185,9 @@ class GluonCoverage:
                 return 2
             return int(tiles <= 2 * self.programs and self.attention.HEAD_DIM % NARROW_BN.value == 0)
         if self.kinds.get(first) == Kind.LINEAR and self.gated.get(first):
-            return int(-(-tiles // self.programs) * self.programs <= 1.05 * tiles)  # (whole rounds within 5%)
+            if -(-tiles // self.programs) * self.programs > 1.05 * tiles:  # (whole rounds within 5%, or stream-K)
+                return 0
+            return 3 if self.batch_quads and self.bare[first] and tiles > self.programs else 1
         return int(self.kinds.get(first) == Kind.LINEAR and tiles <= self.programs)
 
     def batched(self, size: tuple[int, int] | None) -> bool:

@@ -190,7 +190,8 @@ def main() -> None:
                         "waits for the group before, 18: nor a fragment for its tile's, 32: attention without "
                         "products, 64: the cache read as if a page's KV heads were contiguous), e.g. 1,2,3,4")
     parser.add_argument("--tiles", default="", help="with --batch: the chain timed again with a layer's groups' "
-                        "third column of the table (1: whole-K narrow tiles, 0: stream-K; `GluonCoverage.batch_narrow`)"
+                        "third column of the table (0: stream-K, 1: whole-K narrow tiles, 2: QKV's pair tiles, 3: "
+                        "gate/up's narrow tiles four at a time; `GluonCoverage.batch_narrow`)"
                         " set to each of these, e.g. 1,0,1,0,1/0,0,0,0,0 (QKV, attention, o_proj, gate/up, down)")
     parser.add_argument("--sustained", type=int, default=0, help="with --batch: then the chain launched this many "
                         "times back to back, untraced, main and each of --probes (clocks under sustained load)")

@@ -33,7 +33,8 @@ atomics (o_proj 18.0 -> 16.9 us, down 36.8 -> 36.0), gate/up in whole-K tiles to
 us): 6.00 ms a step over steps, against 6.90 for the Triton megakernel's TPOT in the decode benchmark and the torch
 graph's 7.52 in the same lease. Session 74: QKV in one round of 48-row pair tiles (`_pair_qkv`: each tile's units of
 rotary pairs through 3-D boxes, the rotary its own), 26.0 -> 20.5 us a layer, the 160 groups 5,787-5,817 -> 5,707-5,720
-us. The
+us. Session 78: gate/up's narrow tiles four at a time (`_quad_loads`, `_quad_gated`: a slot's rows read once for four
+tiles' weights), 66.4-66.8 -> 59.9-62.4 us a layer, the 160 groups 5,612-5,661 -> 5,516-5,609 in the same process. The
 host-driven executor takes a batched step's layers here with `chain` (`GluonCoverage.batch_chain`), and its decode
 steps in the loop (`HostDriven.generate(loop=True)`).
 """
@@ -41,7 +42,8 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
 
 from codegen.gluon import attention, gemv, linear, qkv, step
 from codegen.gluon.chain import (_ATTENTION, _GATED, _LOGITS, _PLAIN, _PLAN, _QKV, _ROW, _SAMPLE, HD, IDS, KEYS,
@@ -91,6 +93,18 @@ PAIR_UNITS = gl.constexpr(3)
 PAIR_BN = gl.constexpr(2 * PAIR_ROWS.value * PAIR_UNITS.value)
 UNITS_A_HEAD = gl.constexpr(HD.value // (2 * PAIR_ROWS.value))
 assert PAIR_BN.value <= BN.value and 8 * PAIR_ROWS.value <= BN.value  # (a slot's units; `_pair_qkv`'s staging)
+
+# gate/up's narrow tiles QUADS at a time (the table's word 3, `GluonCoverage.batch_narrow`): a program's tiles pid,
+# pid + P, .. in fours, each ring slot a [BM, BK] chunk of the rows and the four tiles' [NARROW_BN, BK] weight boxes
+# (the stream-K ring's own slots: its [BN, BK] weight view is the four boxes), so the rows are read once for four
+# tiles, not once a tile. A narrow slot's rows ([BM, NARROW_K], from L2) are twice its weights' bytes, and alone
+# beside a stream they cost it 11% (`benchmarks/explore/tma_stream.py`, H200: 268 MB in 74.7 us with them, 65.7 with
+# a quad's, 65.7 with no rows; session 78)
+QUADS = gl.constexpr(BN.value // NARROW_BN.value)
+# a quad's slots whose weights go in before the event: with the ring's 8 (128 KB), o_proj's epilogue took 2 us longer
+# (its outputs' TMA store behind gate/up's copies); 2, 4 and 6 were level (5,587, 5,609 and 5,595 us the 160 groups,
+# H200, session 78)
+QUADS_EARLY = gl.constexpr(SK_STAGES.value // 2)
 
 LAUNCH = linear.STREAMK.launch()  # (one consumer warp group and the loader's, the register file's whole)
 # the loader's registers: the consumers' warp group keeps 256 whatever the loader holds up to 256 (two warp groups
@@ -286,6 +300,61 @@ def _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, t, k, K, ROWS: gl.cons
 
 
 @gluon.jit
+def _quad_loads(desc, W, ACT, box_rows, a_ring, b_ring, ready, empty, kv_empty, i, j, EVENTS, e, events,
+                TRACING: gl.constexpr, PROBE: gl.constexpr):
+    """gate/up's narrow tiles QUADS at a time (this program's: pid, pid + P, .. in fours) from ring slot i on, BK
+    columns a slot: its first slots' weights, then (the group before done) their rows' boxes and the rest; returns
+    the slot after them. box_rows: `_narrow_loads`'."""
+    x_off, K, w_off, N = _gemv_operands(desc, False)
+    if e % 2 == 0:
+        x_desc, w_desc = _narrow_operands(ACT + x_off, K, box_rows, W + w_off, N, PROBE)
+    else:
+        x_desc, w_desc = _narrow_operands(ACT + x_off, K, box_rows, W + w_off, N, PROBE)
+    pid, P = gl.program_id(0), gl.num_programs(0)
+    tiles = gl.cdiv(N, NARROW_BN)
+    KC = gl.cdiv(K, BK)  # (a quad's slots; its chunk u: quad u // KC's columns (u % KC) BK)
+    chunks = gl.cdiv(gl.maximum(gl.cdiv(tiles - pid, P), 0), QUADS) * KC
+    early = gl.minimum(chunks, QUADS_EARLY)
+    _released(kv_empty, j, j, ATT_STAGES)  # (attention's slots, over the same bytes, read)
+    i0 = i
+    for u in range(0, early):
+        i = _quad_fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, pid + (u // KC) * QUADS * P, P, tiles,
+                       (u % KC) * BK, K, False, PROBE)
+    if not PROBE & 16:
+        wait(EVENTS, e - 1, P)
+    _clock(EVENTS, events, e, 0, TRACING)
+    for u in range(0, early):
+        if not PROBE & 1:
+            s = (i0 + u) % SK_STAGES
+            tma.async_copy_global_to_shared(x_desc, [0, (u % KC) * BK], ready.index(s), a_ring.index(s))
+    for u in range(early, chunks):
+        i = _quad_fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, pid + (u // KC) * QUADS * P, P, tiles,
+                       (u % KC) * BK, K, True, PROBE)
+    return i
+
+
+@gluon.jit
+def _quad_fill(x_desc, w_desc, a_ring, b_ring, ready, empty, i, t, P, tiles, k, K, ROWS: gl.constexpr,
+               PROBE: gl.constexpr):
+    """`_fill` for a quad: the weight boxes of tiles t, t + P, .. (those below `tiles`) at column k, stacked in the
+    slot's [BN, BK] weight view, and (ROWS) the rows' box beside them (none with PROBE & 1: timing only)."""
+    boxes: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NARROW_BN, BK], gl.bfloat16)
+    ws = b_ring._reinterpret(gl.bfloat16, [SK_STAGES * QUADS, NARROW_BN, BK], boxes)
+    s = i % SK_STAGES
+    real = gl.minimum(gl.maximum(gl.cdiv(tiles - t, P), 0), QUADS)
+    mbarrier.wait(empty.index(s), ((i // SK_STAGES) & 1) ^ 1)
+    for r in gl.static_range(1, QUADS + 1):  # (a byte count is a constant: the one for the tiles there)
+        mbarrier.expect(ready.index(s), (r * NARROW_BN + (0 if PROBE & 1 else BM)) * BK * 2, pred=real == r)
+    for q in gl.static_range(QUADS):
+        w_row, w_col = _weight_at(t + q * P, k, K, NARROW_BN, PROBE)
+        tma.async_copy_global_to_shared(w_desc, [w_row, w_col], ready.index(s), ws.index(QUADS * s + q),
+                                        pred=q < real)
+    if ROWS and not PROBE & 1:
+        tma.async_copy_global_to_shared(x_desc, [0, k], ready.index(s), a_ring.index(s))
+    return i + 1
+
+
+@gluon.jit
 def _pair_views(b_ring):
     """The stream-K ring's weight slots as pair tiles' boxes: slot s's unit v at `units.index(8 s + v)` ([2,
     PAIR_ROWS, BK]: the unit's lower halves' rows, then its upper halves'), its first two units as one [4 PAIR_ROWS,
@@ -437,6 +506,9 @@ def _loader(DESCS, W, ACT, I32, KV, kv_plane, kv_rows, GROUPS, EVENTS, groups, s
             elif (kind == _QKV) & (_word(GROUPS, e % groups) == 2):  # (QKV in pair tiles)
                 i = _pair_loads(desc, W, ACT, gl.maximum(num_rows, gl.minimum(BM, MAX_TOKENS)), a_ring, b_ring,
                                 ready, empty, kv_empty, i, j, EVENTS, e, events, TRACING, PROBE)
+            elif (kind == _GATED) & (_word(GROUPS, e % groups) == 3):  # (gate/up's narrow tiles in fours)
+                i = _quad_loads(desc, W, ACT, gl.maximum(num_rows, gl.minimum(BM, MAX_TOKENS)), a_ring, b_ring, ready,
+                                empty, kv_empty, i, j, EVENTS, e, events, TRACING, PROBE)
             elif (kind <= _QKV) & (unused != 0):  # (a narrow group: whole-K tiles)
                 i = _narrow_loads(desc, kind == _QKV, W, ACT, gl.maximum(num_rows, gl.minimum(BM, MAX_TOKENS)),
                                   a_ring, b_ring, ready, empty, kv_empty, i, j, EVENTS, e, events, TRACING, PROBE)
@@ -581,6 +653,53 @@ def _narrow_mma(a_ring, b_ring, ready, empty, i, K):
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     mbarrier.arrive(empty.index((i + SK_STAGES - 1) % SK_STAGES), count=1)
     return acc, i
+
+
+@gluon.jit
+def _quad_gated(desc, W, ACT, F32, a_ring, b_ring, ready, empty, staging, num_rows, i, EVENTS, events, e,
+                NORM_F64: gl.constexpr, TRACING: gl.constexpr, PROBE: gl.constexpr):
+    """gate/up's narrow tiles QUADS at a time (`_quad_loads`): each quad's [BM, BN] products over all of K (column
+    c: tile pid + (QUADS u + c // NARROW_BN) P's weight row c % NARROW_BN), then `linear._epilogue`'s for a gated
+    projection without residual or sums out (the rows' 1/rms, the bias, silu(gate) * up, each rounded as there), its
+    [BM, BN / 2] outputs through the staging buffer by a TMA store a tile. Returns the next slot. TRACING: the time the
+    last quad's products were done (`chain._clock`'s word 3)."""
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                          instr_shape=[16, BN, 16])
+    HALF: gl.constexpr = NARROW_BN // 2  # (a tile's outputs)
+    # the staging buffer's first half as each tile's [BM, HALF] outputs one after another, whence one TMA store a
+    # tile (16-byte stores from registers, 32 two-byte ones a thread as Triton wrote them, took the group's last
+    # epilogue 4 us longer, H200, session 78)
+    out_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+    outs = staging._reinterpret(gl.bfloat16, [QUADS, BM, HALF], out_layout)  # (a tile's, `.index(q)`)
+    # (the same bytes whole, as the products' columns are: unswizzled, a rank-3 view)
+    rows_tiles = staging._reinterpret(gl.bfloat16, [QUADS, BM, HALF],
+                                      gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16,
+                                                           rank=3)).permute((1, 0, 2))
+    K, N, stats_off, eps, _, bias_off, _ = _linear_row(desc, PROBE)
+    o_desc = tma.make_tensor_descriptor(ACT + gl.load(desc + linear.WORDS[5]), [num_rows, N // 2],
+                                        [gl.load(desc + linear.WORDS[6]), 1], [BM, HALF], out_layout)
+    pid, P = gl.program_id(0), gl.num_programs(0)
+    inv = _inv_rms(F32, stats_off, num_rows, K, eps, acc_layout, NORM_F64)
+    c = gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
+    for t in range(pid, gl.cdiv(N, NARROW_BN), QUADS * P):
+        if PROBE & 4:
+            acc, i = _drained(ready, empty, i, gl.cdiv(K, BK), BN)
+        else:
+            acc, i = range_product(a_ring, b_ring, ready, empty, i, 0, K, SK_STAGES)
+        _clock(EVENTS, events, e, 3, TRACING)
+        y = acc * inv[:, None]
+        if bias_off >= 0:
+            w_rows = (t + (c // NARROW_BN) * P) * NARROW_BN + c % NARROW_BN
+            y = y + gl.load(W + _region(bias_off) + w_rows, mask=w_rows < N, other=0.0).to(gl.float32)[None, :]
+        y = _round(y)
+        gate, up = gl.split(gl.reshape(y, [BM, BN // 2, 2]))
+        y = _round(_round(gate / (1.0 + gl.exp(-gate))) * up)
+        tma.store_wait(pendings=0)  # (the quad before's stores have read the buffer)
+        rows_tiles.store(gl.reshape(y.to(gl.bfloat16), [BM, QUADS, HALF]))
+        fence_async_shared()
+        for q in gl.static_range(QUADS):  # (a tile past the last: its box past the outputs' end, nothing written)
+            tma.async_copy_shared_to_global(o_desc, [0, (t + q * P) * HALF], outs.index(q))
+    return i
 
 
 @gluon.jit
@@ -875,6 +994,9 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
                 elif kind == _QKV:
                     i = _qkv(desc, W_, ACT_, F32_, I32_, KV_, kv_plane, a_ring, b_ring, ready, empty, heads, num_rows,
                              positions_at, slots_at, parts_at, tickets_at, i, NORM_F64, PROBE)
+                elif (kind == _GATED) & (_word(GROUPS, e % groups) == 3):
+                    i = _quad_gated(desc, W_, ACT_, F32_, a_ring, b_ring, ready, empty, staging, num_rows, i, EVENTS,
+                                    steps * groups, e, NORM_F64, TRACING, PROBE)
                 elif (kind == _GATED) & (unused != 0):
                     i, phase = _narrow_linear(desc, W_, ACT_, F32_, a_ring, b_ring, ready, empty, narrow_gated_outputs,
                                               res_bar, num_rows, i, phase, EVENTS, steps * groups, e, True, NORM_F64,

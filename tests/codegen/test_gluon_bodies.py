@@ -374,14 +374,25 @@ def test_the_batched_loop_takes_a_whole_step_of_llama3(fixture, request):
     assert kinds[2:-3] == [chain.QKV, chain.ATTENTION, chain.PLAIN, chain.GATED, chain.PLAIN] * 32
     assert [desc for kind, desc, _ in rows if kind == chain.QKV] == \
         [coverage.covered[first] for first in coverage.order if coverage.kinds.get(first) == Kind.QKV]
-    # o_proj and down (4,096 weight rows: 128 tiles of 32 for 132 programs) and gate/up (28,672: 896 tiles, 7
-    # rounds, 3% idle) in whole-K tiles, QKV (6,144, no q/k norms) in one round of 128 pair tiles
-    assert [narrow for _, _, narrow in rows[2:-3]] == [2, 0, 1, 1, 1] * 32
+    # o_proj and down (4,096 weight rows: 128 tiles of 32 for 132 programs) in whole-K tiles, gate/up (28,672: 896
+    # tiles, 7 rounds, 3% idle) too, four of a program's at a time; QKV (6,144, no q/k norms) in one round of 128
+    # pair tiles
+    assert [narrow for _, _, narrow in rows[2:-3]] == [2, 0, 1, 3, 1] * 32
     coverage.batch_pairs = False  # (QKV in two rounds of whole-K tiles: 192 of 32 rows)
+    coverage.batch_quads = False  # (gate/up's tiles one at a time)
     try:
         assert [narrow for _, _, narrow in coverage.loop_rows(batched=True)[0][2:-3]] == [1, 0, 1, 1, 1] * 32
     finally:
-        coverage.batch_pairs = True
+        coverage.batch_pairs = coverage.batch_quads = True
+    # gate/up's quads leave the residual and the norm's sums to the tiles one at a time (a gated projection has
+    # neither in the models here)
+    gate_up = next(first for first in coverage.order if coverage.kinds.get(first) == Kind.LINEAR and
+                   coverage.gated[first])
+    coverage.bare[gate_up] = False
+    try:
+        assert coverage.batch_narrow(gate_up) == 1
+    finally:
+        coverage.bare[gate_up] = True
     # a pair tile applies the rotary to its own pairs; a q/k norm wants the whole head first (Qwen3's): no pair tiles
     qkv = next(first for first in coverage.order if coverage.kinds.get(first) == Kind.QKV)
     coverage.qk_norm[qkv] = True
