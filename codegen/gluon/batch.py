@@ -452,7 +452,7 @@ def _attention_items(desc, ACT, F32, I32, kv, kv_ready, kv_empty, queries, contr
 @gluon.jit
 def _word(GROUPS, g):
     """Row g of the table's tiles word (`GluonCoverage.batch_narrow`): 0 stream-K, 1 whole-K tiles of NARROW_BN
-    weight rows, 2 (QKV) pair tiles."""
+    weight rows, 2 (QKV) pair tiles, 3 (gate/up) whole-K tiles of NARROW_BN, QUADS at a time."""
     return gl.load(GROUPS + _ROW * g + 2)
 
 
@@ -667,8 +667,8 @@ def _quad_gated(desc, W, ACT, F32, a_ring, b_ring, ready, empty, staging, num_ro
                                                           instr_shape=[16, BN, 16])
     HALF: gl.constexpr = NARROW_BN // 2  # (a tile's outputs)
     # the staging buffer's first half as each tile's [BM, HALF] outputs one after another, whence one TMA store a
-    # tile (16-byte stores from registers, 32 two-byte ones a thread as Triton wrote them, took the group's last
-    # epilogue 4 us longer, H200, session 78)
+    # tile (stored from registers instead, which Triton wrote as 32 two-byte stores a thread, the group's last
+    # epilogue took 4 us longer, H200, session 78)
     out_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     outs = staging._reinterpret(gl.bfloat16, [QUADS, BM, HALF], out_layout)  # (a tile's, `.index(q)`)
     # (the same bytes whole, as the products' columns are: unswizzled, a rank-3 view)
