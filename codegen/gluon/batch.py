@@ -768,9 +768,10 @@ def _pair_qkv(desc, W, ACT, F32, I32, KV, kv_plane, a_ring, b_ring, ready, empty
     K, HQ, HKV, stats_off, eps, bias_off, _, _, _, q_out_off, layer, rope_off, _, step_kv_off = qkv.row(desc)
     units_total = (HQ + 2 * HKV) * UNITS_A_HEAD
     # (0, opaque to the compiler: what derives from it is worked out here, not hoisted out of the loop over groups,
-    # where its registers made the kernel spill 536 B rather than 352)
+    # where its registers made the kernel spill 536 B rather than 352; times 8, so that the units' columns stay
+    # known to be multiples of 8 and their stores 8 bytes wide)
     zero = gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [gl.program_id(0)], dtype=gl.int32, is_pure=False,
-                                     pack=1)
+                                     pack=1) * 8
     first = gl.program_id(0) * PAIR_UNITS + zero
     if first < units_total:
         _boxes, two, one = _pair_views(b_ring)  # (the products read the views of two units and of one)
@@ -972,8 +973,10 @@ def _consumer(DESCS, W, ACT, F32, I32, KV, kv_plane, GROUPS, EVENTS, groups, ste
             # loop, not hoisted out of it into registers that the whole loop then holds, or spills. With the loader
             # at 128 registers: 376 -> 232 B of spills, 311 -> 144 spill instructions; a b64 step's attention 41.9 ->
             # 39.6 us a layer, o_proj 15.2 -> 14.6, QKV's last program 1.4 us later; the 160 groups 5,648 -> 5,636,
-            # H200, session 77)
-            zero = gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [e], dtype=gl.int32, is_pure=False, pack=1)
+            # H200, session 77. A multiple of 8, so that the pointers' 16 bytes of alignment stay known: an opaque
+            # 0 alone left every global access in the bodies one element wide, none of 16 bytes; QKV's epilogue
+            # 4.6 -> 2.6 us, the 160 groups 5,516-5,609 -> 5,443 (other leases of the same H200 pool), session 78)
+            zero = gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [e], dtype=gl.int32, is_pure=False, pack=1) * 8
             DESCS_, W_, ACT_, F32_, I32_, KV_ = DESCS + zero, W + zero, ACT + zero, F32 + zero, I32 + zero, KV + zero
             kind, desc, unused = _group(DESCS_, GROUPS, e % groups)
             if kind == _ATTENTION:
