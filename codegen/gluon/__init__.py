@@ -16,16 +16,22 @@ from __future__ import annotations
 from codegen.kernel_abi import Resources
 
 
-def compile_for_sm90(fn, signature: dict[str, str], constexprs: dict, num_warps: int, maxnreg: int) -> Resources:
+def compile_for_sm90(fn, signature: dict[str, str], constexprs: dict, num_warps: int, maxnreg: int,
+                     counts: dict | None = None) -> Resources:
     """Compiles the Gluon kernel fn for sm_90 on any machine (ptxas ships with Triton: no GPU needed) and returns its
     registers and stack a thread and its shared memory a program (the dynamic allocation, the rings' and barriers').
-    signature: the runtime arguments' Triton types (pointers are taken 16-byte aligned, as the arenas are)."""
+    signature: the runtime arguments' Triton types (pointers are taken 16-byte aligned, as the arenas are). counts:
+    given, it takes the PTX's global loads and stores of 8 or 16 bytes ("vector_accesses"), which a pointer of unknown
+    alignment leaves none of (the batched chain's, session 78)."""
+    import re
     import tempfile
     from pathlib import Path
 
     from codegen.compile import resource_usage
 
     compiled = compile_ahead(fn, signature, constexprs, num_warps, maxnreg)
+    if counts is not None:
+        counts["vector_accesses"] = len(re.findall(r"\b(?:ld|st)\.global[\w.:]*?\.v[24]\.", compiled.asm["ptx"]))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(compiled.asm["cubin"])

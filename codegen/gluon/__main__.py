@@ -70,8 +70,9 @@ def main() -> None:
     args = parser.parse_args()
     found = {}
     for name, kernel, signature, constexprs, launch in variants():
-        used = compile_for_sm90(kernel, signature, constexprs, **launch)
-        found[name] = {**dataclasses.asdict(used), **launch}
+        counts = {}
+        used = compile_for_sm90(kernel, signature, constexprs, **launch, counts=counts)
+        found[name] = {**dataclasses.asdict(used), **counts, **launch}
         if not args.json:
             print(f"{name}, {launch['num_warps']} consumer warps: {used}", flush=True)
     if args.json:
