@@ -245,11 +245,7 @@ def _narrow_loads(desc, is_qkv, W, ACT, box_rows, a_ring, b_ring, ready, empty, 
     them (a box past the rows' end cost the group twice its time: at 8 rows, H200, session 73, gate/up took 140 us
     against 66 at 64 rows; the rows past the step's are the consumers' to leave out)."""
     xs, ws = _narrow_views(a_ring, b_ring)
-    x_off, K, w_off, N = _gemv_operands(desc, is_qkv)
-    if e % 2 == 0:
-        x_desc, w_desc = _narrow_operands(ACT + x_off, K, box_rows, W + w_off, N, PROBE)
-    else:
-        x_desc, w_desc = _narrow_operands(ACT + x_off, K, box_rows, W + w_off, N, PROBE)
+    x_desc, w_desc, K, N = _narrow_descs(desc, is_qkv, W, ACT, box_rows, e, PROBE)
     pid, P = gl.program_id(0), gl.num_programs(0)
     KC = gl.cdiv(K, NARROW_K)  # (a tile's slots; its chunk u: tile pid + (u // KC) P's columns (u % KC) NARROW_K)
     chunks = gl.maximum(gl.cdiv(gl.cdiv(N, NARROW_BN) - pid, P), 0) * KC
@@ -272,6 +268,18 @@ def _narrow_loads(desc, is_qkv, W, ACT, box_rows, a_ring, b_ring, ready, empty, 
         i = _narrow_fill(x_desc, w_desc, xs, ws, ready, empty, i, pid + (u // KC) * P, (u % KC) * NARROW_K, K, True,
                          PROBE)
     return i
+
+
+@gluon.jit
+def _narrow_descs(desc, is_qkv, W, ACT, box_rows, e, PROBE: gl.constexpr):
+    """A narrow group's rows and weight as tensor descriptors (`_narrow_operands`), K and its weight rows. They go
+    where the group two before had its own (whose copies are done by then; the group before's may not be)."""
+    x_off, K, w_off, N = _gemv_operands(desc, is_qkv)
+    if e % 2 == 0:
+        x_desc, w_desc = _narrow_operands(ACT + x_off, K, box_rows, W + w_off, N, PROBE)
+    else:
+        x_desc, w_desc = _narrow_operands(ACT + x_off, K, box_rows, W + w_off, N, PROBE)
+    return x_desc, w_desc, K, N
 
 
 @gluon.jit
@@ -305,11 +313,7 @@ def _quad_loads(desc, W, ACT, box_rows, a_ring, b_ring, ready, empty, kv_empty, 
     """gate/up's narrow tiles QUADS at a time (this program's: pid, pid + P, .. in fours) from ring slot i on, BK
     columns a slot: its first slots' weights, then (the group before done) their rows' boxes and the rest; returns
     the slot after them. box_rows: `_narrow_loads`'."""
-    x_off, K, w_off, N = _gemv_operands(desc, False)
-    if e % 2 == 0:
-        x_desc, w_desc = _narrow_operands(ACT + x_off, K, box_rows, W + w_off, N, PROBE)
-    else:
-        x_desc, w_desc = _narrow_operands(ACT + x_off, K, box_rows, W + w_off, N, PROBE)
+    x_desc, w_desc, K, N = _narrow_descs(desc, False, W, ACT, box_rows, e, PROBE)
     pid, P = gl.program_id(0), gl.num_programs(0)
     tiles = gl.cdiv(N, NARROW_BN)
     KC = gl.cdiv(K, BK)  # (a quad's slots; its chunk u: quad u // KC's columns (u % KC) BK)
