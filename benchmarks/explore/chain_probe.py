@@ -194,7 +194,8 @@ def main() -> None:
                         "gate/up's narrow tiles four at a time; `GluonCoverage.batch_narrow`)"
                         " set to each of these, e.g. 1,0,1,0,1/0,0,0,0,0 (QKV, attention, o_proj, gate/up, down)")
     parser.add_argument("--sustained", type=int, default=0, help="with --batch: then the chain launched this many "
-                        "times back to back, untraced, main and each of --probes (clocks under sustained load)")
+                        "times back to back, untraced, main and each of --probes and --tiles (clocks under sustained "
+                        "load)")
     parser.add_argument("--wait", type=float, default=15.0, help="seconds before the step counts as stuck")
     parser.add_argument("--repeats", type=int, default=10, help="the chain's launches timed each way (best kept)")
     args = parser.parse_args()
@@ -281,6 +282,9 @@ def main() -> None:
             changed = changed.flatten()
             timed(chained, changed, args.repeats, batched)
             traced(chained, changed, batched, kinds, programs, words)
+            if args.sustained:  # (main's again first: a GPU's clocks drift as it warms)
+                sustained(chained, table, args.sustained, batched, "main")
+                sustained(chained, changed, args.sustained, batched, f"tiles {pattern}")
         for slots in [int(v) for v in args.split_slots.split(",") if v]:
             g.split_slots = slots
             print(f"  attention's splits of {slots} slots of keys at least:", flush=True)
