@@ -101,9 +101,11 @@ assert PAIR_BN.value <= BN.value and 8 * PAIR_ROWS.value <= BN.value  # (a slot'
 # beside a stream they cost it 11% (`benchmarks/explore/tma_stream.py`, H200: 268 MB in 74.7 us with them, 65.7 with
 # a quad's, 65.7 with no rows; session 78)
 QUADS = gl.constexpr(BN.value // NARROW_BN.value)
-# a quad's slots whose weights go in before the event: with the ring's 8 (128 KB), o_proj's epilogue took 2 us longer
-# (its outputs' TMA store behind gate/up's copies); 2, 4 and 6 were level (5,587, 5,609 and 5,595 us the 160 groups,
-# H200, session 78)
+# a quad's slots whose weights go in before the event: with the ring's 8 (128 KB), o_proj's epilogue took 2 us longer;
+# 2, 4 and 6 were level (5,587, 5,609 and 5,595 us the 160 groups, H200, session 78). These copies, asked from DRAM as
+# o_proj's last slots free, hold its outputs' stores and signal back (not the SM's TMA unit: stored from registers,
+# the same); copied after o_proj's signal instead, o_proj takes 1.7 us less a layer, gate/up as much more (session
+# 79)
 QUADS_EARLY = gl.constexpr(SK_STAGES.value // 2)
 
 LAUNCH = linear.STREAMK.launch()  # (one consumer warp group and the loader's, the register file's whole)
