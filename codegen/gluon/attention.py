@@ -425,8 +425,8 @@ def consume_decode_items(ACT, F32, I32, k_ring, v_ring, ready, empty, qp, contro
     as 64, every product and the softmax 16 times over (the consumers bound a b64 step's attention: 46.8 us a layer
     against 33.7 with no products, session 71). Scores transposed, s^T = k q^T ([BLOCK, BM]: q's halves from
     qp[0], qp[1]), the online softmax down each column, the outputs transposed too, o^T += v^T p^T (v's halves as
-    wgmma's A, MN-major; p^T through qp[2]); the same partials and outputs as `consume_items`. qp: [3+, BM, HD / 2]
-    bf16 of shared memory (the consumers' own)."""
+    wgmma's A, MN-major; p^T through qp[2]); the same partials and outputs as `consume_items`. qp: [5+, BM, HD / 2]
+    bf16 of shared memory (the consumers' own: q's halves in qp[0, 1] and qp[3, 4] by turns, p^T in qp[2])."""
     BLOCK_: gl.constexpr = k_ring.type.shape[1]
     HW: gl.constexpr = HD // 2
     REP = H // HKV
@@ -453,6 +453,14 @@ def consume_decode_items(ACT, F32, I32, k_ring, v_ring, ready, empty, qp, contro
     n_valid, n_seq, n_g, n_split, n_m0, n_start, n_end, n_ctx, n_req = _item_words(1, seqs, items, ends, total, I32,
                                                                                    seq_starts_at, context_lens_at,
                                                                                    seq_req_at, HKV, S, BM)
+    # q's halves alternate between two pairs of qp: the next item's go in during this one's last slot, behind that
+    # slot's own barrier, where they had a store and a barrier of their own at each item's start (timed without
+    # them, a b64 step's attention took 1.7 us a layer less; with the pairs 43.0-43.4 -> 42.2 us, the 160 groups
+    # 5,509-5,514 -> 5,461, H200, session 80)
+    qp.index(0).store(q0)
+    qp.index(1).store(q1)
+    fence_async_shared()
+    gl.thread_barrier()  # the first item's q stored before the products read them
     for r in range(gl.cdiv(total, gl.num_programs(0))):
         a_q0, a_q1 = _item_queries(ACT, q_off, n_valid, n_start, n_end, n_g, n_m0, REP, H, qr, qd, HD)
         a_valid, a_seq, a_g, a_split, a_m0, a_start, a_end, a_ctx, a_req = _item_words(r + 2, seqs, items, ends,
@@ -463,10 +471,7 @@ def consume_decode_items(ACT, F32, I32, k_ring, v_ring, ready, empty, qp, contro
             _, first_key, last = _item_keys(split, m0, start, end, ctx, req, I32, req_pages_at, REP, S, BM, PAGE,
                                             PAGES_PER_SEQ)
             q_len = end - start
-            qp.index(0).store(q0)
-            qp.index(1).store(q1)
-            fence_async_shared()
-            gl.thread_barrier()  # every warp's rows of q stored before the products read them
+            qa = (r % 2) * 3  # (this item's q halves: qp[qa], qp[qa + 1]; the next item's at 3 - qa)
             num_rows = q_len * REP
             q_pos = ctx - q_len + (m0 + sc_) // REP
             m = gl.full([BM], NEG, gl.float32, cols)
@@ -477,9 +482,10 @@ def consume_decode_items(ACT, F32, I32, k_ring, v_ring, ready, empty, qp, contro
                 s = i % STAGES_
                 mbarrier.wait(ready.index(s), (i // STAGES_) & 1)
                 if not PROBE & 32:  # (timing only: with it, no products, each slot released once full)
-                    st = warpgroup_mma(k_ring.index(KS * s), qp.index(0).permute((1, 0)),
+                    st = warpgroup_mma(k_ring.index(KS * s), qp.index(qa).permute((1, 0)),
                                        gl.zeros([BLOCK_, BM], gl.float32, t_layout), is_async=True)
-                    st = warpgroup_mma(k_ring.index(KS * s + 1), qp.index(1).permute((1, 0)), st, is_async=True)
+                    st = warpgroup_mma(k_ring.index(KS * s + 1), qp.index(qa + 1).permute((1, 0)), st,
+                                       is_async=True)
                     st = warpgroup_mma_wait(num_outstanding=0, deps=(st, ))
                     key = j + keys
                     st = gl.where((key[:, None] <= q_pos[None, :]) & (key < last)[:, None], st, NEG)
@@ -489,6 +495,9 @@ def consume_decode_items(ACT, F32, I32, k_ring, v_ring, ready, empty, qp, contro
                     sums = sums * alpha[None, :] + p
                     m = m_new
                     qp.index(2).permute((1, 0)).store(p.to(gl.bfloat16))
+                    if j + BLOCK_ >= last:  # (the item's last slot: the next item's q behind its barrier)
+                        qp.index(3 - qa).store(a_q0)
+                        qp.index(4 - qa).store(a_q1)
                     fence_async_shared()
                     gl.thread_barrier()  # all of p^T stored before the products read it
                     o0 = warpgroup_mma(v_ring.index(KS * s + V_OFF).permute((1, 0)), qp.index(2).permute((1, 0)),
@@ -499,7 +508,11 @@ def consume_decode_items(ACT, F32, I32, k_ring, v_ring, ready, empty, qp, contro
                 fence_async_shared()  # the slot's reads before the loader's next copies into it
                 mbarrier.arrive(empty.index(s), count=1)
                 i += 1
-            gl.thread_barrier()  # (q and p^T read by every warp's products before the next item stores them)
+            if first_key >= last:  # (an item without keys, a split's empty share: the next item's q all the same)
+                qp.index(3 - qa).store(a_q0)
+                qp.index(4 - qa).store(a_q1)
+                fence_async_shared()
+                gl.thread_barrier()
             l = gl.sum(sums, axis=0)
             orows = m0 + sc_
             ok = (orows < num_rows)[None, :]
