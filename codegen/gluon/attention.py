@@ -505,7 +505,10 @@ def consume_decode_items(ACT, F32, I32, k_ring, v_ring, ready, empty, qp, contro
                     o1 = warpgroup_mma(v_ring.index(KS * s + V_OFF + 1).permute((1, 0)),
                                        qp.index(2).permute((1, 0)), o1 * alpha[None, :], is_async=True)
                     o0, o1 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1))
-                fence_async_shared()  # the slot's reads before the loader's next copies into it
+                # (no proxy fence before the release: the slot is read by wgmma alone, in the async proxy as the
+                # loader's copies; ptxas makes `fence_async_shared` a MEMBAR.ALL.CTA, which waits for this thread's
+                # loads and stores in flight. Without it the 160 groups 5,472-5,485 -> 5,455-5,468 us, H200,
+                # session 81)
                 mbarrier.arrive(empty.index(s), count=1)
                 i += 1
             if first_key >= last:  # (an item without keys, a split's empty share: the next item's q all the same)
