@@ -34,7 +34,10 @@ us): 6.00 ms a step over steps, against 6.90 for the Triton megakernel's TPOT in
 graph's 7.52 in the same lease. Session 74: QKV in one round of 48-row pair tiles (`_pair_qkv`: each tile's units of
 rotary pairs through 3-D boxes, the rotary its own), 26.0 -> 20.5 us a layer, the 160 groups 5,787-5,817 -> 5,707-5,720
 us. Session 78: gate/up's narrow tiles four at a time (`_quad_loads`, `_quad_gated`: a slot's rows read once for four
-tiles' weights), 66.4-66.8 -> 59.9-62.4 us a layer, the 160 groups 5,612-5,661 -> 5,516-5,609 in the same process. The
+tiles' weights), 66.4-66.8 -> 59.9-62.4 us a layer, the 160 groups 5,612-5,661 -> 5,516-5,609 in the same process.
+Sessions 80-81: attention's item boundaries (the next item's q stored during this one's last slot, no fence before a
+slot's release, an item's words reduced in the warp), 43.0-43.6 -> 41.0-41.7 us a layer, the 160 groups ~5,510 ->
+5,413-5,424 us; a step 5.70-5.82 ms in the decode benchmark, 1.31-1.32x the torch graph. The
 host-driven executor takes a batched step's layers here with `chain` (`GluonCoverage.batch_chain`), and its decode
 steps in the loop (`HostDriven.generate(loop=True)`).
 """
