@@ -437,7 +437,9 @@ def consume_decode_items(ACT, F32, I32, k_ring, v_ring, ready, empty, qp, contro
     against 33.7 with no products, session 71). Scores transposed, s^T = k q^T ([BLOCK, BM]: q's halves from
     qp[0], qp[1]), the online softmax down each column, the outputs transposed too, o^T += v^T p^T (v's halves as
     wgmma's A, MN-major; p^T through qp[2]); the same partials and outputs as `consume_items`. qp: [5+, BM, HD / 2]
-    bf16 of shared memory (the consumers' own: q's halves in qp[0, 1] and qp[3, 4] by turns, p^T in qp[2])."""
+    bf16 of shared memory (the consumers' own: q's halves in qp[0, 1] and qp[3, 4] by turns, p^T in qp[2]). A step
+    that only decodes has one token a sequence, so an item's rows are one token's query heads: no row's token or
+    position to divide out of it by REP, and its keys are all the keys its token sees."""
     BLOCK_: gl.constexpr = k_ring.type.shape[1]
     HW: gl.constexpr = HD // 2
     REP = H // HKV
@@ -460,7 +462,7 @@ def consume_decode_items(ACT, F32, I32, k_ring, v_ring, ready, empty, qp, contro
                                                                  context_lens_at, seq_req_at, HKV, S, BM)
     if EVENTS is not None:
         wait(EVENTS, event - 1, gl.num_programs(0))
-    q0, q1 = _item_queries(ACT, q_off, valid, start, end, g, m0, REP, H, qr, qd, HD)
+    q0, q1 = _decode_queries(ACT, q_off, valid, start, g, m0, REP, H, qr, qd, HD)
     n_valid, n_seq, n_g, n_split, n_m0, n_start, n_end, n_ctx, n_req = _item_words(1, seqs, items, ends, total, I32,
                                                                                    seq_starts_at, context_lens_at,
                                                                                    seq_req_at, HKV, S, BM)
@@ -473,18 +475,17 @@ def consume_decode_items(ACT, F32, I32, k_ring, v_ring, ready, empty, qp, contro
     fence_async_shared()
     gl.thread_barrier()  # the first item's q stored before the products read them
     for r in range(gl.cdiv(total, gl.num_programs(0))):
-        a_q0, a_q1 = _item_queries(ACT, q_off, n_valid, n_start, n_end, n_g, n_m0, REP, H, qr, qd, HD)
+        a_q0, a_q1 = _decode_queries(ACT, q_off, n_valid, n_start, n_g, n_m0, REP, H, qr, qd, HD)
         a_valid, a_seq, a_g, a_split, a_m0, a_start, a_end, a_ctx, a_req = _item_words(r + 2, seqs, items, ends,
                                                                                        total, I32, seq_starts_at,
                                                                                        context_lens_at, seq_req_at,
                                                                                        HKV, S, BM)
         if valid:
-            _, first_key, last = _item_keys(split, m0, start, end, ctx, req, I32, req_pages_at, REP, S, BM, PAGE,
-                                            PAGES_PER_SEQ)
-            q_len = end - start
+            share = gl.cdiv(gl.cdiv(ctx, S), PAGE) * PAGE  # (`_item_keys` where an item's rows are one token's)
+            first_key = split * share
+            last = gl.minimum(ctx, first_key + share)
             qa = (r % 2) * 3  # (this item's q halves: qp[qa], qp[qa + 1]; the next item's at 3 - qa)
-            num_rows = q_len * REP
-            q_pos = ctx - q_len + (m0 + sc_) // REP
+            num_rows = REP
             m = gl.full([BM], NEG, gl.float32, cols)
             sums = gl.zeros([BLOCK_, BM], gl.float32, t_layout)  # (summed down the keys once, after them)
             o0 = gl.zeros([HW, BM], gl.float32, t_layout)
@@ -499,7 +500,7 @@ def consume_decode_items(ACT, F32, I32, k_ring, v_ring, ready, empty, qp, contro
                                        is_async=True)
                     st = warpgroup_mma_wait(num_outstanding=0, deps=(st, ))
                     key = j + keys
-                    st = gl.where((key[:, None] <= q_pos[None, :]) & (key < last)[:, None], st, NEG)
+                    st = gl.where((key < last)[:, None], st, NEG)  # (every row's token sees the keys before it)
                     m_new = gl.maximum(m, gl.max(st, axis=0))
                     p = gl.exp2(st * c - (m_new * c)[None, :])
                     alpha = gl.exp2((m - m_new) * c)
@@ -542,9 +543,9 @@ def consume_decode_items(ACT, F32, I32, k_ring, v_ring, ready, empty, qp, contro
                     _merge_if_last(ACT, F32, out_off, part_off, ticket_off, group, S, start, num_rows, g, REP, H,
                                    PART_ROWS, HD, MAX_SPLITS)
                 else:
-                    _store_rows_t(ACT, out_off, start, orows, ok, g, REP, H, o0, o1, l, od, HD)
+                    _decode_outputs(ACT, out_off, start, orows, ok, g, REP, H, o0, o1, l, od, HD)
             else:
-                _store_rows_t(ACT, out_off, start, orows, ok, g, REP, H, o0, o1, l, od, HD)
+                _decode_outputs(ACT, out_off, start, orows, ok, g, REP, H, o0, o1, l, od, HD)
         valid, seq, g, split, m0, start, end, ctx, req, q0, q1 = n_valid, n_seq, n_g, n_split, n_m0, n_start, n_end, \
             n_ctx, n_req, a_q0, a_q1
         n_valid, n_seq, n_g, n_split, n_m0, n_start, n_end, n_ctx, n_req = a_valid, a_seq, a_g, a_split, a_m0, \
@@ -553,22 +554,21 @@ def consume_decode_items(ACT, F32, I32, k_ring, v_ring, ready, empty, qp, contro
 
 
 @gluon.jit
-def _item_queries(ACT, q_off, valid, start, end, g, m0, REP, H, qr, qd, HD: gl.constexpr):
-    """An item's query rows' halves, [BM, HD / 2] each (row r: token start + r // REP, head g REP + r % REP of the
-    KV head's; zeros past its rows, or for an item not valid: no reads)."""
-    rows = m0 + qr
-    q_rows = ACT + _region(q_off) + ((start + rows // REP).to(gl.int64) * H)[:, None] * HD + \
-        ((g * REP + rows % REP) * HD)[:, None] + qd[None, :]
-    q_ok = (rows < (end - start) * REP)[:, None] & valid
+def _decode_queries(ACT, q_off, valid, start, g, m0, REP, H, qr, qd, HD: gl.constexpr):
+    """An item's query rows' halves, [BM, HD / 2] each, where its rows are one token's query heads (a step that
+    only decodes): row r is head g REP + m0 + r of token start (zeros past REP, or for an item not valid: no reads)."""
+    heads = g * REP + m0 + qr
+    q_rows = ACT + _region(q_off) + (start.to(gl.int64) * H + heads)[:, None] * HD + qd[None, :]
+    q_ok = (m0 + qr < REP)[:, None] & valid
     return gl.load(q_rows, mask=q_ok, other=0.0), gl.load(q_rows + HD // 2, mask=q_ok, other=0.0)
 
 
 @gluon.jit
-def _store_rows_t(ACT, out_off, start, orows, ok, g, REP, H, o0, o1, l, od, HD: gl.constexpr):
-    """`_store_rows` from transposed outputs ([HD / 2, rows] halves, `consume_decode_items`)."""
+def _decode_outputs(ACT, out_off, start, orows, ok, g, REP, H, o0, o1, l, od, HD: gl.constexpr):
+    """An item's outputs (`ok`'s rows) from transposed outputs ([HD / 2, rows] halves), its rows one token's query
+    heads."""
     HW: gl.constexpr = HD // 2
-    out = ACT + _region(out_off) + ((start + orows // REP).to(gl.int64) * H)[None, :] * HD + \
-        ((g * REP + orows % REP) * HD)[None, :] + od[:, None]
+    out = ACT + _region(out_off) + (start.to(gl.int64) * H + g * REP + orows)[None, :] * HD + od[:, None]
     gl.store(out, (o0 / l[None, :]).to(gl.bfloat16), mask=ok)
     gl.store(out + HW, (o1 / l[None, :]).to(gl.bfloat16), mask=ok)
 
