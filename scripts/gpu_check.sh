@@ -10,7 +10,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active --format=csv,noheader -lms 100 \
   > "$OUT/smi.csv" 2>/dev/null & SMI=$!
 trap 'kill $SMI 2>/dev/null; python -m benchmarks.explore.smi_summary "$OUT/smi.csv"' EXIT
-step() { local limit=$1 start=$SECONDS; shift; echo "== $*"; timeout "$limit" "$@" 2>&1 | tee -a "$OUT/gpu_check.log" | tail -30
+# (a step past its limit gets SIGINT first, so that pytest can still print why each test failed; SIGKILL 30 s later)
+step() { local limit=$1 start=$SECONDS; shift; echo "== $*"; timeout -s INT -k 30 "$limit" "$@" 2>&1 | tee -a "$OUT/gpu_check.log" | tail -30
           local rc=${PIPESTATUS[0]}; echo "== $(( SECONDS - start )) s, exit $rc"; return "$rc"; }
 mode=${1:-all}
 if [[ $mode == quick ]]; then
